@@ -1,0 +1,1 @@
+"""Pure, synchronous state machines: no Ray, no sockets, no clock reads."""

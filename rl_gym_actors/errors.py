@@ -1,0 +1,179 @@
+"""One tree of typed errors, sorted by what the caller should do next.
+
+::
+
+    RlGymError
+    ├── ConfigError                 bad input on the Python side: fix the call
+    ├── GymError                    a Gym server answered with an error (status, code, detail)
+    │   ├── GymRejected             will not succeed if repeated as is
+    │   │   ├── StaleAttempt            stale_attempt: the key is ACKed or tombstoned
+    │   │   ├── DuplicateExecution      duplicate_execution: the key is running or parked
+    │   │   ├── AckRejected             completed_execution_acknowledgement_error
+    │   │   ├── NotCompleted            not_completed (receipt of a running key)
+    │   │   ├── UnknownExecution        unknown_execution
+    │   │   ├── CheckpointConflict      checkpoint_conflict
+    │   │   ├── StaleCheckpoint         stale_checkpoint
+    │   │   ├── CheckpointNotReady      a commit before a ready prepare
+    │   │   ├── Unauthorized            unauthorized
+    │   │   ├── InvalidRequest          invalid_request (422) or any other 4xx
+    │   │   └── AgentFailed             agent_failed: the agent raised; the key is tombstoned
+    │   └── AdmissionClosed         agent_admission_closed: wait for resume, then try again
+    ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
+    │   ├── ConnectionLost              refused, reset, closed without a response, plain 5xx
+    │   └── DeadlineExceeded            the absolute deadline passed (also a TimeoutError)
+    ├── ProtocolViolation           an answer that breaks the contract (digest mismatch, bad body)
+    ├── CheckpointFailed            the checkpoint gate gave up; ``blockers`` says on what
+    └── PoolClosed                  the orchestrator or its pool was shut down
+
+Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
+that comes from a foreign library is raised ``from`` it at the boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> "RlGymError":
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(fields)
+    return err
+
+
+class RlGymError(Exception):
+    """Base of every error this library raises."""
+
+    def __reduce__(self):  # keep every field across pickling (Ray re-raises in the caller)
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+class ConfigError(RlGymError, ValueError):
+    """A bad argument or setting on the Python side."""
+
+
+class GymError(RlGymError):
+    """A Gym server answered with an error body ``{"error": {"code", "detail"}}``."""
+
+    code: str = "gym_error"
+
+    def __init__(self, detail: str = "", *, status: int = 0, code: str | None = None,
+                 url: str = "", body: Any = None) -> None:
+        self.status = status
+        self.code = code or type(self).code
+        self.detail = detail
+        self.url = url
+        self.body = body
+        super().__init__(f"{self.code} ({status}) {url}: {detail}".strip())
+
+
+class GymRejected(GymError):
+    """The server refused the call; repeating it unchanged will not help."""
+
+
+class StaleAttempt(GymRejected):
+    code = "stale_attempt"
+
+
+class DuplicateExecution(GymRejected):
+    code = "duplicate_execution"
+
+
+class AckRejected(GymRejected):
+    code = "completed_execution_acknowledgement_error"
+
+
+class NotCompleted(GymRejected):
+    code = "not_completed"
+
+
+class UnknownExecution(GymRejected):
+    code = "unknown_execution"
+
+
+class CheckpointConflict(GymRejected):
+    code = "checkpoint_conflict"
+
+
+class StaleCheckpoint(GymRejected):
+    code = "stale_checkpoint"
+
+
+class CheckpointNotReady(GymRejected):
+    code = "checkpoint_not_prepared"
+
+
+class Unauthorized(GymRejected):
+    code = "unauthorized"
+
+
+class InvalidRequest(GymRejected):
+    code = "invalid_request"
+
+
+class AgentFailed(GymRejected):
+    code = "agent_failed"
+
+
+class AdmissionClosed(GymError):
+    """Admission is closed between prepare and resume: wait for resume and try again."""
+
+    code = "agent_admission_closed"
+
+
+class GymUnavailable(RlGymError):
+    """No usable answer came back. Safe to repeat only when the call is idempotent."""
+
+    def __init__(self, detail: str = "", *, url: str = "") -> None:
+        self.detail = detail
+        self.url = url
+        super().__init__(f"{url}: {detail}" if url else detail)
+
+
+class ConnectionLost(GymUnavailable):
+    """Refused, reset, or closed without a response; or a plain (non-JSON) 5xx."""
+
+
+class DeadlineExceeded(GymUnavailable, TimeoutError):
+    """The call's absolute deadline passed before an answer came."""
+
+
+class ProtocolViolation(RlGymError):
+    """An answer that breaks the wire contract (a digest that does not match, a malformed body)."""
+
+
+class CheckpointFailed(RlGymError):
+    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint."""
+
+    def __init__(self, message: str, *, checkpoint_id: str = "",
+                 blockers: dict[str, Any] | None = None) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.blockers = blockers or {}
+        super().__init__(message)
+
+
+class PoolClosed(RlGymError):
+    """The orchestrator or its actor pool is shut down."""
+
+
+# code on the wire -> the exception class a client raises for it
+ERROR_BY_CODE: dict[str, type[GymError]] = {
+    cls.code: cls
+    for cls in (StaleAttempt, DuplicateExecution, AckRejected, NotCompleted, UnknownExecution,
+                CheckpointConflict, StaleCheckpoint, CheckpointNotReady, Unauthorized,
+                InvalidRequest, AgentFailed, AdmissionClosed)
+}
+
+
+def gym_error(status: int, code: str | None, detail: str = "", *, url: str = "",
+              body: Any = None) -> GymError:
+    """The typed error for an error answer. Unknown codes map by status."""
+    cls = ERROR_BY_CODE.get(code or "")
+    if cls is None:
+        if status == 401:
+            cls = Unauthorized
+        elif status in (400, 404, 413, 415, 422):
+            cls = InvalidRequest
+        else:
+            cls = GymRejected
+    return cls(detail, status=status, code=code or cls.code, url=url, body=body)
