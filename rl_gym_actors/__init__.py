@@ -1,0 +1,33 @@
+"""rl_gym_actors: keep RL training on Ray from losing track of Gym environment work.
+
+Retire, then adopt or cancel: a rollout that gives up on a try first retires it on Gym; a try that
+was still running is cancelled, a try that had finished is adopted (its stored reply replayed,
+sealed and ACKed) instead of rerun. A ledger gates every checkpoint on all Gym servers.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
+from rl_gym_actors.errors import *  # noqa: F401,F403  (the error tree is public API)
+
+__version__ = "0.1.0"
+
+# Heavier pieces load on first use so that `import rl_gym_actors` stays cheap (no Ray import).
+_LAZY = {
+    "Orchestrator": "rl_gym_actors.orchestrator",
+    "Outcome": "rl_gym_actors.outcome",
+    "GymClient": "rl_gym_actors.gym.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rl_gym_actors' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = ["GymEndpoint", "LedgerConfig", "PoolConfig", "TryPolicy", *_LAZY]

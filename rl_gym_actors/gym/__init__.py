@@ -1,0 +1,1 @@
+"""Both sides of the Gym checkpoint participant wire: client, participant state, store, server, agents."""

@@ -1,0 +1,1 @@
+"""Adapters that plug the orchestrator into RL trainers."""

@@ -1,0 +1,23 @@
+"""Shared fixtures: one local Ray session for the whole suite, bound to loopback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Ray 2.60 binds the machine's address unless told otherwise; keep everything on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole suite (``ray.init`` costs seconds here)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield ray
+    ray.shutdown()
