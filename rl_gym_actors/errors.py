@@ -17,7 +17,8 @@
     │   │   ├── Unauthorized            unauthorized
     │   │   ├── InvalidRequest          invalid_request (422) or any other 4xx
     │   │   └── AgentFailed             agent_failed: the agent raised; the key is tombstoned
-    │   └── AdmissionClosed         agent_admission_closed: wait for resume, then try again
+    │   ├── AdmissionClosed         agent_admission_closed: wait for resume, then try again
+    │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
     ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
     │   ├── ConnectionLost              refused, reset, closed without a response, plain 5xx
     │   └── DeadlineExceeded            the absolute deadline passed (also a TimeoutError)
@@ -121,6 +122,13 @@ class AdmissionClosed(GymError):
     code = "agent_admission_closed"
 
 
+class GymServerError(GymError):
+    """The server failed (5xx) and said so in a JSON error body with a code that is no known
+    rejection. Like a lost answer: an idempotent call may be repeated."""
+
+    code = "server_error"
+
+
 class GymUnavailable(RlGymError):
     """No usable answer came back. Safe to repeat only when the call is idempotent."""
 
@@ -174,6 +182,8 @@ def gym_error(status: int, code: str | None, detail: str = "", *, url: str = "",
             cls = Unauthorized
         elif status in (400, 404, 413, 415, 422):
             cls = InvalidRequest
+        elif status >= 500:
+            cls = GymServerError
         else:
             cls = GymRejected
     return cls(detail, status=status, code=code or cls.code, url=url, body=body)
