@@ -1,0 +1,498 @@
+"""Metrics: a tiny Prometheus text registry for the Gym server, and Ray metrics for the actors.
+
+Two halves, no new dependency:
+
+- :class:`Registry` holds counters, gauges and histograms and renders them in the Prometheus
+  text exposition format (version 0.0.4). :class:`GymServerMetrics` is the set the Gym server
+  serves on ``GET /metrics``: runs started, completed, replayed and failed, attempts retired and
+  ACKed, the running and un-ACKed gauges (read at scrape time) and the request latency
+  histogram. :class:`MetricsMiddleware` is a plain ASGI wrapper (no web-framework import) that
+  times every request and answers ``GET /metrics`` itself, so a server needs one line to serve it.
+- :class:`RayMetric` wraps ``ray.util.metrics`` for the rollout and ledger actors (tries, seals,
+  adoptions, orphans ACKed, checkpoint prepare time). Outside a Ray worker or driver it records
+  only a local tally and never imports Ray; a failure to record is logged and swallowed, so a
+  metric can never break the code it measures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_PATH = "/metrics"
+
+# Seconds; fits HTTP control calls (milliseconds) and agent runs (seconds to minutes).
+LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                      1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+LabelValues = tuple[str, ...]
+
+
+# ---------------------------------------------------------------- text exposition helpers
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _format_value(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _labels(names: Sequence[str], values: Sequence[str], extra: tuple[str, str] | None = None) -> str:
+    pairs = [f'{n}="{_escape_label(v)}"' for n, v in zip(names, values)]
+    if extra is not None:
+        pairs.append(f'{extra[0]}="{_escape_label(extra[1])}"')
+    return "{" + ",".join(pairs) + "}" if pairs else ""
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and (name[0].isalpha() or name[0] in "_:") and all(
+        c.isalnum() or c in "_:" for c in name)
+
+
+# ---------------------------------------------------------------- metric kinds
+
+class _Metric:
+    kind = "untyped"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
+        if not _valid_name(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        for label in labelnames:
+            if not _valid_name(label) or label.startswith("__") or label == "le":
+                raise ValueError(f"invalid label name {label!r}")
+        self.name = name
+        self.help = help
+        self.labelnames = tuple(labelnames)
+        self._lock = threading.Lock()
+
+    def _key(self, labels: Mapping[str, str] | None) -> LabelValues:
+        labels = labels or {}
+        if set(labels) != set(self.labelnames):
+            raise ValueError(f"{self.name}: labels {sorted(labels)} != {sorted(self.labelnames)}")
+        return tuple(str(labels[n]) for n in self.labelnames)
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {_escape_help(self.help)}", f"# TYPE {self.name} {self.kind}",
+                *self._samples()]
+
+    def _samples(self) -> list[str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class Counter(_Metric):
+    """A monotonically increasing count. Names end in ``_total`` by convention."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, help, labelnames)
+        self._values: dict[LabelValues, float] = {}
+        if not self.labelnames:
+            self._values[()] = 0.0
+
+    def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        if amount < 0:
+            raise ValueError("a counter only goes up")
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def value(self, labels: Mapping[str, str] | None = None) -> float:
+        with self._lock:
+            return self._values.get(self._key(labels), 0.0)
+
+    def _samples(self) -> list[str]:
+        with self._lock:
+            items = sorted(self._values.items())
+        return [f"{self.name}{_labels(self.labelnames, k)} {_format_value(v)}" for k, v in items]
+
+
+class Gauge(_Metric):
+    """A value that goes up and down; or, with :meth:`set_function`, one read at scrape time."""
+
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, help, labelnames)
+        self._values: dict[LabelValues, float] = {}
+        self._fn: Callable[[], float] | None = None
+        if not self.labelnames:
+            self._values[()] = 0.0
+
+    def set(self, value: float, labels: Mapping[str, str] | None = None) -> None:
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = float(value)
+
+    def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        key = self._key(labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def dec(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        self.inc(-amount, labels)
+
+    def set_function(self, fn: Callable[[], float]) -> None:
+        """Read the (unlabelled) value from ``fn`` at every scrape."""
+        if self.labelnames:
+            raise ValueError("set_function needs a gauge without labels")
+        self._fn = fn
+
+    def value(self, labels: Mapping[str, str] | None = None) -> float:
+        if self._fn is not None:
+            return float(self._fn())
+        with self._lock:
+            return self._values.get(self._key(labels), 0.0)
+
+    def _samples(self) -> list[str]:
+        if self._fn is not None:
+            try:
+                return [f"{self.name} {_format_value(float(self._fn()))}"]
+            except Exception:  # a broken callback must not break the scrape
+                logger.debug("gauge %s callback failed", self.name, exc_info=True)
+                return []
+        with self._lock:
+            items = sorted(self._values.items())
+        return [f"{self.name}{_labels(self.labelnames, k)} {_format_value(v)}" for k, v in items]
+
+
+class Histogram(_Metric):
+    """Counts of observations in cumulative ``le`` buckets, plus their sum and count."""
+
+    kind = "histogram"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
+                 buckets: Iterable[float] = LATENCY_BUCKETS) -> None:
+        super().__init__(name, help, labelnames)
+        bounds = sorted(float(b) for b in buckets if not math.isinf(float(b)))
+        if not bounds:
+            raise ValueError("a histogram needs at least one finite bucket")
+        self.buckets: tuple[float, ...] = (*bounds, math.inf)
+        # per label set: [count per bucket (not cumulative)..., sum]
+        self._data: dict[LabelValues, list[float]] = {}
+
+    def observe(self, value: float, labels: Mapping[str, str] | None = None) -> None:
+        key = self._key(labels)
+        index = next(i for i, b in enumerate(self.buckets) if value <= b)
+        with self._lock:
+            row = self._data.setdefault(key, [0.0] * (len(self.buckets) + 1))
+            row[index] += 1
+            row[-1] += value
+
+    def count(self, labels: Mapping[str, str] | None = None) -> int:
+        with self._lock:
+            row = self._data.get(self._key(labels))
+            return int(sum(row[:-1])) if row else 0
+
+    def _samples(self) -> list[str]:
+        with self._lock:
+            items = sorted((k, list(v)) for k, v in self._data.items())
+        lines = []
+        for key, row in items:
+            cumulative = 0.0
+            for bound, n in zip(self.buckets, row[:-1]):
+                cumulative += n
+                le = "+Inf" if math.isinf(bound) else _format_value(bound)
+                lines.append(f"{self.name}_bucket{_labels(self.labelnames, key, ('le', le))} "
+                             f"{_format_value(cumulative)}")
+            lines.append(f"{self.name}_sum{_labels(self.labelnames, key)} {_format_value(row[-1])}")
+            lines.append(f"{self.name}_count{_labels(self.labelnames, key)} "
+                         f"{_format_value(cumulative)}")
+        return lines
+
+
+class Registry:
+    """A set of metrics rendered together. Names are unique within a registry."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, _Metric] = {}
+        self._lock = threading.Lock()
+
+    def _add(self, metric: _Metric) -> Any:
+        with self._lock:
+            if metric.name in self._metrics:
+                raise ValueError(f"metric {metric.name!r} is already registered")
+            self._metrics[metric.name] = metric
+        return metric
+
+    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
+        return self._add(Counter(name, help, labelnames))
+
+    def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
+        return self._add(Gauge(name, help, labelnames))
+
+    def histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
+                  buckets: Iterable[float] = LATENCY_BUCKETS) -> Histogram:
+        return self._add(Histogram(name, help, labelnames, buckets))
+
+    def render(self) -> str:
+        """The whole registry in the Prometheus text exposition format."""
+        with self._lock:
+            metrics = list(self._metrics.values())
+        lines: list[str] = []
+        for metric in metrics:
+            lines.extend(metric.render())
+        return "\n".join(lines) + "\n"
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """Samples of a text exposition as ``{'name{labels}': value}`` (comments skipped).
+
+    Small and strict enough for tests and the CLI; not a full Prometheus parser.
+    """
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        samples[series] = float(value)
+    return samples
+
+
+# ---------------------------------------------------------------- the Gym server's set
+
+class GymServerMetrics:
+    """What the Gym server exposes on ``/metrics``.
+
+    The server calls :meth:`run_started` when it starts the agent for a key, and
+    :meth:`run_finished` when the agent returns or raises; :meth:`run_replayed` when ``/run``
+    answers a completed key from the store, :meth:`retired` and :meth:`acked` on those
+    control answers. ``running`` and ``unacked`` are read from ``status_fn`` (a callable
+    returning an object or mapping with ``running`` and ``completed_unacknowledged``) at
+    scrape time, so they are always exact.
+    """
+
+    def __init__(self, status_fn: Callable[[], Any] | None = None, *,
+                 registry: Registry | None = None, prefix: str = "gym") -> None:
+        self.registry = registry or Registry()
+        r, p = self.registry, prefix
+        self.runs_started = r.counter(f"{p}_runs_started_total", "Agent runs started.")
+        self.runs_completed = r.counter(f"{p}_runs_completed_total",
+                                        "Agent runs that finished with a stored reply.")
+        self.runs_failed = r.counter(f"{p}_runs_failed_total", "Agent runs whose agent raised.")
+        self.runs_replayed = r.counter(f"{p}_runs_replayed_total",
+                                       "/run answers served from the store (the agent did not run).")
+        self.retired_total = r.counter(f"{p}_attempts_retired_total",
+                                       "Attempts retired (cancelled or tombstoned) by retire.")
+        self.acked_total = r.counter(f"{p}_attempts_acked_total",
+                                     "Completed attempts released by an ACK.")
+        self.running = r.gauge(f"{p}_running", "Agent runs in progress.")
+        self.unacked = r.gauge(f"{p}_completed_unacknowledged",
+                               "Completed attempts not yet ACKed.")
+        self.latency = r.histogram(f"{p}_request_duration_seconds",
+                                   "HTTP request latency by route and status.",
+                                   ("route", "method", "status"))
+        self._status_fn = status_fn
+        if status_fn is not None:
+            self.running.set_function(lambda: _field(status_fn(), "running"))
+            self.unacked.set_function(lambda: _field(status_fn(), "completed_unacknowledged"))
+
+    def run_started(self) -> None:
+        self.runs_started.inc()
+        if self._status_fn is None:
+            self.running.inc()
+
+    def run_finished(self, *, ok: bool) -> None:
+        (self.runs_completed if ok else self.runs_failed).inc()
+        if self._status_fn is None:
+            self.running.dec()
+            if ok:
+                self.unacked.inc()
+
+    def run_replayed(self) -> None:
+        self.runs_replayed.inc()
+
+    def retired(self, n: int = 1) -> None:
+        if n:
+            self.retired_total.inc(n)
+
+    def acked(self, n: int = 1) -> None:
+        if n:
+            self.acked_total.inc(n)
+            if self._status_fn is None:
+                self.unacked.dec(n)
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.latency.observe(seconds, {"route": route, "method": method, "status": str(status)})
+
+    def render(self) -> str:
+        return self.registry.render()
+
+
+def _field(obj: Any, name: str) -> float:
+    value = obj.get(name, 0) if isinstance(obj, Mapping) else getattr(obj, name, 0)
+    return float(value or 0)
+
+
+class MetricsMiddleware:
+    """ASGI wrapper: times every HTTP request into ``metrics.latency`` and serves ``/metrics``.
+
+    ``route_of(path)`` names the route label (the default keeps the path, which is bounded for
+    our server because identities travel in bodies and query strings, never in paths).
+    """
+
+    def __init__(self, app: Any, metrics: GymServerMetrics, *,
+                 route_of: Callable[[str], str] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.app = app
+        self.metrics = metrics
+        self._route_of = route_of or (lambda path: path)
+        self._clock = clock
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if path == METRICS_PATH and scope.get("method") in ("GET", "HEAD"):
+            body = self.metrics.render().encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body",
+                        "body": body if scope.get("method") == "GET" else b""})
+            return
+        started = self._clock()
+        status = 500
+
+        async def timed_send(message: dict) -> None:
+            nonlocal status
+            if message.get("type") == "http.response.start":
+                status = int(message.get("status", 500))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            self.metrics.observe_request(self._route_of(path), scope.get("method", ""), status,
+                                         self._clock() - started)
+
+
+# ---------------------------------------------------------------- Ray metrics for the actors
+
+def _ray_running() -> Any:
+    """The ``ray`` module when this process is a connected Ray worker or driver, else None.
+
+    Never imports Ray itself: a process that has not imported it is not in Ray.
+    """
+    ray = sys.modules.get("ray")
+    try:
+        return ray if ray is not None and ray.is_initialized() else None
+    except Exception:
+        return None
+
+
+class RayMetric:
+    """A ``ray.util.metrics`` counter, gauge or histogram, created on first use.
+
+    Outside Ray it only keeps a local tally (``local_total``), so actor code can record
+    unconditionally and tests can read what was recorded in this process.
+    """
+
+    def __init__(self, kind: str, name: str, description: str, tag_keys: Sequence[str] = (),
+                 boundaries: Sequence[float] | None = None) -> None:
+        if kind not in ("counter", "gauge", "histogram"):
+            raise ValueError(f"unknown metric kind {kind!r}")
+        if not _valid_name(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        self.kind = kind
+        self.name = name
+        self.description = description
+        self.tag_keys = tuple(tag_keys)
+        self.boundaries = list(boundaries or LATENCY_BUCKETS)
+        self.local_total = 0.0
+        self._metric: Any = None
+        self._failed = False
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        """True once a real Ray metric backs this wrapper in this process."""
+        return self._resolve() is not None
+
+    def _resolve(self) -> Any:
+        if self._metric is not None or self._failed:
+            return self._metric
+        if _ray_running() is None:
+            return None
+        with self._lock:
+            if self._metric is None and not self._failed:
+                try:
+                    from ray.util import metrics as ray_metrics
+
+                    if self.kind == "counter":
+                        self._metric = ray_metrics.Counter(self.name, self.description,
+                                                           tag_keys=self.tag_keys)
+                    elif self.kind == "gauge":
+                        self._metric = ray_metrics.Gauge(self.name, self.description,
+                                                         tag_keys=self.tag_keys)
+                    else:
+                        self._metric = ray_metrics.Histogram(self.name, self.description,
+                                                             boundaries=self.boundaries,
+                                                             tag_keys=self.tag_keys)
+                except Exception:
+                    self._failed = True
+                    logger.debug("cannot create Ray metric %s", self.name, exc_info=True)
+        return self._metric
+
+    def _tags(self, tags: Mapping[str, str] | None) -> dict[str, str] | None:
+        if not self.tag_keys:
+            return None
+        tags = tags or {}
+        return {k: str(tags.get(k, "")) for k in self.tag_keys}
+
+    def record(self, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
+        """inc for a counter, set for a gauge, observe for a histogram."""
+        if self.kind == "gauge":
+            self.local_total = float(value)
+        else:
+            self.local_total += float(value)
+        metric = self._resolve()
+        if metric is None:
+            return
+        try:
+            if self.kind == "counter":
+                metric.inc(value, tags=self._tags(tags))
+            elif self.kind == "gauge":
+                metric.set(value, tags=self._tags(tags))
+            else:
+                metric.observe(value, tags=self._tags(tags))
+        except Exception:
+            logger.debug("recording Ray metric %s failed", self.name, exc_info=True)
+
+    inc = record
+    set = record
+    observe = record
+
+
+TRIES = RayMetric("counter", "rlga_tries_total", "Tries started by rollout actors.", ("endpoint",))
+SEALS = RayMetric("counter", "rlga_seals_total", "Replies sealed by rollout actors.", ("endpoint",))
+ADOPTIONS = RayMetric("counter", "rlga_adoptions_total",
+                      "Finished tries adopted (replayed, sealed, ACKed) instead of rerun.",
+                      ("endpoint",))
+ORPHANS_ACKED = RayMetric("counter", "rlga_orphans_acked_total",
+                          "Completed attempts with no owner that the ledger ACKed.", ("endpoint",))
+CHECKPOINT_PREPARE_SECONDS = RayMetric(
+    "histogram", "rlga_checkpoint_prepare_seconds",
+    "Time from a checkpoint's start to every endpoint being ready to commit.",
+    boundaries=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0))

@@ -1,0 +1,175 @@
+"""The Prometheus text registry, the ASGI middleware, the Ray wrappers outside Ray, the progress bar."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+
+import pytest
+
+from rl_gym_actors.metrics import (
+    CONTENT_TYPE,
+    GymServerMetrics,
+    MetricsMiddleware,
+    RayMetric,
+    Registry,
+    parse_exposition,
+)
+from rl_gym_actors.progress import ProgressBar, progress_wanted
+
+
+def test_render_counter_gauge_histogram_in_exposition_format():
+    reg = Registry()
+    c = reg.counter("x_total", "Things.\nSecond line", ("kind",))
+    g = reg.gauge("y", "Level.")
+    h = reg.histogram("lat_seconds", "Latency.", buckets=(0.1, 1.0))
+    c.inc(labels={"kind": 'a"b'})
+    c.inc(2, labels={"kind": 'a"b'})
+    g.set(4)
+    g.dec()
+    for v in (0.05, 0.5, 5.0):
+        h.observe(v)
+    text = reg.render()
+    assert "# HELP x_total Things.\\nSecond line" in text
+    assert "# TYPE lat_seconds histogram" in text
+    samples = parse_exposition(text)
+    assert samples['x_total{kind="a\\"b"}'] == 3
+    assert samples["y"] == 3
+    assert samples['lat_seconds_bucket{le="0.1"}'] == 1
+    assert samples['lat_seconds_bucket{le="1"}'] == 2
+    assert samples['lat_seconds_bucket{le="+Inf"}'] == 3
+    assert samples["lat_seconds_count"] == 3
+    assert math.isclose(samples["lat_seconds_sum"], 5.55)
+
+
+def test_bad_names_labels_and_negative_counts_are_refused():
+    reg = Registry()
+    with pytest.raises(ValueError):
+        reg.counter("bad-name", "")
+    with pytest.raises(ValueError):
+        reg.counter("ok_total", "", ("le",))
+    c = reg.counter("ok_total", "")
+    with pytest.raises(ValueError):
+        reg.counter("ok_total", "")
+    with pytest.raises(ValueError):
+        c.inc(-1)
+    with pytest.raises(ValueError):
+        c.inc(labels={"unexpected": "x"})
+
+
+def test_gym_metrics_gauges_read_status_at_scrape_time():
+    status = {"running": 2, "completed_unacknowledged": 5}
+    m = GymServerMetrics(lambda: status)
+    m.run_started()
+    m.run_finished(ok=True)
+    m.acked(3)
+    status["running"] = 0
+    samples = parse_exposition(m.render())
+    assert samples["gym_running"] == 0
+    assert samples["gym_completed_unacknowledged"] == 5
+    assert samples["gym_runs_started_total"] == 1
+    assert samples["gym_attempts_acked_total"] == 3
+
+
+def test_gym_metrics_without_status_fn_track_gauges_themselves():
+    m = GymServerMetrics()
+    m.run_started()
+    m.run_started()
+    m.run_finished(ok=True)
+    m.run_finished(ok=False)
+    m.acked()
+    samples = parse_exposition(m.render())
+    assert samples["gym_running"] == 0
+    assert samples["gym_completed_unacknowledged"] == 0
+    assert samples["gym_runs_failed_total"] == 1
+
+
+async def _call(app, path, method="GET"):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await app({"type": "http", "path": path, "method": method, "headers": []}, receive, send)
+    return sent
+
+
+async def test_middleware_serves_metrics_and_times_other_routes():
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 409, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    metrics = GymServerMetrics()
+    ticks = iter([10.0, 10.25])
+    app = MetricsMiddleware(inner, metrics, clock=lambda: next(ticks))
+    sent = await _call(app, "/run", "POST")
+    assert sent[0]["status"] == 409
+    assert metrics.latency.count({"route": "/run", "method": "POST", "status": "409"}) == 1
+    sent = await _call(app, "/metrics")
+    assert sent[0]["status"] == 200
+    assert (b"content-type", CONTENT_TYPE.encode()) in sent[0]["headers"]
+    samples = parse_exposition(sent[1]["body"].decode())
+    assert samples['gym_request_duration_seconds_sum{route="/run",method="POST",status="409"}'] == 0.25
+
+
+async def test_middleware_records_500_when_the_app_raises():
+    async def broken(scope, receive, send):
+        raise RuntimeError("boom")
+
+    metrics = GymServerMetrics()
+    app = MetricsMiddleware(broken, metrics)
+    with pytest.raises(RuntimeError):
+        await _call(app, "/run", "POST")
+    assert metrics.latency.count({"route": "/run", "method": "POST", "status": "500"}) == 1
+
+
+def test_ray_metric_outside_ray_keeps_a_local_tally_only(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    m = RayMetric("counter", "rlga_test_local_total", "test", ("endpoint",))
+    m.inc(tags={"endpoint": "http://x"})
+    m.inc(2)
+    assert m.local_total == 3
+    assert not m.enabled
+    assert "ray" not in sys.modules
+    with pytest.raises(ValueError):
+        RayMetric("summary", "x", "")
+
+
+def test_progress_bar_draws_only_on_a_tty():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    clock = iter(float(i) for i in range(100))
+    tty = Tty()
+    bar = ProgressBar(4, stream=tty, clock=lambda: next(clock), min_interval_s=0)
+    for status in ("sealed", "sealed", "failed"):
+        bar.update(status, adopted=status == "failed")
+    bar.update("sealed")
+    bar.close()
+    out = tty.getvalue()
+    assert out.endswith("\n")
+    last = out.strip().split("\r")[-1]
+    assert "4/4" in last and "failed 1" in last and "sealed 3" in last and "adopted 1" in last
+    assert "#" * 24 in last
+
+    plain = io.StringIO()
+    quiet = ProgressBar(2, stream=plain)
+    quiet.update()
+    quiet.close()
+    assert plain.getvalue() == "" and not quiet.enabled
+
+
+def test_progress_can_be_turned_off_by_environment(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert progress_wanted(Tty())
+    monkeypatch.setenv("RLGA_PROGRESS", "0")
+    assert not progress_wanted(Tty())
+    assert progress_wanted(io.StringIO(), enabled=True)
