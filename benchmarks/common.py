@@ -1,0 +1,491 @@
+"""Shared benchmark harness: machine facts, trials with warm-up, percentiles, process sampling
+(RSS and CPU of the driver, the Ray workers and the Ray system processes via /proc), local Ray
+start-up on loopback, and writing results as JSON plus a short markdown table.
+
+Every benchmark script imports this first; importing it puts the repository on ``sys.path`` (and
+on ``PYTHONPATH`` for Ray workers) and sets the loopback environment Ray needs on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 1024 * 1024
+
+
+# ---------------------------------------------------------------- machine and command
+
+def machine_info() -> dict[str, Any]:
+    """Cores, memory, CPU model, Python and Ray versions, and the git commit measured."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        total_kb = int(next(l for l in meminfo if l.startswith("MemTotal")).split()[1])
+        info["memory_gb"] = round(total_kb / 1024 / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        info["memory_gb"] = None
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in cpuinfo
+                                 if l.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu_model"] = platform.processor() or None
+    try:
+        import ray
+        info["ray"] = ray.__version__
+    except ImportError:
+        info["ray"] = None
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+            timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["git_commit"] = None
+    return info
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (f"{info['cores']} cores, {info['memory_gb']} GB, {info.get('cpu_model')}, "
+            f"Python {info['python']}, Ray {info['ray']}, commit {info.get('git_commit')}")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The exact command that produced a result, relative to the repository root."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    try:
+        script_s = str(script.relative_to(REPO))
+    except ValueError:
+        script_s = str(script)
+    return " ".join([".venv/bin/python", script_s, *map(shlex.quote, argv[1:])])
+
+
+# ---------------------------------------------------------------- statistics and trials
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Linear-interpolated percentile (p in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | None]:
+    """median, min, max, p50, p90, p99 and the count of a sample."""
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None,
+                "p50": None, "p90": None, "p99": None}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values),
+            "max": max(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
+            "p99": percentile(values, 99)}
+
+
+@dataclass
+class Trials:
+    """Wall times of the measured trials (the warm-up runs are not in them) and their values."""
+
+    seconds: list[float] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def best_s(self) -> float:
+        return min(self.seconds)
+
+    def median_value(self) -> Any:
+        """The value of the trial whose time is the median (an odd count gives a real trial)."""
+        order = sorted(range(len(self.seconds)), key=self.seconds.__getitem__)
+        return self.values[order[len(order) // 2]]
+
+
+def run_trials(fn: Callable[[], Any], *, warmup: int = 1, trials: int = 3) -> Trials:
+    """Call ``fn`` ``warmup`` times untimed, then ``trials`` times timed."""
+    for _ in range(warmup):
+        fn()
+    out = Trials()
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        value = fn()
+        out.seconds.append(time.perf_counter() - t0)
+        out.values.append(value)
+    return out
+
+
+async def run_trials_async(fn: Callable[[], Awaitable[Any]], *, warmup: int = 1,
+                           trials: int = 3) -> Trials:
+    """The async twin of :func:`run_trials`."""
+    for _ in range(warmup):
+        await fn()
+    out = Trials()
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        value = await fn()
+        out.seconds.append(time.perf_counter() - t0)
+        out.values.append(value)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b in (None, 0):
+        return None
+    return a / b
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.05,
+               what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds; raise TimeoutError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- processes (/proc)
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    start: int           # start time in clock ticks: with the pid, identifies the process
+    cpu_s: float         # user + system seconds, reaped children included
+    rss: int             # bytes
+    kind: str            # "driver", "worker", "ray_system" or "other"
+
+
+def _read_proc(pid: int) -> tuple[int, int, float, int, str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            "utf-8", "replace")
+    except OSError:
+        return None
+    # the command name is in parentheses and may itself contain spaces or parentheses
+    rest = stat[stat.rindex(")") + 2:].split()
+    ppid = int(rest[1])
+    cpu = (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _TICK
+    start = int(rest[19])
+    rss = int(rest[21]) * _PAGE
+    return ppid, start, cpu, rss, cmd
+
+
+def _kind(pid: int, root: int, cmd: str) -> str:
+    if pid == root:
+        return "driver"
+    if cmd.startswith("ray::") or "default_worker.py" in cmd:
+        return "worker"
+    if any(s in cmd for s in ("raylet", "gcs_server", "ray/dashboard", "log_monitor",
+                              "runtime_env", "monitor.py", "ray/_private", "ray/autoscaler")):
+        return "ray_system"
+    return "other"
+
+
+def process_tree(root: int | None = None, exclude: Iterable[int] = ()) -> list[ProcInfo]:
+    """The process ``root`` (default: this one) and all its descendants, minus ``exclude``
+    subtrees. A local Ray started by this process hangs below it, so other users' Ray sessions
+    on the same machine are never counted."""
+    root = os.getpid() if root is None else root
+    excluded = set(exclude)
+    table: dict[int, tuple[int, int, float, int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            row = _read_proc(int(entry))
+            if row is not None:
+                table[int(entry)] = row
+    children: dict[int, list[int]] = {}
+    for pid, row in table.items():
+        children.setdefault(row[0], []).append(pid)
+    out: list[ProcInfo] = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid in excluded or pid not in table:
+            continue
+        ppid, start, cpu, rss, cmd = table[pid]
+        out.append(ProcInfo(pid, ppid, start, cpu, rss, _kind(pid, root, cmd)))
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size (shared pages split between their users), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    row = _read_proc(pid)
+    return None if row is None else row[2]
+
+
+@dataclass
+class ProcStats:
+    """What a :class:`ProcessSampler` saw between start and stop. Memory in MB, CPU in seconds."""
+
+    wall_s: float = 0.0
+    peak_rss_total_mb: float = 0.0
+    peak_rss_driver_mb: float = 0.0
+    peak_rss_workers_mb: float = 0.0
+    peak_rss_ray_system_mb: float = 0.0
+    peak_workers: int = 0
+    cpu_s_total: float = 0.0
+    cpu_s_driver: float = 0.0
+    cpu_s_workers: float = 0.0
+    cpu_s_ray_system: float = 0.0
+    samples: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+class ProcessSampler:
+    """Samples RSS and CPU of this process tree in a thread (``with`` block or start/stop).
+
+    CPU is the growth of user+system time of every process seen (processes that start during
+    the window count from zero; one that ends loses at most one interval).
+    """
+
+    def __init__(self, *, exclude: Iterable[int] = (), interval_s: float = 0.25) -> None:
+        self.exclude = set(exclude)
+        self.interval_s = interval_s
+        self.stats = ProcStats()
+        self._base: dict[tuple[int, int], float] = {}
+        self._last: dict[tuple[int, int], tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def _sample(self) -> None:
+        procs = process_tree(exclude=self.exclude)
+        s = self.stats
+        s.samples += 1
+        by_kind = {"driver": 0, "worker": 0, "ray_system": 0, "other": 0}
+        workers = 0
+        for p in procs:
+            by_kind[p.kind] += p.rss
+            workers += p.kind == "worker"
+            self._last[(p.pid, p.start)] = (p.kind, p.cpu_s)
+        total = sum(by_kind.values())
+        s.peak_rss_total_mb = max(s.peak_rss_total_mb, total / MB)
+        s.peak_rss_driver_mb = max(s.peak_rss_driver_mb, by_kind["driver"] / MB)
+        s.peak_rss_workers_mb = max(s.peak_rss_workers_mb, by_kind["worker"] / MB)
+        s.peak_rss_ray_system_mb = max(s.peak_rss_ray_system_mb, by_kind["ray_system"] / MB)
+        s.peak_workers = max(s.peak_workers, workers)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> "ProcessSampler":
+        for p in process_tree(exclude=self.exclude):
+            self._base[(p.pid, p.start)] = p.cpu_s
+        self._t0 = time.perf_counter()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="proc-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> ProcStats:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        s = self.stats
+        s.wall_s = time.perf_counter() - self._t0
+        cpu = {"driver": 0.0, "worker": 0.0, "ray_system": 0.0, "other": 0.0}
+        for key, (kind, last) in self._last.items():
+            cpu[kind] += max(0.0, last - self._base.get(key, 0.0))
+        s.cpu_s_driver, s.cpu_s_workers = cpu["driver"], cpu["worker"]
+        s.cpu_s_ray_system = cpu["ray_system"]
+        s.cpu_s_total = sum(cpu.values())
+        return s
+
+    def __enter__(self) -> "ProcessSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def worker_memory(*, exclude: Iterable[int] = ()) -> dict[str, float]:
+    """Current RSS and PSS (MB) of the Ray worker processes below this process."""
+    workers = [p for p in process_tree(exclude=exclude) if p.kind == "worker"]
+    pss = [pss_bytes(p.pid) for p in workers]
+    return {"workers": len(workers),
+            "rss_mb": round(sum(p.rss for p in workers) / MB, 1),
+            "pss_mb": round(sum(x for x in pss if x) / MB, 1),
+            "rss_per_worker_mb": round(sum(p.rss for p in workers) / MB / len(workers), 1)
+            if workers else None,
+            "pss_per_worker_mb": round(sum(x for x in pss if x) / MB / len(workers), 1)
+            if workers else None}
+
+
+# ---------------------------------------------------------------- Ray on loopback
+
+def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
+    """A local Ray bound to loopback, quiet, without the dashboard. Returns the ray module."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, namespace="rl_gym_actors", **kwargs)
+    return ray
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def run_async(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- results
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+@dataclass
+class Result:
+    """One benchmark's output: what it ran, on what, the rows, and a markdown table."""
+
+    name: str
+    title: str
+    mode: str                                     # "quick" or "full"
+    command: str = field(default_factory=command_line)
+    machine: dict[str, Any] = field(default_factory=machine_info)
+    started_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    params: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[tuple[str, str]] = field(default_factory=list)   # (caption, markdown)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float | None = None
+
+    def add_table(self, caption: str, headers: Sequence[str],
+                  rows: Iterable[Sequence[Any]]) -> None:
+        self.tables.append((caption, md_table(headers, rows)))
+
+    def markdown(self) -> str:
+        parts = [f"### {self.title}", "",
+                 f"`{self.command}` ({self.mode} mode, {fmt(self.elapsed_s)} s)", "",
+                 f"Machine: {machine_line(self.machine)}", ""]
+        for caption, table in self.tables:
+            if caption:
+                parts += [caption, ""]
+            parts += [table, ""]
+        for note in self.notes:
+            parts += [f"- {note}"]
+        return "\n".join(parts).rstrip() + "\n"
+
+    def write(self) -> tuple[Path, Path]:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        jpath = RESULTS_DIR / f"{self.name}.json"
+        mpath = RESULTS_DIR / f"{self.name}.md"
+        payload = asdict(self)
+        payload["tables"] = [{"caption": c, "markdown": t} for c, t in self.tables]
+        tmp = jpath.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        os.replace(tmp, jpath)
+        mpath.write_text(self.markdown())
+        return jpath, mpath
+
+
+def bench_main(name: str, title: str, body: Callable[[Result, Any], None],
+               argv: Sequence[str] | None = None, *, extra_args: Callable[[Any], None] | None = None
+               ) -> Result:
+    """Parse ``--quick`` (and ``extra_args``), run ``body(result, args)``, time it, write the
+    result files."""
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    if extra_args is not None:
+        extra_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    result = Result(name=name, title=title, mode="quick" if args.quick else "full")
+    result.params["args"] = vars(args)
+    t0 = time.perf_counter()
+    body(result, args)
+    result.elapsed_s = round(time.perf_counter() - t0, 1)
+    j, m = result.write()
+    print(result.markdown())
+    print(f"wrote {j.relative_to(REPO)} and {m.relative_to(REPO)}")
+    return result
+
+
+def progress(msg: str) -> None:
+    """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
