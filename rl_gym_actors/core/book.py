@@ -1,0 +1,250 @@
+"""The ledger's book: every attempt any rollout actor reported, folded in any order.
+
+Pure and synchronous: no Ray, no sockets, no clock reads. Reports arrive in batches from many
+rollout actors and may arrive out of order, so the fold is commutative and idempotent:
+
+- an attempt's state only moves up (``running < sealed < tombstoned < acked``; the last two share
+  a rank in :class:`AttemptState`, and ``acked`` wins the tie because it is the stronger fact);
+- a rollout's current try is the highest attempt index reported for it, and its owner is the owner
+  of that attempt;
+- ``released`` on a report for attempt ``a`` means the owner let go of the rollout at try ``a``; a
+  later try (a higher index) takes the rollout again.
+
+Per endpoint counters are kept incrementally so that :meth:`Book.snapshot` costs O(endpoints +
+owners), not O(attempts). Each attempt sits in exactly one state bucket, so
+``dispatched = running + completed_unacked + acked + tombstoned`` holds after every fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from rl_gym_actors.core.events import AttemptReport, AttemptState
+
+# A total order on states: the rank from events.py, with acked above tombstoned on the tie.
+_ORDER = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1,
+          AttemptState.TOMBSTONED: 2, AttemptState.ACKED: 3}
+_BUCKET = {AttemptState.RUNNING: "running", AttemptState.SEALED: "completed_unacked",
+           AttemptState.ACKED: "acked", AttemptState.TOMBSTONED: "tombstoned"}
+
+
+class EndpointSnapshot(BaseModel):
+    """Counters for one Gym endpoint (by URL). ``completed_unacked`` = sealed, not yet ACKed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    dispatched: int = 0
+    running: int = 0
+    completed_unacked: int = 0
+    acked: int = 0
+    tombstoned: int = 0
+    adopted: int = 0
+    invariant_ok: bool = True
+
+
+class LedgerSnapshot(BaseModel):
+    """A frozen view of the book. ``owners`` maps an owner to the rollouts it holds (not released);
+    ``orphans_acked``, ``adoptions`` and ``retired`` count what the checkpoint gate did itself."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoints: dict[str, EndpointSnapshot]
+    rollouts: int
+    attempts: int
+    reports: int
+    owners: dict[str, int]
+    live_owners: list[str] = []
+    orphans_acked: int = 0
+    adoptions: int = 0
+    retired: int = 0
+    checkpoints_committed: int = 0
+    checkpoints_failed: int = 0
+    last_checkpoint_id: str | None = None
+    invariant_ok: bool = True
+
+
+class _Counts:
+    __slots__ = ("dispatched", "running", "completed_unacked", "acked", "tombstoned", "adopted")
+
+    def __init__(self) -> None:
+        self.dispatched = self.running = self.completed_unacked = 0
+        self.acked = self.tombstoned = self.adopted = 0
+
+    def add(self, state: AttemptState, adopted: bool, sign: int) -> None:
+        self.dispatched += sign
+        bucket = _BUCKET[state]
+        setattr(self, bucket, getattr(self, bucket) + sign)
+        if adopted:
+            self.adopted += sign
+
+    def snapshot(self, endpoint: str) -> EndpointSnapshot:
+        ok = self.dispatched == (self.running + self.completed_unacked + self.acked
+                                 + self.tombstoned)
+        return EndpointSnapshot(endpoint=endpoint, dispatched=self.dispatched,
+                                running=self.running, completed_unacked=self.completed_unacked,
+                                acked=self.acked, tombstoned=self.tombstoned,
+                                adopted=self.adopted, invariant_ok=ok)
+
+
+class _Attempt:
+    __slots__ = ("endpoint", "state", "owner", "adopted")
+
+    def __init__(self, endpoint: str, state: AttemptState, owner: str, adopted: bool) -> None:
+        self.endpoint = endpoint
+        self.state = state
+        self.owner = owner
+        self.adopted = adopted
+
+
+class _Rollout:
+    __slots__ = ("current", "released_at")
+
+    def __init__(self, current: int) -> None:
+        self.current = current
+        self.released_at = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """What the book knows of one attempt."""
+
+    rollout_id: str
+    attempt_index: int
+    endpoint: str
+    state: AttemptState
+    owner: str
+    adopted: bool
+    current: bool          # the highest attempt index reported for its rollout
+    released: bool         # its owner let go of the rollout at this try or later
+
+
+class Book:
+    """The cluster-wide book of attempts. One writer: the ledger actor."""
+
+    def __init__(self, endpoints: Iterable[str] = ()) -> None:
+        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._rollouts: dict[str, _Rollout] = {}
+        # the given endpoints always show in a snapshot, others once they hold an attempt
+        self._counts: dict[str, _Counts] = {ep: _Counts() for ep in endpoints}
+        self._listed = frozenset(self._counts)
+        self._held: dict[str, int] = {}
+        self.reports = 0
+        self.orphans_acked = 0
+        self.adoptions = 0
+        self.retired = 0
+        self.checkpoints_committed = 0
+        self.checkpoints_failed = 0
+        self.last_checkpoint_id: str | None = None
+
+    # ------------------------------------------------------------------ folding
+
+    def apply(self, report: AttemptReport) -> None:
+        """Fold one report. Order and repetition do not change the result."""
+        self.reports += 1
+        self._fold(report.rollout_id, report.attempt_index, report.endpoint, report.state,
+                   report.owner, report.adopted, report.released)
+
+    def apply_all(self, reports: Iterable[AttemptReport]) -> None:
+        for report in reports:
+            self.apply(report)
+
+    def record(self, endpoint: str, rollout_id: str, attempt_index: int,
+               state: AttemptState) -> None:
+        """Fold what the ledger itself learned from Gym (no owner, never releases)."""
+        self._fold(rollout_id, attempt_index, endpoint, state, "", False, False)
+
+    def _fold(self, rid: str, att: int, endpoint: str, state: AttemptState, owner: str,
+              adopted: bool, released: bool) -> None:
+        rollout = self._rollouts.get(rid)
+        before = self._holder(rid, rollout)
+        attempt = self._attempts.get((rid, att))
+        if attempt is None:
+            self._attempts[(rid, att)] = _Attempt(endpoint, state, owner, adopted)
+            self._counts_for(endpoint).add(state, adopted, +1)
+        else:
+            new_endpoint = min(attempt.endpoint, endpoint)   # a tie-break that ignores order
+            new_state = state if _ORDER[state] > _ORDER[attempt.state] else attempt.state
+            new_adopted = attempt.adopted or adopted
+            if (new_endpoint, new_state, new_adopted) != (attempt.endpoint, attempt.state,
+                                                          attempt.adopted):
+                self._counts_for(attempt.endpoint).add(attempt.state, attempt.adopted, -1)
+                self._counts_for(new_endpoint).add(new_state, new_adopted, +1)
+                attempt.endpoint, attempt.state, attempt.adopted = (new_endpoint, new_state,
+                                                                    new_adopted)
+            if owner > attempt.owner:
+                attempt.owner = owner
+        if rollout is None:
+            rollout = self._rollouts[rid] = _Rollout(att)
+        elif att > rollout.current:
+            rollout.current = att
+        if released and att > rollout.released_at:
+            rollout.released_at = att
+        after = self._holder(rid, rollout)
+        if after != before:
+            if before:
+                self._held[before] -= 1
+                if not self._held[before]:
+                    del self._held[before]
+            if after:
+                self._held[after] = self._held.get(after, 0) + 1
+
+    def _counts_for(self, endpoint: str) -> _Counts:
+        counts = self._counts.get(endpoint)
+        if counts is None:
+            counts = self._counts[endpoint] = _Counts()
+        return counts
+
+    def _holder(self, rid: str, rollout: _Rollout | None) -> str:
+        if rollout is None or rollout.released_at >= rollout.current:
+            return ""
+        return self._attempts[(rid, rollout.current)].owner
+
+    # ------------------------------------------------------------------ reading
+
+    def attempt(self, rollout_id: str, attempt_index: int) -> AttemptView | None:
+        attempt = self._attempts.get((rollout_id, attempt_index))
+        if attempt is None:
+            return None
+        rollout = self._rollouts[rollout_id]
+        return AttemptView(rollout_id, attempt_index, attempt.endpoint, attempt.state,
+                           attempt.owner, attempt.adopted, rollout.current == attempt_index,
+                           rollout.released_at >= attempt_index)
+
+    def current_attempt(self, rollout_id: str) -> int | None:
+        rollout = self._rollouts.get(rollout_id)
+        return None if rollout is None else rollout.current
+
+    def claimant(self, rollout_id: str, attempt_index: int, endpoint: str,
+                 live_owners: Set[str]) -> str | None:
+        """The live owner that holds this attempt as its rollout's current try on ``endpoint``,
+        or None when nobody does (the attempt is forgotten)."""
+        rollout = self._rollouts.get(rollout_id)
+        if rollout is None or rollout.current != attempt_index:
+            return None
+        if rollout.released_at >= attempt_index:
+            return None
+        attempt = self._attempts[(rollout_id, attempt_index)]
+        if attempt.endpoint != endpoint or attempt.owner not in live_owners:
+            return None
+        return attempt.owner
+
+    def owners(self) -> dict[str, int]:
+        """Owner name -> how many rollouts it holds (current try reported, not released)."""
+        return dict(self._held)
+
+    def snapshot(self, live_owners: Iterable[str] = ()) -> LedgerSnapshot:
+        endpoints = {ep: c.snapshot(ep) for ep, c in sorted(self._counts.items())
+                     if c.dispatched or ep in self._listed}
+        return LedgerSnapshot(
+            endpoints=endpoints, rollouts=len(self._rollouts), attempts=len(self._attempts),
+            reports=self.reports, owners=dict(sorted(self._held.items())),
+            live_owners=sorted(live_owners), orphans_acked=self.orphans_acked,
+            adoptions=self.adoptions, retired=self.retired,
+            checkpoints_committed=self.checkpoints_committed,
+            checkpoints_failed=self.checkpoints_failed,
+            last_checkpoint_id=self.last_checkpoint_id,
+            invariant_ok=all(e.invariant_ok for e in endpoints.values()))

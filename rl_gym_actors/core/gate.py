@@ -1,0 +1,109 @@
+"""The prepare plan: what the checkpoint gate does about each attempt one Gym endpoint lists.
+
+Pure: the plan reads an endpoint's :class:`~rl_gym_actors.protocol.StatusReport`, the book and
+the set of live owners, and returns steps; the ledger actor performs them.
+
+=============  ======================================================================
+ADOPT          completed, not ACKed, still its rollout's current try, and a live owner
+               holds it: ask that owner to ``adopt(rid, att)`` (replay, seal, ACK)
+ORPHAN_ACK     completed, not ACKed, and no live owner holds it as its current try:
+               take its receipt (from the status, else fetch it) and ACK it
+RETIRE         running or parked and no live owner holds it as its current try,
+               including attempts the book never heard of: cancel it on Gym
+WAIT           running or parked and a live owner holds it as its current try: let it
+               finish; or, with ``retire_unknown=False``, an attempt the book never heard
+               of (its owner may have dispatched it after the last flush)
+=============  ======================================================================
+
+A RETIRE that Gym answers with ``completed_unacknowledged`` turns into an ORPHAN_ACK; an ADOPT
+whose owner says False or has died turns into an ORPHAN_ACK (see :func:`orphan_step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass
+from enum import Enum
+
+from rl_gym_actors.core.book import Book
+from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, ExecutionState, StatusReport
+
+_RUNNING = frozenset({ExecutionState.RUNNING.value, ExecutionState.PARKED.value})
+_COMPLETED = ExecutionState.COMPLETED.value
+
+
+class Action(str, Enum):
+    ADOPT = "adopt"
+    ORPHAN_ACK = "orphan_ack"
+    RETIRE = "retire"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decision. ``owner`` is set for ADOPT and for a WAIT on a live owner's current try;
+    ``receipt`` for an ORPHAN_ACK whose receipt the status carried; ``known`` says whether the
+    book has heard of the attempt."""
+
+    action: Action
+    rollout_id: str
+    attempt_index: int
+    owner: str | None = None
+    receipt: CompletionReceipt | None = None
+    known: bool = True
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.rollout_id, self.attempt_index)
+
+
+def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
+    """Every attempt a status names, by key. The completed list wins (it carries receipts), then
+    the blocking list, then ``executions``."""
+    found: dict[tuple[str, int], AttemptInfo] = {}
+    for group in (status.executions, status.blocking_attempts,
+                  status.completed_unacknowledged_attempts):
+        for info in group:
+            old = found.get(info.key)
+            if old is None or old.completion_receipt is None or info.completion_receipt:
+                found[info.key] = info
+    return found
+
+
+def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: Set[str], *,
+                  retire_unknown: bool = True) -> list[Step]:
+    """The steps for every running, parked or completed-un-ACKed attempt ``status`` lists, in a
+    stable order (by key). Attempts that are ACKed or tombstoned on Gym need nothing."""
+    steps: list[Step] = []
+    for key, info in sorted(gym_attempts(status).items()):
+        rid, att = key
+        if info.state not in _RUNNING and info.state != _COMPLETED:
+            continue
+        owner = book.claimant(rid, att, endpoint, live_owners)
+        known = book.attempt(rid, att) is not None
+        if info.state == _COMPLETED:
+            if owner is not None:
+                steps.append(Step(Action.ADOPT, rid, att, owner=owner, known=known))
+            else:
+                steps.append(Step(Action.ORPHAN_ACK, rid, att, receipt=info.completion_receipt,
+                                  known=known))
+        elif owner is not None or (not known and not retire_unknown):
+            steps.append(Step(Action.WAIT, rid, att, owner=owner, known=known))
+        else:
+            steps.append(Step(Action.RETIRE, rid, att, known=known))
+    return steps
+
+
+def orphan_step(step: Step, receipt: CompletionReceipt | None = None) -> Step:
+    """The ORPHAN_ACK that replaces an ADOPT the owner refused or a RETIRE Gym refused because
+    the attempt had completed."""
+    return Step(Action.ORPHAN_ACK, step.rollout_id, step.attempt_index,
+                receipt=receipt or step.receipt, known=step.known)
+
+
+def blockers(status: StatusReport) -> list[dict[str, object]]:
+    """What still stands in the way on one endpoint, for :class:`CheckpointFailed`."""
+    return [{"rollout_id": info.rollout_id, "attempt_index": info.attempt_index,
+             "state": info.state}
+            for key, info in sorted(gym_attempts(status).items())
+            if info.state in _RUNNING or info.state == _COMPLETED]

@@ -1,0 +1,275 @@
+"""The ledger's pure core: the book folds reports in any order; the prepare plan covers every
+attempt Gym lists and never touches what a live owner holds as its current try."""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.ledger import Action, Book, LedgerSnapshot, orphan_step, plan_endpoint
+from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, StatusReport
+
+EPS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+OWNERS = ["o-a", "o-b", "o-c"]
+RIDS = ["r0", "r1", "r2", "r3"]
+STRENGTH = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1, AttemptState.TOMBSTONED: 2,
+            AttemptState.ACKED: 3}
+
+reports_st = st.builds(
+    AttemptReport,
+    rollout_id=st.sampled_from(RIDS), attempt_index=st.integers(0, 2),
+    endpoint=st.sampled_from(EPS), state=st.sampled_from(list(AttemptState)),
+    owner=st.sampled_from(OWNERS), adopted=st.booleans(),
+    released=st.sampled_from([False, False, True]))
+
+
+def one_endpoint(reports: list[AttemptReport]) -> list[AttemptReport]:
+    """Real reports keep a rollout's tries on one endpoint (chosen by rollout id)."""
+    return [AttemptReport(r.rollout_id, r.attempt_index, EPS[RIDS.index(r.rollout_id) % 2],
+                          r.state, r.owner, r.adopted, r.released) for r in reports]
+
+
+def reference(reports: list[AttemptReport]) -> dict:
+    """The book, computed declaratively from the whole set of reports at once."""
+    keys = {(r.rollout_id, r.attempt_index) for r in reports}
+    of = {k: [r for r in reports if (r.rollout_id, r.attempt_index) == k] for k in keys}
+    state = {k: max((r.state for r in rs), key=STRENGTH.__getitem__) for k, rs in of.items()}
+    endpoint = {k: min(r.endpoint for r in rs) for k, rs in of.items()}
+    adopted = {k: any(r.adopted for r in rs) for k, rs in of.items()}
+    owner = {k: max(r.owner for r in rs) for k, rs in of.items()}
+    current = {rid: max(a for r_, a in keys if r_ == rid) for rid, _ in keys}
+    released_at = {rid: max([r.attempt_index for r in reports
+                             if r.rollout_id == rid and r.released], default=-1)
+                   for rid in current}
+    counts: dict[str, dict[str, int]] = {}
+    bucket = {AttemptState.RUNNING: "running", AttemptState.SEALED: "completed_unacked",
+              AttemptState.ACKED: "acked", AttemptState.TOMBSTONED: "tombstoned"}
+    for k in keys:
+        c = counts.setdefault(endpoint[k], dict.fromkeys(
+            ["dispatched", "running", "completed_unacked", "acked", "tombstoned", "adopted"], 0))
+        c["dispatched"] += 1
+        c[bucket[state[k]]] += 1
+        c["adopted"] += adopted[k]
+    held: dict[str, int] = {}
+    for rid, cur in current.items():
+        if released_at[rid] < cur:
+            held[owner[(rid, cur)]] = held.get(owner[(rid, cur)], 0) + 1
+    return {"state": state, "owner": owner, "current": current, "released_at": released_at,
+            "counts": counts, "held": held}
+
+
+def counts_of(snap: LedgerSnapshot) -> dict[str, dict[str, int]]:
+    return {ep: e.model_dump(exclude={"endpoint", "invariant_ok"})
+            for ep, e in snap.endpoints.items()}
+
+
+def book_of(reports: list[AttemptReport]) -> Book:
+    book = Book()
+    book.apply_all(reports)
+    return book
+
+
+# ---------------------------------------------------------------------------- the book
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(reports_st, max_size=30), st.randoms(use_true_random=False))
+def test_any_order_and_repetition_give_the_same_book(reports, rnd):
+    shuffled = list(reports) + rnd.sample(reports, k=len(reports) // 2)   # some arrive twice
+    rnd.shuffle(shuffled)
+    a, b = book_of(reports), book_of(shuffled)
+    assert a.snapshot().model_dump(exclude={"reports"}) == b.snapshot().model_dump(
+        exclude={"reports"})
+    for r in reports:
+        assert a.attempt(r.rollout_id, r.attempt_index) == b.attempt(r.rollout_id,
+                                                                     r.attempt_index)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(reports_st, max_size=30))
+def test_book_matches_the_declarative_reference(reports):
+    book, ref = book_of(reports), reference(reports)
+    snap = book.snapshot()
+    assert counts_of(snap) == ref["counts"]
+    assert snap.owners == ref["held"]
+    assert snap.invariant_ok and all(e.invariant_ok for e in snap.endpoints.values())
+    for (rid, att), state in ref["state"].items():
+        view = book.attempt(rid, att)
+        assert view is not None and view.state is state and view.owner == ref["owner"][(rid, att)]
+        assert view.current == (ref["current"][rid] == att)
+        assert view.released == (ref["released_at"][rid] >= att)
+
+
+class BookMachine(RuleBasedStateMachine):
+    """Reports and the ledger's own findings interleave; the counters always match a recount."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.book = Book()
+        self.folded: list[AttemptReport] = []
+
+    @rule(report=reports_st)
+    def report(self, report):
+        self.book.apply(report)
+        self.folded.append(report)
+
+    @rule(rid=st.sampled_from(RIDS), att=st.integers(0, 2), ep=st.sampled_from(EPS),
+          state=st.sampled_from([AttemptState.ACKED, AttemptState.TOMBSTONED]))
+    def ledger_finding(self, rid, att, ep, state):
+        self.book.record(ep, rid, att, state)
+        self.folded.append(AttemptReport(rid, att, ep, state, ""))
+
+    @invariant()
+    def counters_match_a_recount(self):
+        snap = self.book.snapshot()
+        assert snap.invariant_ok
+        ref = reference(self.folded)
+        assert counts_of(snap) == ref["counts"]
+        assert snap.owners == {o: n for o, n in ref["held"].items() if o}
+        assert snap.attempts == len(ref["state"])
+
+
+TestBookMachine = BookMachine.TestCase
+TestBookMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_state_only_moves_up_and_acked_beats_tombstoned():
+    book = Book()
+    ep = EPS[0]
+    for state in (AttemptState.ACKED, AttemptState.RUNNING, AttemptState.SEALED,
+                  AttemptState.TOMBSTONED):
+        book.apply(AttemptReport("r", 0, ep, state, "o-a"))
+    assert book.attempt("r", 0).state is AttemptState.ACKED
+    snap = book.snapshot().endpoints[ep]
+    assert (snap.dispatched, snap.acked, snap.running, snap.tombstoned) == (1, 1, 0, 0)
+
+
+def test_a_later_try_takes_the_rollout_back_after_a_release():
+    book = Book()
+    ep = EPS[0]
+    book.apply(AttemptReport("r", 0, ep, AttemptState.TOMBSTONED, "o-a", released=True))
+    assert book.owners() == {}
+    book.apply(AttemptReport("r", 1, ep, AttemptState.RUNNING, "o-b"))
+    assert book.owners() == {"o-b": 1}
+    assert book.claimant("r", 1, ep, {"o-b"}) == "o-b"
+    assert book.claimant("r", 0, ep, {"o-a", "o-b"}) is None
+
+
+def test_snapshot_stays_cheap_at_100k_attempts():
+    book = Book()
+    reports = [AttemptReport(f"r{i}", 0, EPS[i % 2], AttemptState.RUNNING, f"o-{i % 64}")
+               for i in range(100_000)]
+    start = time.perf_counter()
+    book.apply_all(reports)
+    fold_s = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(20):
+        start = time.perf_counter()
+        snap = book.snapshot()
+        best = min(best, time.perf_counter() - start)
+    assert snap.attempts == 100_000 and snap.invariant_ok
+    assert sum(e.dispatched for e in snap.endpoints.values()) == 100_000
+    # O(endpoints + owners), not O(attempts): far below one per-attempt pass
+    assert best < fold_s / 50, (best, fold_s)
+
+
+# ---------------------------------------------------------------------------- the plan
+
+def receipt_for(rid: str, att: int) -> CompletionReceipt:
+    return CompletionReceipt.for_reply(rid, att, 1, {"id": f"r-{rid}", "reward": 0.5})
+
+
+gym_states = st.sampled_from(["running", "parked", "completed", "acknowledged", "tombstoned"])
+listing_st = st.dictionaries(st.tuples(st.sampled_from(RIDS + ["zz"]), st.integers(0, 2)),
+                             st.tuples(gym_states, st.booleans(), st.booleans()), max_size=12)
+
+
+def status_of(listing) -> StatusReport:
+    """A status with each attempt in ``executions`` and/or its own list (a real Gym may omit
+    either), completed ones with or without their receipt."""
+    executions, blocking, completed = [], [], []
+    for (rid, att), (state, in_list, with_receipt) in listing.items():
+        receipt = receipt_for(rid, att) if state == "completed" and with_receipt else None
+        info = AttemptInfo(rollout_id=rid, attempt_index=att, state=state,
+                           completion_receipt=receipt)
+        if not in_list or state not in ("running", "parked", "completed"):
+            executions.append(info)
+        elif state == "completed":
+            completed.append(info)
+        else:
+            blocking.append(info)
+    return StatusReport(state="preparing", executions=executions, blocking_attempts=blocking,
+                        completed_unacknowledged_attempts=completed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(reports_st, max_size=25), listing_st,
+       st.sets(st.sampled_from(OWNERS)), st.booleans())
+def test_plan_covers_every_attempt_and_never_takes_a_live_current_try(reports, listing, live,
+                                                                      retire_unknown):
+    reports = one_endpoint(reports)
+    ep = EPS[0]
+    book, ref = book_of(reports), reference(reports)
+    steps = plan_endpoint(status_of(listing), book, ep, live, retire_unknown=retire_unknown)
+    by_key = {s.key: s for s in steps}
+    assert len(by_key) == len(steps), "one step per attempt"
+
+    def held_by_live_owner(rid, att):   # the reference's answer, independent of Book.claimant
+        return (ref["current"].get(rid) == att and ref["released_at"][rid] < att
+                and EPS[RIDS.index(rid) % 2] == ep and ref["owner"][(rid, att)] in live)
+
+    for (rid, att), (state, _, with_receipt) in listing.items():
+        step = by_key.get((rid, att))
+        known = (rid, att) in ref["state"]
+        if state == "completed":
+            assert step is not None, "a completed un-ACKed attempt is never left alone"
+            if held_by_live_owner(rid, att):
+                assert step.action is Action.ADOPT and step.owner == ref["owner"][(rid, att)]
+            else:
+                assert step.action is Action.ORPHAN_ACK
+                assert (step.receipt is not None) == with_receipt
+        elif state in ("running", "parked"):
+            assert step is not None
+            if held_by_live_owner(rid, att):
+                assert step.action is Action.WAIT and step.owner in live
+            elif known or retire_unknown:
+                assert step.action is Action.RETIRE, "an unowned run is never waited on"
+            else:
+                assert step.action is Action.WAIT and step.owner is None
+        else:
+            assert step is None
+    for step in steps:
+        if step.action is Action.ADOPT:
+            assert ref["current"][step.rollout_id] == step.attempt_index
+        if step.action is Action.RETIRE:
+            assert not held_by_live_owner(step.rollout_id, step.attempt_index)
+
+
+def test_seed_scenario_plan():
+    """(rD, 0) finished but its reply was lost and the rollout moved on to try 1: ACK the orphan;
+    try 1 still runs for its live owner: wait; (rT, 0) runs for nobody: retire."""
+    ep = EPS[0]
+    book = book_of([
+        AttemptReport("rD", 0, ep, AttemptState.RUNNING, "o-a"),
+        AttemptReport("rD", 0, ep, AttemptState.TOMBSTONED, "o-a"),
+        AttemptReport("rD", 1, ep, AttemptState.RUNNING, "o-a"),
+    ])
+    status = status_of({("rD", 0): ("completed", True, True), ("rD", 1): ("running", True, False),
+                        ("rT", 0): ("running", True, False)})
+    steps = {s.key: s for s in plan_endpoint(status, book, ep, {"o-a"})}
+    assert steps[("rD", 0)].action is Action.ORPHAN_ACK
+    assert steps[("rD", 0)].receipt == receipt_for("rD", 0)
+    assert steps[("rD", 1)].action is Action.WAIT
+    assert steps[("rT", 0)].action is Action.RETIRE and not steps[("rT", 0)].known
+    # the owner dies: its current try is forgotten too
+    steps = {s.key: s for s in plan_endpoint(status, book, ep, set())}
+    assert steps[("rD", 1)].action is Action.RETIRE
+    # a refused adoption becomes an orphan ACK, keeping the receipt it was given
+    adopt = plan_endpoint(status_of({("rD", 1): ("completed", True, True)}), book, ep,
+                          {"o-a"})[0]
+    assert adopt.action is Action.ADOPT
+    orphan = orphan_step(adopt, receipt_for("rD", 1))
+    assert orphan.action is Action.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
