@@ -1,0 +1,692 @@
+"""One rollout's tries as a pure, synchronous state machine: events in, effects out.
+
+No Ray, no sockets, no clock reads: every event carries the time it happened (``now``, Unix
+seconds) and every effect that waits carries an absolute deadline. The rollout actor performs the
+effects and feeds back what came of them; tests drive the machine against a model of Gym.
+
+The rule it keeps is "retire, then adopt or cancel": whenever it gives up on a try (its
+``rollout_s`` deadline fired, it was abandoned, the receipt fetch failed, the connection broke,
+the digest did not match, a plain 5xx) it first retires that try on Gym.
+
+- retired (the try was still running, now tombstoned): the try is cancelled; the next try starts
+  if tries remain and the reason allows, else the rollout fails with the reason.
+- completed, not ACKed: it replays ``/run`` for the same key (Gym answers with the stored reply
+  and does not run the agent), fetches the receipt, seals the reply and ACKs it. That is the
+  rollout's result (``adopted``); there is no next try.
+
+``/run`` refused because admission is closed (a checkpoint is between prepare and resume) is not
+a failed try: the machine waits with backoff and sends the same key again, for at most
+``policy.admission_wait_s``. A retire, replay, receipt fetch or ACK that fails for a reason that
+may pass is repeated with backoff until that step's deadline; if it still fails, the attempt is
+handed over to the ledger (reported ``released``), which settles it at the next checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+from rl_gym_actors import errors
+from rl_gym_actors.config import TryPolicy
+from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
+from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
+
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+class IllegalTransition(errors.RlGymError):
+    """An event arrived in a phase whose transition table has no entry for it (a bug)."""
+
+    def __init__(self, message: str, *, phase: str = "", event: str = "") -> None:
+        self.phase = phase
+        self.event = event
+        super().__init__(message)
+
+
+class Phase(str, Enum):
+    """Where one rollout stands. Every phase but NEW and DONE waits on exactly one effect."""
+
+    NEW = "new"
+    RUNNING = "running"                # /run in flight for the current try
+    ADMISSION_WAIT = "admission_wait"  # /run refused while admission is closed; waiting to resend
+    RECEIPT = "receipt"                # reply in hand; fetching its receipt
+    RETIRING = "retiring"              # giving up on the current try: retire in flight
+    REPLAYING = "replaying"            # retire said completed: replaying /run for the stored reply
+    ADOPT_RECEIPT = "adopt_receipt"    # stored reply in hand; fetching its receipt
+    ACKING = "acking"                  # sealed; ACK in flight
+    RELEASING = "releasing"            # ACKing a stored reply that could not be sealed
+    DONE = "done"
+
+
+class Failure(str, Enum):
+    """Why a call failed, sorted into what the machine does about it."""
+
+    LOST = "connection_lost"           # refused, reset, plain 5xx, server error
+    DEADLINE = "deadline_exceeded"
+    STALE = "stale_attempt"
+    DUPLICATE = "duplicate_execution"
+    AGENT_FAILED = "agent_failed"
+    ADMISSION_CLOSED = "agent_admission_closed"
+    CONFLICT = "checkpoint_conflict"
+    NOT_COMPLETED = "not_completed"
+    UNKNOWN = "unknown_execution"
+    PROTOCOL = "protocol_violation"
+    REJECTED = "rejected"              # any other refusal: repeating it will not help
+
+    @property
+    def may_pass(self) -> bool:
+        """Whether repeating the same idempotent call later may succeed."""
+        return self in _MAY_PASS
+
+
+_MAY_PASS = {Failure.LOST, Failure.DEADLINE, Failure.ADMISSION_CLOSED, Failure.CONFLICT,
+             Failure.NOT_COMPLETED, Failure.PROTOCOL}
+
+_FAILURE_BY_ERROR: list[tuple[type[BaseException], Failure]] = [
+    (errors.AdmissionClosed, Failure.ADMISSION_CLOSED),
+    (errors.StaleAttempt, Failure.STALE),
+    (errors.DuplicateExecution, Failure.DUPLICATE),
+    (errors.AgentFailed, Failure.AGENT_FAILED),
+    (errors.CheckpointConflict, Failure.CONFLICT),
+    (errors.NotCompleted, Failure.NOT_COMPLETED),
+    (errors.UnknownExecution, Failure.UNKNOWN),
+    (errors.DeadlineExceeded, Failure.DEADLINE),
+    (TimeoutError, Failure.DEADLINE),
+    (errors.GymUnavailable, Failure.LOST),
+    (errors.ProtocolViolation, Failure.PROTOCOL),
+]
+
+
+def classify(exc: BaseException) -> Failure:
+    """The failure kind of an exception raised by a Gym call."""
+    server_error = getattr(errors, "GymServerError", None)
+    if server_error is not None and isinstance(exc, server_error):
+        return Failure.LOST
+    for cls, failure in _FAILURE_BY_ERROR:
+        if isinstance(exc, cls):
+            return failure
+    return Failure.REJECTED
+
+
+def receipt_problem(receipt: CompletionReceipt, rollout_id: str, attempt_index: int,
+                    reply: Any) -> str | None:
+    """Why ``receipt`` does not prove ``reply`` for this key, or None when it does."""
+    if receipt.key != (rollout_id, attempt_index):
+        return f"receipt is for {receipt.key}, not {(rollout_id, attempt_index)}"
+    digest = result_digest(reply)
+    if receipt.result_digest != digest:
+        return f"receipt digest {receipt.result_digest[:12]}... != reply digest {digest[:12]}..."
+    return None
+
+
+# ---------------------------------------------------------------- events (in)
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunReplied:
+    now: float
+    reply: Any
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    now: float
+    failure: Failure
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunAdmissionClosed:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineFired:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptReceived:
+    now: float
+    receipt: CompletionReceipt
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptFailed:
+    now: float
+    failure: Failure
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DigestMismatch:
+    now: float
+    receipt: CompletionReceipt
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetireAnswered:
+    now: float
+    answer: RetireAnswer
+
+
+@dataclass(frozen=True, slots=True)
+class RetireFailed:
+    now: float
+    failure: Failure
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReplied:
+    now: float
+    reply: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFailed:
+    now: float
+    failure: Failure
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AckAnswered:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AckFailed:
+    now: float
+    failure: Failure
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonRequested:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptRequested:
+    """The ledger found the current try completed on Gym and wants it sealed and ACKed."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Woke:
+    """A ``WaitUntil`` ran out."""
+
+    now: float
+
+
+Event = (Start | RunReplied | RunFailed | RunAdmissionClosed | DeadlineFired | ReceiptReceived
+         | ReceiptFailed | DigestMismatch | RetireAnswered | RetireFailed | ReplayReplied
+         | ReplayFailed | AckAnswered | AckFailed | AbandonRequested | AdoptRequested | Woke)
+
+
+# ---------------------------------------------------------------- effects (out)
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    """POST /run for (rollout id, attempt_index); never repeated by the performer."""
+
+    attempt_index: int
+    deadline_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchReceipt:
+    attempt_index: int
+    deadline_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    attempt_index: int
+    deadline_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """POST /run again for a key Gym reported completed: answers with the stored reply."""
+
+    attempt_index: int
+    deadline_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    receipt: CompletionReceipt
+    deadline_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Sleep until ``wake_ts``, then feed ``Woke``."""
+
+    wake_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """The rollout's one result. Emitted at most once per rollout."""
+
+    attempt_index: int
+    reply: Any
+    receipt: CompletionReceipt
+    adopted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    report: AttemptReport
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    outcome: Outcome
+
+
+Effect = StartRun | FetchReceipt | Retire | Replay | Ack | WaitUntil | Seal | Report | Finish
+BLOCKING = (StartRun, FetchReceipt, Retire, Replay, Ack, WaitUntil)
+
+
+# ---------------------------------------------------------------- the machine
+
+class RolloutMachine:
+    """The tries of one rollout on one endpoint.
+
+    ``first_attempt`` is the index of the first fresh try; ``previous_attempt`` (a re-dispatch)
+    is an earlier try of this rollout that did not end sealed: the machine starts by retiring it,
+    and adopts it when it had finished. ``handle`` returns the effects to perform, in order; at
+    most one of them waits (``BLOCKING``) or ends the rollout (``Finish``), and it comes last.
+    """
+
+    def __init__(self, rollout_id: str, *, endpoint: str, owner: str, policy: TryPolicy,
+                 first_attempt: int = 0, previous_attempt: int | None = None) -> None:
+        if first_attempt < 0 or (previous_attempt is not None and previous_attempt < 0):
+            raise errors.ConfigError("attempt indices must be >= 0")
+        self.rollout_id = rollout_id
+        self.endpoint = endpoint
+        self.owner = owner
+        self.policy = policy
+        self.previous_attempt = previous_attempt
+        self.phase = Phase.NEW
+        self.attempt: int | None = None          # the current try
+        self.tries = 0
+        self.abandoning = False
+        self.reason: str | None = None
+        self.handed_over: list[int] = []
+        self.outcome: Outcome | None = None
+        self.sealed: Seal | None = None
+        self.acked = False
+        self._next_index = first_attempt
+        if previous_attempt is not None:
+            self._next_index = max(first_attempt, previous_attempt + 1)
+        self._reply: Any = None
+        self._replayed = False
+        self._next_try_allowed = True
+        self._step: Effect | None = None         # the pending control call, repeated on Woke
+        self._step_deadline = 0.0
+        self._retries = 0
+        self._asleep = False
+        self._admission_since: float | None = None
+        self._reported: dict[int, AttemptState] = {}
+        self._released: set[int] = set()
+
+    # -------------------------------------------------------- public
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def attempt_state(self, attempt_index: int) -> AttemptState | None:
+        """The last state this machine reported for one of its attempts."""
+        return self._reported.get(attempt_index)
+
+    def handle(self, event: Event) -> list[Effect]:
+        """Apply one event; return the effects to perform. Raises IllegalTransition."""
+        name = _TABLE.get((self.phase, type(event)))
+        if name is None:
+            raise IllegalTransition(
+                f"rollout {self.rollout_id}: {type(event).__name__} in phase {self.phase.value}",
+                phase=self.phase.value, event=type(event).__name__)
+        if isinstance(event, Woke):
+            if not self._asleep:
+                raise IllegalTransition(f"rollout {self.rollout_id}: Woke while not waiting",
+                                        phase=self.phase.value, event="Woke")
+            self._asleep = False
+        out: list[Effect] = []
+        getattr(self, name)(event, out)
+        return out
+
+    # -------------------------------------------------------- starting tries
+
+    def _on_start(self, ev: Start, out: list[Effect]) -> None:
+        if self.previous_attempt is not None:
+            # A re-dispatch: settle the earlier try first (adopt it if it finished).
+            self.attempt = self.previous_attempt
+            self._give_up(ev.now, out, reason=None, next_try=True)
+        elif self.abandoning:
+            self._finish("abandoned", out, reason="abandoned before it started")
+        else:
+            self._start_try(ev.now, out)
+
+    def _start_try(self, now: float, out: list[Effect]) -> None:
+        self.attempt = self._next_index
+        self._next_index += 1
+        self.tries += 1
+        self._reply, self._replayed = None, False
+        self._admission_since = None
+        self._report(out, AttemptState.RUNNING)
+        self._dispatch(now, out)
+
+    def _dispatch(self, now: float, out: list[Effect]) -> None:
+        self.phase = Phase.RUNNING
+        out.append(StartRun(self._attempt, now + self.policy.rollout_s))
+
+    # -------------------------------------------------------- RUNNING
+
+    def _on_run_replied(self, ev: RunReplied, out: list[Effect]) -> None:
+        self._reply, self._replayed = ev.reply, ev.replayed
+        self._begin_step(Phase.RECEIPT, ev.now, self.policy.receipt_s, out,
+                         lambda d: FetchReceipt(self._attempt, d))
+
+    def _on_run_failed(self, ev: RunFailed, out: list[Effect]) -> None:
+        f = ev.failure
+        if f is Failure.ADMISSION_CLOSED:
+            self._on_admission_closed(RunAdmissionClosed(ev.now), out)
+        elif f in (Failure.STALE, Failure.AGENT_FAILED):
+            # Gym already tombstoned the key (someone retired it, or the agent raised).
+            self.reason = f"{f.value}: {ev.detail}" if ev.detail else f.value
+            self._report(out, AttemptState.TOMBSTONED)
+            self._after_try(ev.now, out)
+        else:
+            self._give_up(ev.now, out, reason=f"/run failed: {f.value} {ev.detail}".strip(),
+                          next_try=f.may_pass or f is Failure.DUPLICATE)
+
+    def _on_admission_closed(self, ev: RunAdmissionClosed, out: list[Effect]) -> None:
+        if self._admission_since is None:
+            self._admission_since, self._retries = ev.now, 0
+        limit = self._admission_since + self.policy.admission_wait_s
+        if ev.now >= limit:
+            self._give_up(ev.now, out, reason="admission stayed closed past admission_wait_s",
+                          next_try=False)
+            return
+        self.phase = Phase.ADMISSION_WAIT
+        self._sleep(ev.now, limit, out)
+
+    def _on_deadline(self, ev: DeadlineFired, out: list[Effect]) -> None:
+        self._give_up(ev.now, out, reason="rollout_s deadline fired while /run was waiting",
+                      next_try=True)
+
+    def _on_abandon_running(self, ev: AbandonRequested, out: list[Effect]) -> None:
+        self.abandoning = True
+        self._give_up(ev.now, out, reason="abandoned", next_try=False)
+
+    def _on_adopt_running(self, ev: AdoptRequested, out: list[Effect]) -> None:
+        # Gym holds the try as completed while our /run still waits: its reply is lost.
+        self._give_up(ev.now, out, reason="reply lost: the ledger found the try completed",
+                      next_try=True)
+
+    def _on_admission_woke(self, ev: Woke, out: list[Effect]) -> None:
+        self._dispatch(ev.now, out)
+
+    # -------------------------------------------------------- receipts and sealing
+
+    def _on_receipt(self, ev: ReceiptReceived, out: list[Effect]) -> None:
+        adopted = self._replayed or self.phase is Phase.ADOPT_RECEIPT
+        self._seal(ev.receipt, adopted, out)
+        self._begin_step(Phase.ACKING, ev.now, self.policy.control_s, out,
+                         lambda d: Ack(ev.receipt, d))
+
+    def _on_receipt_failed(self, ev: ReceiptFailed, out: list[Effect]) -> None:
+        if self._may_repeat(ev.failure, ev.now, out):
+            return
+        detail = f"receipt fetch failed: {ev.failure.value} {ev.detail}".strip()
+        if self.phase is Phase.RECEIPT:
+            self._give_up(ev.now, out, reason=detail, next_try=True)
+        else:
+            self._hand_over(AttemptState.RUNNING, out)
+            self._finish_failed(detail, out)
+
+    def _on_digest_mismatch(self, ev: DigestMismatch, out: list[Effect]) -> None:
+        reason = f"digest mismatch: {ev.detail}".strip(": ")
+        if self.phase is Phase.RECEIPT:
+            self._give_up(ev.now, out, reason=reason, next_try=True)
+        else:
+            # The stored reply itself does not match its receipt: release it without sealing.
+            self.reason = reason
+            self._begin_step(Phase.RELEASING, ev.now, self.policy.control_s, out,
+                             lambda d: Ack(ev.receipt, d))
+
+    def _seal(self, receipt: CompletionReceipt, adopted: bool, out: list[Effect]) -> None:
+        if self.sealed is not None:
+            raise IllegalTransition(f"rollout {self.rollout_id}: a second seal",
+                                    phase=self.phase.value, event="seal")
+        self.sealed = Seal(self._attempt, self._reply, receipt, adopted)
+        out.append(self.sealed)
+        self._report(out, AttemptState.SEALED, adopted=adopted, reward=reward_of(self._reply),
+                     result_digest=receipt.result_digest)
+
+    def _on_ack(self, ev: AckAnswered, out: list[Effect]) -> None:
+        self._report(out, AttemptState.ACKED, adopted=self._is_adopted)
+        if self.phase is Phase.RELEASING:
+            self._after_try(ev.now, out)
+            return
+        self.acked = True
+        self._finish("abandoned" if self.abandoning else "sealed", out,
+                     reason="abandoned" if self.abandoning else None)
+
+    def _on_ack_failed(self, ev: AckFailed, out: list[Effect]) -> None:
+        if self._may_repeat(ev.failure, ev.now, out):
+            return
+        if self.phase is Phase.RELEASING:
+            self._hand_over(AttemptState.RUNNING, out)
+            self._after_try(ev.now, out)
+            return
+        # Sealed but not released on Gym: the result stands; the ledger ACKs it later.
+        self._hand_over(AttemptState.SEALED, out)
+        self._finish("abandoned" if self.abandoning else "sealed", out,
+                     reason=f"ACK failed: {ev.failure.value} {ev.detail}".strip())
+
+    # -------------------------------------------------------- retire, then adopt or cancel
+
+    def _give_up(self, now: float, out: list[Effect], *, reason: str | None,
+                 next_try: bool) -> None:
+        if reason is not None:
+            self.reason = reason
+        self._next_try_allowed = next_try
+        self._begin_step(Phase.RETIRING, now, self.policy.control_s, out,
+                         lambda d: Retire(self._attempt, d))
+
+    def _on_retire_answered(self, ev: RetireAnswered, out: list[Effect]) -> None:
+        answer = ev.answer
+        if answer.completed_unacknowledged:
+            self._begin_step(Phase.REPLAYING, ev.now, self.policy.control_s, out,
+                             lambda d: Replay(self._attempt, d))
+            return
+        # Tombstoned now (cancelled) or already; neither means ACKed by someone else.
+        self._report(out, AttemptState.TOMBSTONED if answer.tombstoned else AttemptState.ACKED)
+        self._after_try(ev.now, out)
+
+    def _on_retire_failed(self, ev: RetireFailed, out: list[Effect]) -> None:
+        if self._may_repeat(ev.failure, ev.now, out):
+            return
+        # We cannot tell whether the try still runs: do not start another beside it.
+        self._hand_over(AttemptState.RUNNING, out)
+        self._finish_failed(f"retire failed: {ev.failure.value} {ev.detail}".strip(), out)
+
+    def _on_replay_replied(self, ev: ReplayReplied, out: list[Effect]) -> None:
+        self._reply = ev.reply
+        self._begin_step(Phase.ADOPT_RECEIPT, ev.now, self.policy.control_s, out,
+                         lambda d: FetchReceipt(self._attempt, d))
+
+    def _on_replay_failed(self, ev: ReplayFailed, out: list[Effect]) -> None:
+        if ev.failure in (Failure.STALE, Failure.UNKNOWN):
+            # Released or tombstoned in between (by the ledger): nothing of it is left to adopt.
+            self._report(out, AttemptState.TOMBSTONED)
+            self._after_try(ev.now, out)
+            return
+        if self._may_repeat(ev.failure, ev.now, out):
+            return
+        self._hand_over(AttemptState.RUNNING, out)
+        self._finish_failed(f"replay failed: {ev.failure.value} {ev.detail}".strip(), out)
+
+    def _after_try(self, now: float, out: list[Effect]) -> None:
+        """The current try is over without a result: next try, or the end."""
+        if self.abandoning:
+            self._finish("abandoned", out, reason="abandoned")
+        elif not self._next_try_allowed or self.tries >= self.policy.max_tries:
+            reason = self.reason or "no result"
+            if self._next_try_allowed:
+                reason = f"{reason} (after {self.tries} of {self.policy.max_tries} tries)"
+            self._finish_failed(reason, out)
+        else:
+            self._next_try_allowed = True
+            self._start_try(now, out)
+
+    # -------------------------------------------------------- flags while busy
+
+    def _on_abandon_flag(self, ev: AbandonRequested, out: list[Effect]) -> None:
+        self.abandoning = True
+
+    def _on_abandon_admission(self, ev: AbandonRequested, out: list[Effect]) -> None:
+        self._asleep = False
+        self._on_abandon_running(ev, out)
+
+    def _on_noop(self, ev: Event, out: list[Effect]) -> None:
+        pass
+
+    def _on_woke(self, ev: Woke, out: list[Effect]) -> None:
+        assert self._step is not None
+        out.append(self._step)
+
+    # -------------------------------------------------------- helpers
+
+    @property
+    def _attempt(self) -> int:
+        assert self.attempt is not None
+        return self.attempt
+
+    @property
+    def _is_adopted(self) -> bool:
+        return self.sealed is not None and self.sealed.adopted
+
+    def _begin_step(self, phase: Phase, now: float, budget_s: float, out: list[Effect],
+                    make: Callable[[float], Effect]) -> None:
+        self.phase = phase
+        self._step_deadline = now + budget_s
+        self._retries = 0
+        self._step = make(self._step_deadline)
+        out.append(self._step)
+
+    def _may_repeat(self, failure: Failure, now: float, out: list[Effect]) -> bool:
+        """Schedule the pending step again when the failure may pass and time remains."""
+        # Every call of a step carries the step's deadline: once it fired, the step is over.
+        if not failure.may_pass or failure is Failure.DEADLINE or now >= self._step_deadline:
+            return False
+        self._sleep(now, self._step_deadline, out)
+        return True
+
+    def _sleep(self, now: float, limit: float, out: list[Effect]) -> None:
+        delay = min(BACKOFF_FIRST_S * (2 ** self._retries), BACKOFF_MAX_S)
+        self._retries += 1
+        self._asleep = True
+        out.append(WaitUntil(min(now + delay, limit)))
+
+    def _report(self, out: list[Effect], state: AttemptState, *, adopted: bool = False,
+                released: bool = False, reward: float | None = None,
+                result_digest: str | None = None) -> None:
+        self._reported[self._attempt] = state
+        out.append(Report(AttemptReport(
+            rollout_id=self.rollout_id, attempt_index=self._attempt, endpoint=self.endpoint,
+            state=state, owner=self.owner, adopted=adopted, released=released, reward=reward,
+            result_digest=result_digest)))
+
+    def _hand_over(self, state: AttemptState, out: list[Effect]) -> None:
+        """Give the current attempt up to the ledger, which settles it at the next checkpoint."""
+        self.handed_over.append(self._attempt)
+        self._released.add(self._attempt)
+        self._report(out, state, adopted=self._is_adopted, released=True)
+
+    def _finish_failed(self, reason: str, out: list[Effect]) -> None:
+        if self.abandoning:
+            self._finish("abandoned", out, reason=f"abandoned; {reason}")
+        else:
+            self._finish("failed", out, reason=reason)
+
+    def _finish(self, status: OutcomeStatus, out: list[Effect], *, reason: str | None) -> None:
+        self.phase = Phase.DONE
+        self._asleep = False
+        if self.attempt is not None and self.attempt not in self._released:
+            state = self._reported.get(self.attempt)
+            if state is not None:
+                self._report(out, state, adopted=self._is_adopted, released=True)
+                self._released.add(self.attempt)
+        seal = self.sealed
+        self.outcome = Outcome(
+            rollout_id=self.rollout_id, status=status,
+            attempt_index=seal.attempt_index if seal else self.attempt,
+            reply=seal.reply if seal else None,
+            reward=reward_of(seal.reply) if seal else None,
+            receipt=seal.receipt if seal else None,
+            adopted=seal.adopted if seal else False, acked=self.acked, tries=self.tries,
+            endpoint=self.endpoint, reason=reason)
+        out.append(Finish(self.outcome))
+
+
+# ---------------------------------------------------------------- the transition table
+
+_STEP_PHASES = (Phase.RECEIPT, Phase.RETIRING, Phase.REPLAYING, Phase.ADOPT_RECEIPT,
+                Phase.ACKING, Phase.RELEASING)
+
+
+def _table() -> dict[tuple[Phase, type], str]:
+    t: dict[tuple[Phase, type], str] = {
+        (Phase.NEW, Start): "_on_start",
+        (Phase.NEW, AbandonRequested): "_on_abandon_flag",
+        (Phase.NEW, AdoptRequested): "_on_noop",
+        (Phase.RUNNING, RunReplied): "_on_run_replied",
+        (Phase.RUNNING, RunFailed): "_on_run_failed",
+        (Phase.RUNNING, RunAdmissionClosed): "_on_admission_closed",
+        (Phase.RUNNING, DeadlineFired): "_on_deadline",
+        (Phase.RUNNING, AbandonRequested): "_on_abandon_running",
+        (Phase.RUNNING, AdoptRequested): "_on_adopt_running",
+        (Phase.ADMISSION_WAIT, Woke): "_on_admission_woke",
+        (Phase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_admission",
+        (Phase.ADMISSION_WAIT, AdoptRequested): "_on_noop",
+        (Phase.RECEIPT, ReceiptReceived): "_on_receipt",
+        (Phase.RECEIPT, ReceiptFailed): "_on_receipt_failed",
+        (Phase.RECEIPT, DigestMismatch): "_on_digest_mismatch",
+        (Phase.ADOPT_RECEIPT, ReceiptReceived): "_on_receipt",
+        (Phase.ADOPT_RECEIPT, ReceiptFailed): "_on_receipt_failed",
+        (Phase.ADOPT_RECEIPT, DigestMismatch): "_on_digest_mismatch",
+        (Phase.RETIRING, RetireAnswered): "_on_retire_answered",
+        (Phase.RETIRING, RetireFailed): "_on_retire_failed",
+        (Phase.REPLAYING, ReplayReplied): "_on_replay_replied",
+        (Phase.REPLAYING, ReplayFailed): "_on_replay_failed",
+        (Phase.ACKING, AckAnswered): "_on_ack",
+        (Phase.ACKING, AckFailed): "_on_ack_failed",
+        (Phase.RELEASING, AckAnswered): "_on_ack",
+        (Phase.RELEASING, AckFailed): "_on_ack_failed",
+    }
+    for phase in _STEP_PHASES:
+        t[(phase, Woke)] = "_on_woke"
+        t[(phase, AbandonRequested)] = "_on_abandon_flag"
+        t[(phase, AdoptRequested)] = "_on_noop"
+    return t
+
+
+_TABLE = _table()
