@@ -1,0 +1,456 @@
+"""The pure half of the NeMo RL drop-in: typed failures, rollout identity, message logs.
+
+Nothing here imports Ray or NeMo RL, and nothing reads a clock it was not handed.
+
+- Failures cross Ray as exceptions with one string argument. NeMo RL re-dispatches what it
+  classifies as infrastructure (``TimeoutError``, ``ConnectionError`` and their subclasses) and
+  counts anything else against a prompt's small data budget; :func:`failure_for` picks the class.
+- :class:`RolloutBook` gives every row a rollout id and remembers what became of it, so that RL's
+  re-dispatch of a row whose earlier try finished is answered with that result (adopted) and
+  not rerun, and so that no result is ever handed to RL twice.
+- :func:`to_nemo_rl_result` turns a Gym reply into ``{"message_log", "input_message_log",
+  "full_result"}`` with the tokenizer RL installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
+
+ROWIDX_FIELD = "_rowidx"
+TASK_INDEX_FIELD = "_ng_task_index"
+# Fields that change between RL's dispatches of the same row, so they never enter its digest.
+VOLATILE_FIELDS = frozenset({ROWIDX_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD})
+PREFIX_MAX = 96
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# ---------------------------------------------------------------- failures RL understands
+
+class RolloutFailure(Exception):
+    """Base of the failures the drop-in raises to NeMo RL. Always one string argument."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+
+
+class RolloutTransportError(RolloutFailure, ConnectionError):
+    """Gym could not be reached or lost the answer: infrastructure, RL re-dispatches the row."""
+
+
+class RolloutTimeoutError(RolloutFailure, TimeoutError):
+    """A try ran out of its deadline: infrastructure, RL re-dispatches the row."""
+
+
+class RolloutDataError(RolloutFailure):
+    """Deterministic and row-specific (the agent raised, the row is invalid): a data failure."""
+
+
+_DATA_WORDS = ("agent_failed", "invalid_request", "invalid row", "invalid_row", "data",
+               "unauthorized", "protocol", "digest", "config", "no reward")
+_TIMEOUT_WORDS = ("deadline", "timeout", "timed out")
+
+
+def failure_class(reason: str | None) -> type[RolloutFailure]:
+    """The RL-facing class for an outcome's ``reason``: data when the reason names a
+    deterministic cause, timeout when it names a deadline, transport otherwise."""
+    text = (reason or "").lower()
+    if any(word in text for word in _DATA_WORDS):
+        return RolloutDataError
+    if any(word in text for word in _TIMEOUT_WORDS):
+        return RolloutTimeoutError
+    return RolloutTransportError
+
+
+def failure_for(failures: Sequence[tuple[int, str]], total: int) -> RolloutFailure:
+    """One exception for a stream's failed rows ``[(rowidx, reason), ...]``.
+
+    A data failure wins: repeating the batch would fail the same way on that row, so calling
+    the whole stream infrastructure would spend RL's re-dispatch budget for nothing. Among
+    infrastructure failures a transport error wins over a timeout (both are re-dispatched).
+    """
+    classes = [failure_class(reason) for _, reason in failures]
+    if RolloutDataError in classes:
+        cls: type[RolloutFailure] = RolloutDataError
+    elif RolloutTransportError in classes:
+        cls = RolloutTransportError
+    else:
+        cls = RolloutTimeoutError
+    shown = "; ".join(f"row {idx}: {reason}" for idx, reason in failures[:5])
+    more = f"; and {len(failures) - 5} more" if len(failures) > 5 else ""
+    return cls(f"{len(failures)} of {total} rollouts failed: {shown}{more}")
+
+
+# ---------------------------------------------------------------- identity
+
+def row_digest(row: Mapping[str, Any], volatile: Iterable[str] = VOLATILE_FIELDS) -> str:
+    """SHA-256 of the row's canonical JSON without its volatile fields (``_rowidx`` and the
+    identity fields). Values JSON cannot encode are digested by their ``repr``."""
+    skip = frozenset(volatile)
+    content = {k: v for k, v in row.items() if k not in skip}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      default=repr)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def check_prefix(prefix: str) -> str:
+    if not (isinstance(prefix, str) and len(prefix) <= PREFIX_MAX and _PREFIX_RE.match(prefix)):
+        raise ConfigError(f"rollout id prefix {prefix!r} must match {_PREFIX_RE.pattern} "
+                          f"and have at most {PREFIX_MAX} characters")
+    return prefix
+
+
+class EntryState(str, Enum):
+    RUNNING = "running"        # a rollout task is in flight
+    FINISHED = "finished"      # sealed result held, not yet handed to RL
+    FAILED = "failed"          # the rollout ended without a result; a re-dispatch tries again
+    DELIVERED = "delivered"    # handed to RL: never handed out again
+
+
+class Action(str, Enum):
+    START = "start"            # dispatch a new rollout at ``attempt_index``
+    REUSE = "reuse"            # a task for this rollout exists (running or finished): await it
+    BUSY = "busy"              # another stream holds this (explicitly named) rollout right now
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What to do for one row of a stream."""
+
+    rowidx: int
+    rollout_id: str
+    action: Action
+    attempt_index: int = 0
+
+
+@dataclass(slots=True)
+class _Entry:
+    rollout_id: str
+    digest: str | None
+    state: EntryState
+    next_attempt: int
+    touched: float
+    claimed_by: int | None = None
+
+
+@dataclass(slots=True)
+class BookStats:
+    started: int = 0
+    reused: int = 0           # rows answered by an earlier, still held rollout
+    delivered: int = 0
+    expired: int = 0          # finished results nobody claimed in time
+
+
+class RolloutBook:
+    """Rows to rollouts, for one drop-in actor. One writer: the actor's event loop.
+
+    A row that carries ``_ng_rollout_id`` keeps it (and starts at ``_ng_attempt_index`` when it
+    carries one). Otherwise its rollout id is ``<prefix>-<digest of the row>-<n>``: identical
+    rows (a prompt sampled several times) get different ``n``; a re-dispatched row is matched to
+    an earlier rollout of the same content that RL has not received yet, preferring a finished
+    one (its result is handed over: adopted, not rerun), then one still running (awaited), then
+    a failed one (its next try starts). A rollout RL received is never matched again.
+    Stream claims keep two concurrent streams from handing out the same rollout.
+    """
+
+    def __init__(self, prefix: str, *, hold_s: float = 1800.0, max_entries: int = 100_000) -> None:
+        self.prefix = check_prefix(prefix)
+        self.hold_s = hold_s
+        self.max_entries = max_entries
+        self._entries: dict[str, _Entry] = {}
+        self._by_digest: dict[str, list[str]] = {}
+        self._claims: dict[int, set[str]] = {}
+        self._seq = 0
+        self.stats = BookStats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def state(self, rollout_id: str) -> EntryState | None:
+        entry = self._entries.get(rollout_id)
+        return None if entry is None else entry.state
+
+    def claim(self, rows: Sequence[Mapping[str, Any]], stream: int, now: float) -> list[Claim]:
+        """Claims for every row, in row order. Raises ``RolloutDataError`` for a row with a bad
+        ``_rowidx`` or identity; nothing is claimed then."""
+        indexes = [_rowidx(row) for row in rows]
+        if len(set(indexes)) != len(indexes):
+            raise RolloutDataError("duplicate _rowidx in one batch")
+        for row in rows:
+            _explicit_identity(row)
+        claims: list[Claim] = []
+        for rowidx, row in zip(indexes, rows):
+            rid, attempt = _explicit_identity(row)
+            entry = self._claim_explicit(rid, attempt, now) if rid else self._claim_by_digest(
+                row_digest(row), now)
+            if entry.claimed_by is not None:
+                # an explicitly named rollout that another stream (or this one) holds right now
+                claims.append(Claim(rowidx, entry.rollout_id, Action.BUSY, entry.next_attempt))
+                continue
+            entry.claimed_by = stream
+            self._claims.setdefault(stream, set()).add(entry.rollout_id)
+            entry.touched = now
+            if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
+                self.stats.reused += 1
+                claims.append(Claim(rowidx, entry.rollout_id, Action.REUSE, entry.next_attempt))
+            else:
+                start = max(entry.next_attempt, attempt or 0)
+                entry.state = EntryState.RUNNING
+                entry.next_attempt = start
+                self.stats.started += 1
+                claims.append(Claim(rowidx, entry.rollout_id, Action.START, start))
+        return claims
+
+    def _claim_explicit(self, rid: str, attempt: int | None, now: float) -> _Entry:
+        entry = self._entries.get(rid)
+        if entry is None:
+            entry = _Entry(rid, None, EntryState.FAILED, attempt or 0, now)
+            self._entries[rid] = entry
+        elif entry.state is EntryState.DELIVERED:
+            entry.state = EntryState.FAILED      # RL asks again for one it had: a fresh try
+        return entry
+
+    def _claim_by_digest(self, digest: str, now: float) -> _Entry:
+        best: _Entry | None = None
+        rank = {EntryState.FINISHED: 0, EntryState.RUNNING: 1, EntryState.FAILED: 2}
+        for rid in self._by_digest.get(digest, ()):
+            entry = self._entries[rid]
+            if entry.claimed_by is None and entry.state in rank and (
+                    best is None or rank[entry.state] < rank[best.state]):
+                best = entry
+        if best is not None:
+            return best
+        self._seq += 1
+        rid = f"{self.prefix}-{digest[:20]}-{self._seq}"
+        entry = _Entry(rid, digest, EntryState.FAILED, 0, now)
+        self._entries[rid] = entry
+        self._by_digest.setdefault(digest, []).append(rid)
+        return entry
+
+    def settle(self, rollout_id: str, *, ok: bool, attempt_index: int | None, now: float) -> None:
+        """A rollout task ended: with a result (``ok``) or without one."""
+        entry = self._entries.get(rollout_id)
+        if entry is None or entry.state is not EntryState.RUNNING:
+            return
+        entry.state = EntryState.FINISHED if ok else EntryState.FAILED
+        if attempt_index is not None:
+            entry.next_attempt = max(entry.next_attempt, attempt_index + 1)
+        entry.touched = now
+
+    def deliver(self, rollout_id: str, now: float) -> None:
+        """The result was handed to RL: never again."""
+        entry = self._entries.get(rollout_id)
+        if entry is not None and entry.state is not EntryState.DELIVERED:
+            entry.state = EntryState.DELIVERED
+            entry.claimed_by = None
+            entry.touched = now
+            self.stats.delivered += 1
+
+    def release(self, stream: int) -> None:
+        """A stream ended (done, raised or cancelled): what it did not deliver is free again."""
+        for rid in self._claims.pop(stream, ()):
+            entry = self._entries.get(rid)
+            if entry is not None and entry.claimed_by == stream:
+                entry.claimed_by = None
+
+    def expire(self, now: float) -> list[str]:
+        """Forget delivered rollouts and unclaimed finished or failed ones older than
+        ``hold_s``, and the oldest beyond ``max_entries``. Returns the forgotten ids whose
+        results were never handed out (their tasks can be dropped)."""
+        def stale(e: _Entry) -> bool:
+            return (e.claimed_by is None and e.state is not EntryState.RUNNING
+                    and now - e.touched > self.hold_s)
+
+        doomed = [e for e in self._entries.values() if stale(e)]
+        overflow = len(self._entries) - len(doomed) - self.max_entries
+        if overflow > 0:
+            spare = sorted((e for e in self._entries.values()
+                            if not stale(e) and e.claimed_by is None
+                            and e.state is not EntryState.RUNNING),
+                           key=lambda e: (e.state is not EntryState.DELIVERED, e.touched))
+            doomed += spare[:overflow]
+        dropped: list[str] = []
+        for entry in doomed:
+            del self._entries[entry.rollout_id]
+            if entry.digest is not None:
+                ids = self._by_digest.get(entry.digest, [])
+                if entry.rollout_id in ids:
+                    ids.remove(entry.rollout_id)
+                if not ids:
+                    self._by_digest.pop(entry.digest, None)
+            if entry.state is EntryState.FINISHED:
+                self.stats.expired += 1
+            if entry.state is not EntryState.DELIVERED:
+                dropped.append(entry.rollout_id)
+        return dropped
+
+
+def _rowidx(row: Any) -> int:
+    if not isinstance(row, Mapping):
+        raise RolloutDataError(f"a rollout row must be a dict, not {type(row).__name__}")
+    value = row.get(ROWIDX_FIELD)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RolloutDataError(f"every row needs an integer {ROWIDX_FIELD}, got {value!r}")
+    return value
+
+
+def _explicit_identity(row: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    rid = row.get(ROLLOUT_ID_FIELD)
+    attempt = row.get(ATTEMPT_INDEX_FIELD)
+    if rid is not None and not is_valid_rollout_id(rid):
+        raise RolloutDataError(f"invalid {ROLLOUT_ID_FIELD} {rid!r}")
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
+                                or attempt < 0):
+        raise RolloutDataError(f"invalid {ATTEMPT_INDEX_FIELD} {attempt!r}")
+    return rid, attempt
+
+
+# ---------------------------------------------------------------- message logs
+
+def _reward(reply: Any) -> float:
+    if not isinstance(reply, Mapping):
+        raise RolloutDataError(f"Gym reply is not an object: {type(reply).__name__}")
+    value = reply.get("reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RolloutDataError(f"Gym reply has no reward: {value!r}")
+    return float(value)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_text_of(part.get("text", "")) if isinstance(part, Mapping) else
+                       str(part) for part in content)
+    return "" if content is None else str(content)
+
+
+def _input_messages(row: Mapping[str, Any], reply: Mapping[str, Any]) -> list[dict[str, str]]:
+    params = row.get("responses_create_params")
+    if not isinstance(params, Mapping):
+        params = reply.get("responses_create_params") if isinstance(
+            reply.get("responses_create_params"), Mapping) else {}
+    raw = params.get("input", row.get("prompt", ""))
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    return [{"role": str(m.get("role", "user")), "content": _text_of(m.get("content"))}
+            for m in raw if isinstance(m, Mapping)]
+
+
+def _encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    if callable(apply):
+        return list(apply(messages, tokenize=True))
+    return list(tokenizer.encode("".join(m["content"] for m in messages)))
+
+
+def _output_text(reply: Mapping[str, Any]) -> str:
+    response = reply.get("response")
+    if isinstance(response, Mapping):
+        texts = [_text_of(item.get("content")) for item in response.get("output") or []
+                 if isinstance(item, Mapping) and item.get("type", "message") == "message"]
+        if any(texts):
+            return "".join(texts)
+        if isinstance(response.get("output_text"), str):
+            return response["output_text"]
+    value = reply.get("output_text", reply.get("text", ""))
+    return value if isinstance(value, str) else ""
+
+
+def _token_items(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    response = reply.get("response")
+    if not isinstance(response, Mapping):
+        return []
+    return [item for item in response.get("output") or []
+            if isinstance(item, Mapping) and item.get("generation_token_ids")]
+
+
+def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
+                      tensor: Callable[[list], Any] = list) -> dict[str, Any]:
+    """RL's result for one row: ``message_log`` (alternating user / assistant messages with
+    ``token_ids``; assistant ones with ``generation_logprobs``), ``input_message_log`` (the
+    first message) and ``full_result`` (Gym's reply, ``reward`` as a float).
+
+    A reply whose output items carry token ids (``prompt_token_ids``, ``generation_token_ids``,
+    ``generation_log_probs``, as NeMo Gym returns them for training) is split turn by turn; each
+    turn's prompt must extend everything seen so far, or the row is a data failure. A reply
+    without token ids (a plain agent) is tokenized here: the row's input messages through the
+    tokenizer's chat template, the reply's output text through ``encode``. ``tensor`` builds the
+    token containers (``torch.tensor`` under NeMo RL; plain lists by default).
+    """
+    reward = _reward(reply)
+    full_result = dict(reply)
+    full_result["reward"] = reward
+    messages: list[dict[str, Any]] = []
+    items = _token_items(reply)
+    if items:
+        seen: list[int] = []
+        decoded: list[tuple[dict[str, Any], list[int], list[int]]] = []
+        for item in items:
+            prompt = list(item.get("prompt_token_ids") or [])
+            generated = list(item["generation_token_ids"])
+            logprobs = list(item.get("generation_log_probs") or [0.0] * len(generated))
+            if prompt[:len(seen)] != seen:
+                raise RolloutDataError("non-contiguous turns: a prompt does not extend the "
+                                       "tokens seen so far (tokenization or truncated history)")
+            user = {"role": "user", "content": "", "token_ids": tensor(prompt[len(seen):])}
+            assistant = {"role": "assistant", "content": "", "token_ids": tensor(generated),
+                         "generation_logprobs": tensor(logprobs)}
+            messages += [user, assistant]
+            seen = prompt + generated
+            decoded.append((assistant, prompt, generated))
+        batch_decode = getattr(tokenizer, "batch_decode", None)
+        if callable(batch_decode):
+            for (assistant, _, _), text in zip(decoded, batch_decode([g for *_, g in decoded])):
+                assistant["content"] = text
+        full_result = _strip_token_fields(full_result)
+    else:
+        prompt_ids = _encode_messages(tokenizer, _input_messages(row, reply))
+        text = _output_text(reply)
+        generated = list(tokenizer.encode(text)) if text else []
+        messages = [
+            {"role": "user", "content": "", "token_ids": tensor(prompt_ids)},
+            {"role": "assistant", "content": text, "token_ids": tensor(generated),
+             "generation_logprobs": tensor([0.0] * len(generated))},
+        ]
+    return {"message_log": messages, "input_message_log": messages[:1],
+            "full_result": full_result}
+
+
+def _strip_token_fields(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply without the bulky token arrays (they now live in the message log)."""
+    response = reply.get("response")
+    if not isinstance(response, Mapping):
+        return reply
+    drop = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+    output = [{k: v for k, v in item.items() if k not in drop} if isinstance(item, Mapping)
+              else item for item in response.get("output") or []]
+    return {**reply, "response": {**response, "output": output}}
+
+
+@dataclass(slots=True)
+class StreamTimer:
+    """Seconds spent per phase of one stream, reported as RL's ``timing_metrics``."""
+
+    prefix: str
+    totals: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        key = f"{self.prefix}/{phase}" if self.prefix else phase
+        self.totals[key] = self.totals.get(key, 0.0) + seconds
+
+    def metrics(self, total_s: float) -> dict[str, float]:
+        out = dict(self.totals)
+        post = out.get(f"{self.prefix}/postprocess_results" if self.prefix
+                       else "postprocess_results", 0.0)
+        key = f"{self.prefix}/postprocess_results_pct" if self.prefix else "postprocess_results_pct"
+        out[key] = 100.0 * post / total_s if total_s > 0 else 0.0
+        return out

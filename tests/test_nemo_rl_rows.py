@@ -1,0 +1,209 @@
+"""The pure half of the NeMo RL drop-in: identity, the rollout book, failures, message logs."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.integrations.nemo_rl_rows import (
+    Action,
+    EntryState,
+    RolloutBook,
+    RolloutDataError,
+    RolloutTimeoutError,
+    RolloutTransportError,
+    StreamTimer,
+    failure_class,
+    failure_for,
+    row_digest,
+    to_nemo_rl_result,
+)
+from rl_gym_actors.protocol import is_valid_rollout_id
+
+
+class StandInTokenizer:
+    """Characters to code points; enough to check what goes where."""
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def batch_decode(self, batches):
+        return ["".join(chr(i) for i in ids) for ids in batches]
+
+    def apply_chat_template(self, messages, tokenize=True):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return self.encode(text) if tokenize else text
+
+
+def rows(*specs):
+    return [{"_rowidx": i, **spec} for i, spec in enumerate(specs)]
+
+
+def test_digest_ignores_volatile_fields_only():
+    a = {"_rowidx": 1, "prompt": "x", "_ng_task_index": 3}
+    b = {"_rowidx": 7, "prompt": "x", "_ng_task_index": 3, "_ng_attempt_index": 2}
+    assert row_digest(a) == row_digest(b)
+    assert row_digest(a) != row_digest({**a, "_ng_task_index": 4})
+    assert row_digest({"_rowidx": 0, "obj": object}) == row_digest({"_rowidx": 1, "obj": object})
+
+
+def test_identical_rows_get_distinct_valid_ids_and_start_at_try_zero():
+    book = RolloutBook("run-a")
+    claims = book.claim(rows({"p": 1}, {"p": 1}, {"p": 2}), stream=1, now=0.0)
+    ids = [c.rollout_id for c in claims]
+    assert len(set(ids)) == 3 and all(is_valid_rollout_id(i) for i in ids)
+    assert all(c.action is Action.START and c.attempt_index == 0 for c in claims)
+    assert all(i.startswith("run-a-") for i in ids)
+
+
+def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delivered_one():
+    book = RolloutBook("run")
+    first = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=1, now=0.0)
+    done, running, failed, delivered = (c.rollout_id for c in first)
+    book.settle(done, ok=True, attempt_index=0, now=1.0)
+    book.settle(failed, ok=False, attempt_index=1, now=1.0)
+    book.settle(delivered, ok=True, attempt_index=0, now=1.0)
+    book.deliver(delivered, now=1.0)
+    book.release(1)
+
+    again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
+    assert [c.rollout_id for c in again[:3]] == [done, running, failed]
+    assert [c.action for c in again[:3]] == [Action.REUSE, Action.REUSE, Action.START]
+    assert again[2].attempt_index == 2            # the failed rollout's next try
+    assert again[3].rollout_id not in first and again[3].action is Action.START
+    assert again[3].rollout_id != delivered
+    assert book.stats.reused == 2
+
+
+def test_a_claimed_rollout_is_not_handed_to_a_second_stream():
+    book = RolloutBook("run")
+    (a,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
+    (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)
+    assert a.rollout_id != b.rollout_id
+    explicit = [{"_rowidx": 0, "_ng_rollout_id": "r1"}]
+    assert book.claim(explicit, stream=3, now=0.0)[0].action is Action.START
+    assert book.claim(explicit, stream=4, now=0.0)[0].action is Action.BUSY
+
+
+def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
+    book = RolloutBook("run")
+    row = {"_rowidx": 5, "_ng_rollout_id": "rD", "_ng_attempt_index": 3}
+    (claim,) = book.claim([row], stream=1, now=0.0)
+    assert (claim.rowidx, claim.rollout_id, claim.attempt_index) == (5, "rD", 3)
+    book.settle("rD", ok=False, attempt_index=4, now=0.0)
+    book.release(1)
+    (claim,) = book.claim([{**row, "_ng_attempt_index": 0}], stream=2, now=0.0)
+    assert claim.action is Action.START and claim.attempt_index == 5
+
+
+@pytest.mark.parametrize("bad", [
+    [{"p": 1}],                                               # no _rowidx
+    [{"_rowidx": "0"}],
+    [{"_rowidx": 0}, {"_rowidx": 0}],
+    [{"_rowidx": 0, "_ng_rollout_id": "bad id"}],
+    [{"_rowidx": 0, "_ng_rollout_id": "ok", "_ng_attempt_index": -1}],
+    ["not a dict"],
+])
+def test_bad_rows_are_a_data_failure_and_claim_nothing(bad):
+    book = RolloutBook("run")
+    with pytest.raises(RolloutDataError):
+        book.claim(bad, stream=1, now=0.0)
+    assert len(book) == 0
+
+
+def test_bad_prefix_is_a_config_error():
+    with pytest.raises(ConfigError):
+        RolloutBook("has space")
+
+
+def test_expire_forgets_old_unclaimed_results_and_caps_the_book():
+    book = RolloutBook("run", hold_s=10.0, max_entries=2)
+    claims = book.claim(rows({"p": 1}, {"p": 2}, {"p": 3}, {"p": 4}), stream=1, now=0.0)
+    for c in claims:
+        book.settle(c.rollout_id, ok=True, attempt_index=0, now=1.0)
+    book.deliver(claims[0].rollout_id, now=1.0)
+    book.release(1)
+    dropped = book.expire(now=5.0)               # nothing is old yet; the cap drops two
+    assert len(book) == 2
+    assert claims[0].rollout_id not in dropped   # delivered ones go first and need no cleanup
+    assert book.state(claims[0].rollout_id) is None
+    dropped = book.expire(now=100.0)
+    assert len(book) == 0 and len(dropped) == 2 and book.stats.expired == 3
+
+
+def test_running_rollouts_are_never_expired():
+    book = RolloutBook("run", hold_s=0.0, max_entries=0)
+    (c,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
+    book.release(1)
+    assert book.expire(now=1e9) == [] and book.state(c.rollout_id) is EntryState.RUNNING
+
+
+def test_failure_classes_are_what_nemo_rl_classifies_and_pickle_with_one_argument():
+    assert failure_class("/run failed: agent_failed boom") is RolloutDataError
+    assert failure_class("rollout_s deadline fired while /run was waiting") is RolloutTimeoutError
+    assert failure_class("connection_lost: reset") is RolloutTransportError
+    assert issubclass(RolloutTransportError, ConnectionError)
+    assert issubclass(RolloutTimeoutError, TimeoutError)
+    assert not issubclass(RolloutDataError, (ConnectionError, TimeoutError))
+    for cls in (RolloutDataError, RolloutTimeoutError, RolloutTransportError):
+        err = pickle.loads(pickle.dumps(cls("why")))
+        assert type(err) is cls and err.args == ("why",)
+
+
+def test_failure_for_lets_a_data_failure_win_and_summarises():
+    infra = failure_for([(1, "connection_lost"), (2, "deadline_exceeded")], 8)
+    assert isinstance(infra, RolloutTransportError) and "2 of 8" in str(infra)
+    mixed = failure_for([(1, "connection_lost")] + [(i, "agent_failed") for i in range(2, 9)], 9)
+    assert isinstance(mixed, RolloutDataError) and "and 3 more" in str(mixed)
+    assert isinstance(failure_for([(0, "deadline_exceeded")], 1), RolloutTimeoutError)
+
+
+def test_plain_reply_is_tokenized_with_the_installed_tokenizer():
+    row = {"_rowidx": 0, "responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
+    out = to_nemo_rl_result(row, {"id": "r-1", "reward": 1, "output_text": "ok"},
+                            StandInTokenizer())
+    user, assistant = out["message_log"]
+    assert user["token_ids"] == StandInTokenizer().encode("<user>hi")
+    assert assistant["token_ids"] == [ord("o"), ord("k")]
+    assert assistant["generation_logprobs"] == [0.0, 0.0]
+    assert out["input_message_log"] == [user]
+    assert out["full_result"] == {"id": "r-1", "reward": 1.0, "output_text": "ok"}
+    assert isinstance(out["full_result"]["reward"], float)
+
+
+def test_token_reply_is_split_turn_by_turn_and_checked_for_contiguity():
+    reply = {"reward": 0.5, "response": {"output": [
+        {"type": "message", "prompt_token_ids": [1, 2], "generation_token_ids": [104, 105],
+         "generation_log_probs": [-0.1, -0.2]},
+        {"type": "function_call_output", "output": "tool says"},
+        {"type": "message", "prompt_token_ids": [1, 2, 104, 105, 7], "generation_token_ids": [33],
+         "generation_log_probs": [-0.3]},
+    ]}}
+    out = to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer(), tensor=tuple)
+    log = out["message_log"]
+    assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
+    assert log[0]["token_ids"] == (1, 2) and log[2]["token_ids"] == (7,)
+    assert log[1]["content"] == "hi" and log[3]["generation_logprobs"] == (-0.3,)
+    assert "generation_token_ids" not in out["full_result"]["response"]["output"][0]
+    assert "generation_token_ids" in reply["response"]["output"][0]   # the reply is not mutated
+
+    reply["response"]["output"][2]["prompt_token_ids"] = [9, 9, 9]
+    with pytest.raises(RolloutDataError, match="non-contiguous"):
+        to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer())
+
+
+@pytest.mark.parametrize("reply", [{"id": "x"}, {"reward": "high"}, {"reward": True}, ["r"]])
+def test_reply_without_a_numeric_reward_is_a_data_failure(reply):
+    with pytest.raises(RolloutDataError):
+        to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer())
+
+
+def test_stream_timer_reports_the_postprocess_share():
+    t = StreamTimer("gym")
+    t.add("await_results", 3.0)
+    t.add("postprocess_results", 1.0)
+    m = t.metrics(total_s=4.0)
+    assert m == {"gym/await_results": 3.0, "gym/postprocess_results": 1.0,
+                 "gym/postprocess_results_pct": 25.0}
