@@ -1,0 +1,238 @@
+"""Looking at a running system: a Gym server's checkpoint status and the ledgers' snapshots.
+
+The command line's ``status`` and ``ledger`` subcommands live here (``cli.py`` registers them
+with :func:`add_commands`):
+
+- ``rl-gym-actors status URL [--token T] [--checkpoint-id C] [--json]``: the server's status
+  object as a readable table (or its JSON). Exit code 0 on an answer, 1 when the server cannot
+  be reached in time, 2 when it refuses (a wrong token, a spent checkpoint id).
+- ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to a running Ray cluster, finds
+  every ledger actor (named ``rlga-ledger-<id>`` in namespace ``rl_gym_actors``) and prints its
+  snapshot. Exit code 0 when at least one ledger answered, 1 otherwise.
+
+Tables are plain text; nothing here reads private state (status objects and snapshots only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.core.ledger import LedgerSnapshot
+from rl_gym_actors.errors import ConfigError, GymError, GymUnavailable, RlGymError
+from rl_gym_actors.protocol import AttemptInfo, StatusReport
+
+STATUS_CHECKPOINT_ID = "rlga-status"
+LEDGER_PREFIX = "rlga-ledger-"
+LEDGER_NAMESPACE = "rl_gym_actors"
+
+
+# ---------------------------------------------------------------- tables
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1
+               for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _attempt_rows(infos: Sequence[AttemptInfo]) -> list[list[Any]]:
+    return [[i.rollout_id, i.attempt_index, i.state,
+             i.completion_receipt.result_identity if i.completion_receipt else ""]
+            for i in infos]
+
+
+def status_table(report: StatusReport, *, url: str, checkpoint_id: str = STATUS_CHECKPOINT_ID,
+                 limit: int = 20) -> str:
+    """A Gym status object as text: the counts, then the attempts standing in a checkpoint's way
+    (running or parked without a boundary, and completed but not ACKed), at most ``limit``."""
+    head = [
+        ["state", report.state],
+        ["ready_to_commit", _yes(report.ready_to_commit)],
+        ["running", report.running],
+        ["parked", report.parked],
+        ["  with boundary", report.parked_with_boundary],
+        ["  without boundary", report.parked_without_boundary],
+        ["completed_unacknowledged", report.completed_unacknowledged],
+        ["acknowledged_completed", report.acknowledged_completed],
+        ["active", report.active],
+    ]
+    out = [f"Gym {url}  (status for checkpoint id {checkpoint_id})", table(["FIELD", "VALUE"], head)]
+    seen: set[tuple[str, int]] = set()
+    blocking: list[AttemptInfo] = []
+    for info in [*report.blocking_attempts, *report.completed_unacknowledged_attempts]:
+        if info.key not in seen:
+            seen.add(info.key)
+            blocking.append(info)
+    if blocking:
+        out.append("")
+        out.append(f"attempts in a checkpoint's way: {len(blocking)}")
+        out.append(table(["ROLLOUT_ID", "ATTEMPT", "STATE", "RESULT"],
+                         _attempt_rows(blocking[:limit])))
+        if len(blocking) > limit:
+            out.append(f"... and {len(blocking) - limit} more (--limit, or --json for all)")
+    if report.executions:
+        by_state: dict[str, int] = {}
+        for info in report.executions:
+            by_state[info.state] = by_state.get(info.state, 0) + 1
+        out.append("")
+        out.append("executions by state: " + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())))
+    return "\n".join(out)
+
+
+def snapshot_table(name: str, snap: LedgerSnapshot) -> str:
+    """A ledger snapshot as text: one row per endpoint, then the totals."""
+    rows = [[e.endpoint, e.dispatched, e.running, e.completed_unacked, e.acked, e.tombstoned,
+             e.adopted, "ok" if e.invariant_ok else "BROKEN"] for e in snap.endpoints.values()]
+    out = [f"Ledger {name}",
+           table(["ENDPOINT", "DISPATCHED", "RUNNING", "UNACKED", "ACKED", "TOMBSTONED",
+                  "ADOPTED", "INVARIANT"], rows) if rows else "(no attempts reported yet)",
+           "",
+           table(["TOTAL", "VALUE"], [
+               ["rollouts", snap.rollouts], ["attempts", snap.attempts],
+               ["reports", snap.reports],
+               ["owners holding rollouts", len(snap.owners)],
+               ["live owners", len(snap.live_owners)],
+               ["adoptions (gate)", snap.adoptions], ["orphans ACKed", snap.orphans_acked],
+               ["retired (gate)", snap.retired],
+               ["checkpoints committed", snap.checkpoints_committed],
+               ["checkpoints failed", snap.checkpoints_failed],
+               ["last checkpoint", snap.last_checkpoint_id or "-"],
+               ["invariant", "ok" if snap.invariant_ok else "BROKEN"]])]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- fetching
+
+async def fetch_status(endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *,
+                       timeout_s: float = 10.0) -> StatusReport:
+    """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost)."""
+    from rl_gym_actors.gym.client import GymClient
+
+    async with GymClient(endpoint) as client:
+        return await client.status(checkpoint_id, deadline_ts=time.time() + timeout_s)
+
+
+def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Every ledger actor's snapshot on the Ray cluster at ``address`` (``auto`` when None and
+    RAY_ADDRESS is unset), by actor name. A ledger that does not answer maps to its error text.
+
+    Uses the Ray connection this process already has, if any.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", namespace=LEDGER_NAMESPACE, log_to_driver=False,
+                 logging_level="ERROR", configure_logging=False)
+    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a.get("namespace") == LEDGER_NAMESPACE
+                   and a.get("name", "").startswith(LEDGER_PREFIX))
+    found: dict[str, Any] = {}
+    refs = {}
+    for name in names:
+        try:
+            refs[name] = ray.get_actor(name, namespace=LEDGER_NAMESPACE).snapshot.remote()
+        except Exception as exc:          # gone between listing and lookup
+            found[name] = f"{type(exc).__name__}: {exc}"
+    deadline = time.monotonic() + timeout_s
+    for name, ref in refs.items():
+        try:
+            found[name] = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+        except Exception as exc:
+            found[name] = f"{type(exc).__name__}: {exc}"
+    return dict(sorted(found.items()))
+
+
+# ---------------------------------------------------------------- commands
+
+def add_commands(subparsers: "argparse._SubParsersAction") -> None:
+    """Register ``status`` and ``ledger``; each sets ``func`` to its entry point."""
+    p = subparsers.add_parser("status", help="print a Gym server's checkpoint status")
+    p.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--token", default=None,
+                   help="control-plane bearer token (default: $RL_GYM_CONTROL_TOKEN)")
+    p.add_argument("--checkpoint-id", default=STATUS_CHECKPOINT_ID,
+                   help="checkpoint id to ask the status for (any id not yet spent)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+    p.add_argument("--limit", type=int, default=20, help="attempts listed at most")
+    p.add_argument("--json", action="store_true", help="print the status object as JSON")
+    p.set_defaults(func=status_command)
+
+    p = subparsers.add_parser("ledger", help="print the ledgers' snapshots of a running Ray cluster")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
+    p.set_defaults(func=ledger_command)
+
+
+def status_command(args: argparse.Namespace, out: TextIO | None = None,
+                   err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        endpoint = GymEndpoint(url=args.url, token=args.token)
+    except ValueError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    try:
+        report = asyncio.run(fetch_status(endpoint, args.checkpoint_id, timeout_s=args.timeout))
+    except GymUnavailable as exc:
+        print(f"error: {endpoint.url} did not answer: {exc}", file=err)
+        return 1
+    except (GymError, ConfigError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True), file=out)
+    else:
+        print(status_table(report, url=endpoint.url, checkpoint_id=args.checkpoint_id,
+                           limit=max(0, args.limit)), file=out)
+    return 0
+
+
+def ledger_command(args: argparse.Namespace, out: TextIO | None = None,
+                   err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        found = fetch_ledgers(args.address, timeout_s=args.timeout)
+    except (ConnectionError, RlGymError, RuntimeError, ValueError) as exc:
+        print(f"error: cannot attach to Ray at {args.address or 'auto'}: {exc}", file=err)
+        return 1
+    if not found:
+        print("no ledger actors found (names rlga-ledger-*, namespace rl_gym_actors)", file=err)
+        return 1
+    answered = {n: s for n, s in found.items() if isinstance(s, LedgerSnapshot)}
+    if args.json:
+        print(json.dumps({n: (s.model_dump(mode="json") if isinstance(s, LedgerSnapshot)
+                              else {"error": s}) for n, s in found.items()},
+                         indent=2, sort_keys=True), file=out)
+    else:
+        blocks = [snapshot_table(n, s) if isinstance(s, LedgerSnapshot)
+                  else f"Ledger {n}\n  no answer: {s}" for n, s in found.items()]
+        print("\n\n".join(blocks), file=out)
+    return 0 if answered else 1

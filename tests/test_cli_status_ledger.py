@@ -1,0 +1,68 @@
+"""`rl-gym-actors ledger`: finds the ledger actors on a running Ray and prints their snapshots."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import uuid
+
+import pytest
+
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.ledger import LedgerSnapshot
+from rl_gym_actors.observe import ledger_command, snapshot_table
+
+pytestmark = pytest.mark.ray
+
+URL = "http://127.0.0.1:9"          # never contacted: the ledger only folds reports here
+
+
+@pytest.fixture
+def ledger(ray_session):
+    from rl_gym_actors.actors.ledger_actor import NAMESPACE, LedgerActor, ledger_name
+
+    name = ledger_name(f"cli-{uuid.uuid4().hex[:8]}")
+    actor = LedgerActor.options(name=name, namespace=NAMESPACE).remote(
+        [GymEndpoint(url=URL)], TryPolicy(), LedgerConfig())
+    ray_session.get(actor.report.remote([
+        AttemptReport("r1", 0, URL, AttemptState.ACKED, "owner-a"),
+        AttemptReport("r2", 0, URL, AttemptState.RUNNING, "owner-a"),
+        AttemptReport("r3", 1, URL, AttemptState.SEALED, "owner-b", adopted=True),
+    ]))
+    yield name
+    ray_session.kill(actor)
+
+
+def run(**kw):
+    args = argparse.Namespace(**{"address": None, "timeout": 10.0, "json": False, **kw})
+    out, err = io.StringIO(), io.StringIO()
+    code = ledger_command(args, out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_ledger_command_prints_every_ledger_as_a_table(ledger):
+    code, out, err = run()
+    assert code == 0, err
+    block = out[out.index(f"Ledger {ledger}"):]
+    row = next(line for line in block.splitlines() if line.startswith(URL))
+    assert row.split() == [URL, "3", "1", "1", "1", "0", "1", "ok"]
+    assert "rollouts" in block and "checkpoints committed" in block
+
+
+def test_ledger_command_json_is_the_snapshot(ledger):
+    code, out, _ = run(json=True)
+    assert code == 0
+    snap = LedgerSnapshot.model_validate(json.loads(out)[ledger])
+    assert snap.endpoints[URL].dispatched == 3 and snap.invariant_ok
+
+
+def test_snapshot_table_flags_a_broken_invariant():
+    from rl_gym_actors.core.ledger import EndpointSnapshot
+
+    snap = LedgerSnapshot(endpoints={URL: EndpointSnapshot(endpoint=URL, dispatched=2, acked=1,
+                                                           invariant_ok=False)},
+                          rollouts=2, attempts=2, reports=2, owners={}, invariant_ok=False)
+    text = snapshot_table("x", snap)
+    assert "BROKEN" in text.splitlines()[2] and text.rstrip().endswith("BROKEN")
