@@ -1,0 +1,398 @@
+"""The Gym server's HTTP app: routes, auth and error mapping, and nothing else (PROTOCOL.md).
+
+:func:`create_app` builds the FastAPI app around a :class:`~rl_gym_actors.gym.participant.Participant`;
+:class:`GymServer` serves it with uvicorn on a socket it binds itself (port 0: a free port, known
+before serving starts), from the CLI (``rl-gym-actors gym serve``) or in-process.
+
+Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorized``, 413
+``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation, 404
+and 405 for unknown routes, 409 for the participant's rejections (a prepare 409 also carries the
+full status as ``report``), 500 ``agent_failed``, 503 ``unavailable``. Bad input never gets a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rl_gym_actors.config import TOKEN_ENV
+from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
+from rl_gym_actors.gym.participant import Participant
+from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
+                                    REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckBatchRequest,
+                                    CommitRequest, CompletionReceipt, PhaseRequest, RetireRequest,
+                                    is_valid_checkpoint_id, is_valid_rollout_id)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+JSON = "application/json"
+PROTOCOL_NAME = "agent-checkpoint/v1"
+FEATURES = ("run-replay", "replayed-header", "acknowledge", "acknowledge-completed", "retire",
+            "status", "prepare", "prepare-report", "commit", "resume", "receipt",
+            "lenient-status-retire")
+
+M = TypeVar("M", bound=BaseModel)
+Key = tuple[str, int]
+
+
+class FaultHooks(Protocol):
+    """What the server asks a fault injector (see :mod:`rl_gym_actors.testing.faults`)."""
+
+    def observe_run(self, key: Key, row: Mapping[str, Any]) -> None: ...
+    def drop_reply(self, key: Key) -> bool: ...
+    def receipt_delay(self, key: Key) -> float: ...
+
+
+# ---------------------------------------------------------------- answers
+
+def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+                   ) -> Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    return Response(raw, status_code=status, media_type=JSON, headers=headers)
+
+
+def _error_response(status: int, code: str, detail: str, **extra: Any) -> Response:
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    return _json_response({"error": {"code": code, "detail": detail}, **extra}, status, headers)
+
+
+class _DroppedReply(Response):
+    """Fault ``drop_reply``: announce the whole reply, send half of it, end the response there.
+    uvicorn then closes the connection: the caller never gets a complete answer."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = self.body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", JSON.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body[: len(body) // 2],
+                    "more_body": True})
+
+
+# ---------------------------------------------------------------- request parsing
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise InvalidRequest("invalid Content-Length", status=400)
+        if int(length) > limit:
+            raise GymRejected(f"body of {length} bytes is over the limit of {limit}",
+                              status=413, code="payload_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GymRejected(f"body is over the limit of {limit} bytes", status=413,
+                              code="payload_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+def _parse(model: type[M], raw: bytes) -> M:
+    try:
+        parsed = model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise InvalidRequest(_validation_detail(exc), status=422) from exc
+    deadline = getattr(parsed, "deadline_ts", 0.0)
+    if not math.isfinite(deadline):
+        raise InvalidRequest("deadline_ts: must be a finite number", status=422)
+    return parsed
+
+
+def _run_key(row: Any) -> Key:
+    if not isinstance(row, dict):
+        raise InvalidRequest("a /run body must be a JSON object", status=422)
+    rollout_id = row.get(ROLLOUT_ID_FIELD)
+    attempt = row.get(ATTEMPT_INDEX_FIELD, 0)
+    if not is_valid_rollout_id(rollout_id):
+        raise InvalidRequest(f"{ROLLOUT_ID_FIELD}: required, matching [A-Za-z0-9][A-Za-z0-9._-]* "
+                             f"and at most 256 characters; got {rollout_id!r}", status=422)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD}: must be an integer >= 0; got {attempt!r}",
+                             status=422)
+    return (rollout_id, attempt)
+
+
+def _query_key(request: Request) -> Key:
+    q = request.query_params
+    rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
+    if not is_valid_rollout_id(rollout_id):
+        raise InvalidRequest(f"rollout_id: invalid {rollout_id!r}", status=422)
+    if not attempt.isascii() or not attempt.isdigit():
+        raise InvalidRequest(f"attempt_index: must be an integer >= 0; got {attempt!r}",
+                             status=422)
+    return (rollout_id, int(attempt))
+
+
+# ---------------------------------------------------------------- the app
+
+def create_app(participant: Participant, *, token: str,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               faults: FaultHooks | None = None) -> FastAPI:
+    """The HTTP app. ``token`` guards every control route; ``faults`` enables fault injection."""
+    if not token:
+        raise ValueError("a control token is required")
+    expected = token.encode()
+    app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.participant = participant
+
+    def authorize(request: Request) -> None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                  expected):
+            raise Unauthorized("missing or wrong bearer token", status=401)
+
+    async def body(request: Request) -> bytes:
+        return await _read_body(request, max_body_bytes)
+
+    # ------------------------------------------------------------ errors
+
+    @app.exception_handler(GymError)
+    async def _gym_error(request: Request, exc: GymError) -> Response:
+        extra = {"report": exc.body} if exc.code == "agent_prepare_incomplete" else {}
+        return _error_response(exc.status or 409, exc.code, exc.detail, **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return _error_response(422, "invalid_request", str(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        logger.exception("internal error on %s %s", request.method, request.url.path)
+        return _error_response(500, "internal_error", f"{type(exc).__name__}")
+
+    # ------------------------------------------------------------ data plane
+
+    @app.post("/run")
+    async def run(request: Request) -> Response:
+        try:
+            row = json.loads(await body(request), parse_constant=_reject_constant)
+        except ValueError as exc:
+            raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
+        key = _run_key(row)
+        if faults is not None:
+            faults.observe_run(key, row)
+        answer = await participant.run(key, row)
+        if answer.replayed:
+            return _json_response(answer.reply, headers={REPLAYED_HEADER: "1"})
+        if faults is not None and faults.drop_reply(key):
+            return _DroppedReply(answer.reply)
+        return _json_response(answer.reply)
+
+    # ------------------------------------------------------------ control plane
+
+    @app.get(CAPABILITIES_PATH)
+    async def capabilities(request: Request) -> Response:
+        authorize(request)
+        features = [*FEATURES, *(["durable-store"] if participant.store.durable else []),
+                    *(["faults"] if faults is not None else [])]
+        return _json_response({"protocol": PROTOCOL_NAME, "features": features,
+                               **participant.capabilities()})
+
+    @app.get(CONTROL_PREFIX + "/receipt")
+    async def receipt(request: Request) -> Response:
+        authorize(request)
+        key = _query_key(request)
+        delay = faults.receipt_delay(key) if faults is not None else 0.0
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return _json_response(await participant.receipt(key))
+
+    @app.get(CONTROL_PREFIX + "/status")
+    async def status(request: Request) -> Response:
+        authorize(request)
+        checkpoint_id = request.query_params.get("checkpoint_id")
+        if checkpoint_id is not None and not is_valid_checkpoint_id(checkpoint_id):
+            raise InvalidRequest(f"checkpoint_id: invalid {checkpoint_id!r}", status=422)
+        return _json_response(await participant.status(checkpoint_id))
+
+    @app.post(CONTROL_PREFIX + "/acknowledge")
+    async def acknowledge(request: Request) -> Response:
+        authorize(request)
+        receipt = _parse(CompletionReceipt, await body(request))
+        return _json_response(await participant.acknowledge(receipt))
+
+    @app.post(CONTROL_PREFIX + "/acknowledge-completed")
+    async def acknowledge_completed(request: Request) -> Response:
+        authorize(request)
+        batch = _parse(AckBatchRequest, await body(request))
+        return _json_response(await participant.acknowledge_batch(batch.executions))
+
+    @app.post(CONTROL_PREFIX + "/retire")
+    async def retire(request: Request) -> Response:
+        authorize(request)
+        req = _parse(RetireRequest, await body(request))
+        return _json_response(await participant.retire(req.checkpoint_id,
+                                                       (req.rollout_id, req.attempt_index)))
+
+    @app.post(CONTROL_PREFIX + "/prepare")
+    async def prepare(request: Request) -> Response:
+        authorize(request)
+        req = _parse(PhaseRequest, await body(request))
+        return _json_response(await participant.prepare(req.checkpoint_id, req.deadline_ts))
+
+    @app.post(CONTROL_PREFIX + "/commit")
+    async def commit(request: Request) -> Response:
+        authorize(request)
+        req = _parse(CommitRequest, await body(request))
+        return _json_response(await participant.commit(req.checkpoint_id, req.checkpoint_dir))
+
+    @app.post(CONTROL_PREFIX + "/resume")
+    async def resume(request: Request) -> Response:
+        authorize(request)
+        req = _parse(PhaseRequest, await body(request))
+        return _json_response(await participant.resume(req.checkpoint_id))
+
+    return app
+
+
+# ---------------------------------------------------------------- serving
+
+def resolve_token(token: str | None) -> tuple[str, str]:
+    """The control token and where it came from: ``flag``, ``env`` or ``generated``."""
+    if token:
+        return token, "flag"
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV], "env"
+    return secrets.token_urlsafe(32), "generated"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port); port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn with hooks: ``on_ready`` once it accepts requests, ``before_shutdown`` first thing
+    in shutdown (so runs are cancelled and their callers answered instead of awaited), and its
+    own signal handling (exit status 0 on SIGTERM and Ctrl-C, instead of re-raising the signal)."""
+
+    def __init__(self, config: uvicorn.Config, *, handle_signals: bool,
+                 on_ready: Callable[[], None] | None,
+                 before_shutdown: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._handle_signals = handle_signals
+        self._on_ready = on_ready
+        self._before_shutdown = before_shutdown
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        if self.should_exit:
+            self.force_exit = True       # a second signal: stop waiting for connections
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_ready is not None:
+            self._on_ready()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._before_shutdown()
+        await super().shutdown(sockets)
+
+
+class GymServer:
+    """One participant served over HTTP. Bind happens at construction, so ``url`` is known
+    before :meth:`serve`; :meth:`serve` runs until :meth:`stop` (or a signal, with
+    ``handle_signals``) and then closes the participant (its store included)."""
+
+    def __init__(self, participant: Participant, *, token: str, host: str = "127.0.0.1",
+                 port: int = 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 faults: FaultHooks | None = None, log_level: str = "warning",
+                 handle_signals: bool = False, graceful_s: float = 5.0) -> None:
+        self.participant = participant
+        self.token = token
+        self.app = create_app(participant, token=token, max_body_bytes=max_body_bytes,
+                              faults=faults)
+        self.socket = bind_socket(host, port)
+        bound_host, bound_port = self.socket.getsockname()[:2]
+        self.port = bound_port
+        self.url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else \
+            f"http://{bound_host}:{bound_port}"
+        config = uvicorn.Config(self.app, log_config=None, log_level=log_level.lower(),
+                                access_log=False, lifespan="off", http="h11", loop="asyncio",
+                                timeout_graceful_shutdown=graceful_s, backlog=2048)
+        self._handle_signals = handle_signals
+        self._config = config
+        self._uvicorn: _Uvicorn | None = None
+
+    async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
+        self._uvicorn = _Uvicorn(self._config, handle_signals=self._handle_signals,
+                                 on_ready=on_ready, before_shutdown=self.participant.stop_runs)
+        try:
+            await self._uvicorn.serve(sockets=[self.socket])
+        finally:
+            self.socket.close()
+            await self.participant.aclose()
+
+    def stop(self) -> None:
+        """Ask the server to shut down (safe from any thread)."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+    def kill(self) -> None:
+        """Stop as a crash would: the store stops writing at once, nothing is shut down
+        gracefully. For in-process tests of a restart (safe from any thread)."""
+        self.participant.store.crash()
+        if self._uvicorn is not None:
+            self._uvicorn.force_exit = True
+            self._uvicorn.should_exit = True
