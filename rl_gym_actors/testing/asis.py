@@ -35,11 +35,11 @@ from rl_gym_actors.errors import (AdmissionClosed, AgentFailed, ConfigError, Gym
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome, reward_of
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, CompletionReceipt, StatusReport
+from rl_gym_actors.testing.faults import without_faults
 
 logger = logging.getLogger(__name__)
 
 ENDPOINT_FIELD = "_ng_endpoint"
-FAULT_FIELDS = ("drop_reply", "receipt_delay_s")
 _ADMISSION_POLL_S = 0.05
 
 
@@ -175,12 +175,9 @@ class AsIsRunner:
         reason = "no try made"
         for attempt in range(self.policy.max_tries):
             on_try(attempt, endpoint.url)
-            sent = dict(row)
+            sent = without_faults(row) if self.transient_faults and attempt > 0 else dict(row)
             sent.pop(ENDPOINT_FIELD, None)
             sent.pop(ROLLOUT_ID_FIELD, None)
-            if self.transient_faults and attempt > 0:
-                for name in FAULT_FIELDS:
-                    sent.pop(name, None)
             try:
                 reply, receipt = await self._one_try(client, sent, rollout_id, attempt)
             except _TryLost as lost:
