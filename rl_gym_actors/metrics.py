@@ -4,10 +4,10 @@ Two halves, no new dependency:
 
 - :class:`Registry` holds counters, gauges and histograms and renders them in the Prometheus
   text exposition format (version 0.0.4). :class:`GymServerMetrics` is the set the Gym server
-  serves on ``GET /metrics``: runs started, completed, replayed and failed, attempts retired and
-  ACKed, the running and un-ACKed gauges (read at scrape time) and the request latency
-  histogram. :class:`MetricsMiddleware` is a plain ASGI wrapper (no web-framework import) that
-  times every request and answers ``GET /metrics`` itself, so a server needs one line to serve it.
+  serves on ``GET /metrics``: runs started, completed and replayed, attempts retired and ACKed,
+  the running and un-ACKed gauges, and the request latency histogram.
+  :class:`MetricsMiddleware` is a plain ASGI wrapper (no web-framework import) that answers
+  ``GET /metrics`` itself and observes every other answer, so a server needs one line for it.
 - :class:`RayMetric` wraps ``ray.util.metrics`` for the rollout and ledger actors (tries, seals,
   adoptions, orphans ACKed, checkpoint prepare time). Outside a Ray worker or driver it records
   only a local tally and never imports Ray; a failure to record is logged and swallowed, so a
@@ -16,6 +16,7 @@ Two halves, no new dependency:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -23,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from rl_gym_actors.protocol import CAPABILITIES_PATH, CONTROL_PREFIX, REPLAYED_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +109,15 @@ class Counter(_Metric):
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
         super().__init__(name, help, labelnames)
         self._values: dict[LabelValues, float] = {}
+        self._fn: Callable[[], float] | None = None
         if not self.labelnames:
             self._values[()] = 0.0
+
+    def set_function(self, fn: Callable[[], float]) -> None:
+        """Read the (unlabelled) value from ``fn`` at every scrape; ``fn`` must not go down."""
+        if self.labelnames:
+            raise ValueError("set_function needs a counter without labels")
+        self._fn = fn
 
     def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
         if amount < 0:
@@ -117,13 +127,26 @@ class Counter(_Metric):
             self._values[key] = self._values.get(key, 0.0) + amount
 
     def value(self, labels: Mapping[str, str] | None = None) -> float:
+        if self._fn is not None:
+            return float(self._fn())
         with self._lock:
             return self._values.get(self._key(labels), 0.0)
 
     def _samples(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_labels(self.labelnames, k)} {_format_value(v)}" for k, v in items]
+        return _value_samples(self)
+
+
+def _value_samples(metric: Any) -> list[str]:
+    """Samples of a counter or gauge: from its function when it has one, else its values."""
+    if metric._fn is not None:
+        try:
+            return [f"{metric.name} {_format_value(float(metric._fn()))}"]
+        except Exception:  # a broken callback must not break the scrape
+            logger.debug("metric %s callback failed", metric.name, exc_info=True)
+            return []
+    with metric._lock:
+        items = sorted(metric._values.items())
+    return [f"{metric.name}{_labels(metric.labelnames, k)} {_format_value(v)}" for k, v in items]
 
 
 class Gauge(_Metric):
@@ -164,15 +187,7 @@ class Gauge(_Metric):
             return self._values.get(self._key(labels), 0.0)
 
     def _samples(self) -> list[str]:
-        if self._fn is not None:
-            try:
-                return [f"{self.name} {_format_value(float(self._fn()))}"]
-            except Exception:  # a broken callback must not break the scrape
-                logger.debug("gauge %s callback failed", self.name, exc_info=True)
-                return []
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_labels(self.labelnames, k)} {_format_value(v)}" for k, v in items]
+        return _value_samples(self)
 
 
 class Histogram(_Metric):
@@ -271,69 +286,65 @@ def parse_exposition(text: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------- the Gym server's set
 
+KNOWN_ROUTES = frozenset({"/run", CAPABILITIES_PATH, METRICS_PATH, *(
+    f"{CONTROL_PREFIX}/{name}" for name in ("acknowledge", "acknowledge-completed", "retire",
+                                            "status", "prepare", "commit", "resume",
+                                            "receipt"))})
+RETIRE_ROUTE = f"{CONTROL_PREFIX}/retire"
+
+
 class GymServerMetrics:
     """What the Gym server exposes on ``/metrics``.
 
-    The server calls :meth:`run_started` when it starts the agent for a key, and
-    :meth:`run_finished` when the agent returns or raises; :meth:`run_replayed` when ``/run``
-    answers a completed key from the store, :meth:`retired` and :meth:`acked` on those
-    control answers. ``running`` and ``unacked`` are read from ``status_fn`` (a callable
-    returning an object or mapping with ``running`` and ``completed_unacknowledged``) at
-    scrape time, so they are always exact.
+    Counts that the participant keeps are read from ``snapshot_fn`` at scrape time, so they are
+    exact whoever caused them (a run whose caller went away still counts): ``agent_starts``
+    (runs started), ``completed_unacknowledged`` + ``acknowledged`` (runs completed),
+    ``acknowledged`` (attempts ACKed), ``running`` and ``completed_unacknowledged`` (gauges).
+    What only the HTTP answers show is counted by :class:`MetricsMiddleware`: ``/run`` answers
+    replayed from the store, retires that tombstoned an attempt, and request latency.
+    A snapshot key that is missing reads as 0.
     """
 
-    def __init__(self, status_fn: Callable[[], Any] | None = None, *,
+    def __init__(self, snapshot_fn: Callable[[], Mapping[str, Any]] | None = None, *,
                  registry: Registry | None = None, prefix: str = "gym") -> None:
         self.registry = registry or Registry()
         r, p = self.registry, prefix
-        self.runs_started = r.counter(f"{p}_runs_started_total", "Agent runs started.")
-        self.runs_completed = r.counter(f"{p}_runs_completed_total",
-                                        "Agent runs that finished with a stored reply.")
-        self.runs_failed = r.counter(f"{p}_runs_failed_total", "Agent runs whose agent raised.")
+        snap = snapshot_fn or (lambda: {})
+        runs_started = r.counter(f"{p}_runs_started_total", "Agent runs started.")
+        runs_completed = r.counter(f"{p}_runs_completed_total",
+                                   "Agent runs that finished with a stored reply.")
         self.runs_replayed = r.counter(f"{p}_runs_replayed_total",
                                        "/run answers served from the store (the agent did not run).")
-        self.retired_total = r.counter(f"{p}_attempts_retired_total",
-                                       "Attempts retired (cancelled or tombstoned) by retire.")
-        self.acked_total = r.counter(f"{p}_attempts_acked_total",
-                                     "Completed attempts released by an ACK.")
-        self.running = r.gauge(f"{p}_running", "Agent runs in progress.")
-        self.unacked = r.gauge(f"{p}_completed_unacknowledged",
-                               "Completed attempts not yet ACKed.")
+        self.retired = r.counter(f"{p}_attempts_retired_total",
+                                 "retire calls that tombstoned an attempt (cancelled or unknown).")
+        acked = r.counter(f"{p}_attempts_acked_total", "Completed attempts released by an ACK.")
+        running = r.gauge(f"{p}_running", "Agent runs in progress.")
+        unacked = r.gauge(f"{p}_completed_unacknowledged", "Completed attempts not yet ACKed.")
+        runs_started.set_function(lambda: _field(snap(), "agent_starts"))
+        runs_completed.set_function(lambda: _field(snap(), "completed_unacknowledged")
+                                    + _field(snap(), "acknowledged"))
+        acked.set_function(lambda: _field(snap(), "acknowledged"))
+        running.set_function(lambda: _field(snap(), "running"))
+        unacked.set_function(lambda: _field(snap(), "completed_unacknowledged"))
         self.latency = r.histogram(f"{p}_request_duration_seconds",
-                                   "HTTP request latency by route and status.",
+                                   "HTTP request latency by route, method and status.",
                                    ("route", "method", "status"))
-        self._status_fn = status_fn
-        if status_fn is not None:
-            self.running.set_function(lambda: _field(status_fn(), "running"))
-            self.unacked.set_function(lambda: _field(status_fn(), "completed_unacknowledged"))
 
-    def run_started(self) -> None:
-        self.runs_started.inc()
-        if self._status_fn is None:
-            self.running.inc()
-
-    def run_finished(self, *, ok: bool) -> None:
-        (self.runs_completed if ok else self.runs_failed).inc()
-        if self._status_fn is None:
-            self.running.dec()
-            if ok:
-                self.unacked.inc()
-
-    def run_replayed(self) -> None:
-        self.runs_replayed.inc()
-
-    def retired(self, n: int = 1) -> None:
-        if n:
-            self.retired_total.inc(n)
-
-    def acked(self, n: int = 1) -> None:
-        if n:
-            self.acked_total.inc(n)
-            if self._status_fn is None:
-                self.unacked.dec(n)
-
-    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+    def observe(self, route: str, method: str, status: int, seconds: float, *,
+                replayed: bool = False, body: bytes | None = None) -> None:
+        """One HTTP answer: its latency, and what it says (replayed run, tombstoning retire)."""
         self.latency.observe(seconds, {"route": route, "method": method, "status": str(status)})
+        if status != 200:
+            return
+        if route == "/run" and replayed:
+            self.runs_replayed.inc()
+        elif route == RETIRE_ROUTE and body:
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                return
+            if isinstance(answer, dict) and answer.get("tombstoned") is True:
+                self.retired.inc()
 
     def render(self) -> str:
         return self.registry.render()
@@ -344,19 +355,22 @@ def _field(obj: Any, name: str) -> float:
     return float(value or 0)
 
 
-class MetricsMiddleware:
-    """ASGI wrapper: times every HTTP request into ``metrics.latency`` and serves ``/metrics``.
+def route_label(path: str) -> str:
+    """The route label of a request path: one of ours, else ``other`` (bounded cardinality)."""
+    return path if path in KNOWN_ROUTES else "other"
 
-    ``route_of(path)`` names the route label (the default keeps the path, which is bounded for
-    our server because identities travel in bodies and query strings, never in paths).
+
+class MetricsMiddleware:
+    """ASGI wrapper: serves ``GET /metrics`` and reports every other HTTP answer to ``metrics``.
+
+    Add it with ``app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(...))``. The
+    exposition is unauthenticated, as scrapers expect; it carries counts only.
     """
 
     def __init__(self, app: Any, metrics: GymServerMetrics, *,
-                 route_of: Callable[[str], str] | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.app = app
         self.metrics = metrics
-        self._route_of = route_of or (lambda path: path)
         self._clock = clock
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -364,28 +378,36 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path == METRICS_PATH and scope.get("method") in ("GET", "HEAD"):
+        method = scope.get("method", "")
+        if path == METRICS_PATH and method in ("GET", "HEAD"):
             body = self.metrics.render().encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", CONTENT_TYPE.encode()),
                                     (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body",
-                        "body": body if scope.get("method") == "GET" else b""})
+            await send({"type": "http.response.body", "body": body if method == "GET" else b""})
             return
+        route = route_label(path)
+        keep_body = route == RETIRE_ROUTE
         started = self._clock()
         status = 500
+        replayed = False
+        chunks: list[bytes] = []
 
-        async def timed_send(message: dict) -> None:
-            nonlocal status
+        async def observed_send(message: dict) -> None:
+            nonlocal status, replayed
             if message.get("type") == "http.response.start":
                 status = int(message.get("status", 500))
+                replayed = any(k.lower() == REPLAYED_HEADER.encode() and v.strip() == b"1"
+                               for k, v in message.get("headers") or [])
+            elif keep_body and message.get("type") == "http.response.body":
+                chunks.append(message.get("body", b""))
             await send(message)
 
         try:
-            await self.app(scope, receive, timed_send)
+            await self.app(scope, receive, observed_send)
         finally:
-            self.metrics.observe_request(self._route_of(path), scope.get("method", ""), status,
-                                         self._clock() - started)
+            self.metrics.observe(route, method, status, self._clock() - started,
+                                 replayed=replayed, body=b"".join(chunks) if keep_body else None)
 
 
 # ---------------------------------------------------------------- Ray metrics for the actors

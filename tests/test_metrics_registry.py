@@ -58,31 +58,26 @@ def test_bad_names_labels_and_negative_counts_are_refused():
         c.inc(labels={"unexpected": "x"})
 
 
-def test_gym_metrics_gauges_read_status_at_scrape_time():
-    status = {"running": 2, "completed_unacknowledged": 5}
-    m = GymServerMetrics(lambda: status)
-    m.run_started()
-    m.run_finished(ok=True)
-    m.acked(3)
-    status["running"] = 0
-    samples = parse_exposition(m.render())
-    assert samples["gym_running"] == 0
-    assert samples["gym_completed_unacknowledged"] == 5
-    assert samples["gym_runs_started_total"] == 1
-    assert samples["gym_attempts_acked_total"] == 3
+def test_gym_metrics_read_the_participant_snapshot_at_scrape_time():
+    snap = {"running": 2, "completed_unacknowledged": 5, "acknowledged": 3, "agent_starts": 10}
+    m = GymServerMetrics(lambda: snap)
+    first = parse_exposition(m.render())
+    assert first["gym_running"] == 2 and first["gym_runs_completed_total"] == 8
+    assert first["gym_runs_started_total"] == 10 and first["gym_attempts_acked_total"] == 3
+    snap.update(running=0, acknowledged=8, completed_unacknowledged=0)
+    later = parse_exposition(m.render())
+    assert later["gym_running"] == 0 and later["gym_completed_unacknowledged"] == 0
+    assert later["gym_attempts_acked_total"] == 8
 
 
-def test_gym_metrics_without_status_fn_track_gauges_themselves():
-    m = GymServerMetrics()
-    m.run_started()
-    m.run_started()
-    m.run_finished(ok=True)
-    m.run_finished(ok=False)
-    m.acked()
-    samples = parse_exposition(m.render())
-    assert samples["gym_running"] == 0
-    assert samples["gym_completed_unacknowledged"] == 0
-    assert samples["gym_runs_failed_total"] == 1
+def test_gym_metrics_without_a_snapshot_read_zero_and_a_broken_one_is_skipped():
+    assert parse_exposition(GymServerMetrics().render())["gym_runs_started_total"] == 0
+
+    def broken():
+        raise RuntimeError("gone")
+
+    samples = parse_exposition(GymServerMetrics(broken).render())
+    assert "gym_running" not in samples and "gym_runs_replayed_total" in samples
 
 
 async def _call(app, path, method="GET"):
@@ -98,22 +93,40 @@ async def _call(app, path, method="GET"):
     return sent
 
 
-async def test_middleware_serves_metrics_and_times_other_routes():
+def _answering(status, body=b"{}", headers=()):
     async def inner(scope, receive, send):
-        await send({"type": "http.response.start", "status": 409, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
+        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+        await send({"type": "http.response.body", "body": body})
+    return inner
 
+
+async def test_middleware_serves_metrics_and_times_other_routes():
     metrics = GymServerMetrics()
-    ticks = iter([10.0, 10.25])
-    app = MetricsMiddleware(inner, metrics, clock=lambda: next(ticks))
+    ticks = iter([10.0, 10.25, 11.0, 11.5])
+    app = MetricsMiddleware(_answering(409), metrics, clock=lambda: next(ticks))
     sent = await _call(app, "/run", "POST")
     assert sent[0]["status"] == 409
     assert metrics.latency.count({"route": "/run", "method": "POST", "status": "409"}) == 1
+    await _call(app, "/wp-admin/../etc", "GET")
+    assert metrics.latency.count({"route": "other", "method": "GET", "status": "409"}) == 1
     sent = await _call(app, "/metrics")
     assert sent[0]["status"] == 200
     assert (b"content-type", CONTENT_TYPE.encode()) in sent[0]["headers"]
     samples = parse_exposition(sent[1]["body"].decode())
     assert samples['gym_request_duration_seconds_sum{route="/run",method="POST",status="409"}'] == 0.25
+
+
+async def test_middleware_counts_replayed_runs_and_tombstoning_retires():
+    metrics = GymServerMetrics()
+    retire = "/ng-control/v1/agent-checkpoint/retire"
+    await _call(MetricsMiddleware(_answering(200, headers=[(b"x-gym-replayed", b"1")]), metrics),
+                "/run", "POST")
+    await _call(MetricsMiddleware(_answering(200), metrics), "/run", "POST")
+    for body in (b'{"retired": true, "tombstoned": true}', b'{"retired": false, "tombstoned": false}',
+                 b'not json'):
+        await _call(MetricsMiddleware(_answering(200, body), metrics), retire, "POST")
+    assert metrics.runs_replayed.value() == 1
+    assert metrics.retired.value() == 1
 
 
 async def test_middleware_records_500_when_the_app_raises():
