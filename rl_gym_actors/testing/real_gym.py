@@ -1,0 +1,172 @@
+"""A stand-in that makes our Gym server answer the way a real NeMo Gym server does.
+
+PROTOCOL.md ("What a real Gym server does differently") lists where a real Gym's answers differ
+from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
+front of one of our servers that rewrites its answers into the real Gym's forms:
+
+- no (ext) routes: ``GET /ng-control/v1/capabilities`` and ``GET .../receipt`` answer 404
+  ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` header is dropped;
+- the prepare 409 ``agent_prepare_incomplete`` carries only ``error`` (counts in its detail),
+  no ``report``;
+- 401 answers ``{"detail": "..."}``; 422 answers FastAPI's default ``{"detail": [{...}]}``;
+- the caller of a ``/run`` that a ``retire`` (sent through this proxy) cancelled gets a
+  plain-text 500 instead of a 409.
+
+A failure to reach the server answers a plain-text 502. It runs in a thread with its own event
+loop, on 127.0.0.1, as a context manager with ``.url``, ``.token`` and ``.endpoint``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
+                                    ROLLOUT_ID_FIELD)
+
+HOST = "127.0.0.1"
+_EXT_ROUTES = (CAPABILITIES_PATH, CONTROL_PREFIX + "/receipt")
+_FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body).encode(),
+                        content_type="application/json")
+
+
+def _error_of(raw: bytes) -> tuple[dict[str, Any], str | None, str]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {}, None, ""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return body if isinstance(body, dict) else {}, None, ""
+    return body, err.get("code"), str(err.get("detail", ""))
+
+
+class RealGymStandIn:
+    """A reverse proxy that answers like a real Gym server (see the module docstring)."""
+
+    def __init__(self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0) -> None:
+        self.upstream = upstream
+        self.token = upstream.token
+        self.url: str | None = None
+        self.retired_while_running = 0           # runs answered with the plain-text 500
+        self._start_timeout_s = start_timeout_s
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._running_keys: set[tuple[str, int]] = set()
+        self._cancelled_keys: set[tuple[str, int]] = set()
+
+    @property
+    def endpoint(self) -> GymEndpoint:
+        if self.url is None:
+            raise RuntimeError("the stand-in is not started")
+        return GymEndpoint(url=self.url, token=self.token)
+
+    def __enter__(self) -> "RealGymStandIn":
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True,
+                                        name="real-gym-stand-in")
+        self._thread.start()
+        if not ready.wait(self._start_timeout_s) or self.url is None:
+            raise RuntimeError(f"stand-in did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(self._start_timeout_s)
+
+    def _serve(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except BaseException as exc:       # surfaced by __enter__
+            self._error = exc
+        finally:
+            ready.set()
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            app = web.Application(client_max_size=64 << 20)
+            app.router.add_route("*", "/{tail:.*}", lambda request: self._forward(session,
+                                                                                  request))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, HOST, 0)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            self.url = f"http://{host}:{port}"
+            ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await runner.cleanup()
+
+    async def _forward(self, session: aiohttp.ClientSession,
+                       request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if request.method == "GET" and path in _EXT_ROUTES:
+            return _json(404, {"detail": "Not Found"})
+        raw_in = await request.read()
+        key = self._run_key(raw_in) if path == "/run" else None
+        if key is not None:
+            self._running_keys.add(key)
+        elif path == CONTROL_PREFIX + "/retire":
+            # noted before forwarding: the cancelled run may answer before the retire does
+            self._note_retire(raw_in)
+        headers = {h: request.headers[h] for h in _FORWARDED_HEADERS if h in request.headers}
+        try:
+            async with session.request(request.method, self.upstream.url + request.path_qs,
+                                       data=raw_in or None, headers=headers) as resp:
+                raw, status = await resp.read(), resp.status
+                content_type = resp.content_type
+        except aiohttp.ClientError as exc:
+            return web.Response(status=502, text=f"Bad Gateway: {type(exc).__name__}")
+        finally:
+            if key is not None:
+                self._running_keys.discard(key)
+        body, code, detail = _error_of(raw)
+        if key is not None and status == 409 and code == "stale_attempt" \
+                and key in self._cancelled_keys:
+            self._cancelled_keys.discard(key)
+            self.retired_while_running += 1
+            return web.Response(status=500, text="Internal Server Error")
+        if status == 401:
+            return _json(401, {"detail": detail or "Unauthorized"})
+        if status == 422:
+            return _json(422, {"detail": [{"type": "value_error", "loc": ["body"],
+                                           "msg": detail, "input": None}]})
+        if status == 409 and code == "agent_prepare_incomplete":
+            return _json(409, {"error": body["error"]})
+        # the x-gym-replayed header (ext) is not passed on: only the body is
+        return web.Response(status=status, body=raw, content_type=content_type or None)
+
+    @staticmethod
+    def _run_key(raw: bytes) -> tuple[str, int] | None:
+        try:
+            row = json.loads(raw)
+            return (row[ROLLOUT_ID_FIELD], int(row.get(ATTEMPT_INDEX_FIELD, 0)))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _note_retire(self, raw_in: bytes) -> None:
+        try:
+            req = json.loads(raw_in)
+            key = (req["rollout_id"], int(req["attempt_index"]))
+        except (ValueError, KeyError, TypeError):
+            return
+        if key in self._running_keys:
+            self._cancelled_keys.add(key)
