@@ -28,15 +28,16 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.events import AttemptState
 from rl_gym_actors.core.ledger import (Action, Book, CheckpointReport, EndpointCheckpoint, Step,
                                        blockers, orphan_step, plan_endpoint)
-from rl_gym_actors.errors import (AckRejected, CheckpointFailed, GymError, GymUnavailable,
-                                  NotCompleted, RlGymError, StaleAttempt, UnknownExecution)
+from rl_gym_actors.errors import (AckRejected, CheckpointFailed, DeadlineExceeded, GymError,
+                                  GymUnavailable, NotCompleted, RlGymError, StaleAttempt,
+                                  UnknownExecution)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
 
 logger = logging.getLogger(__name__)
 
 RESUME_SLACK_S = 2.0        # a failed checkpoint still resumes every endpoint within this slack
-FIRST_SLICE_S = 0.25        # the prepare that closes admission while unknown runs are deferred
+FIRST_SLICE_S = 0.5         # the prepare that closes admission while unknown runs are deferred
 ACK_CHUNK = 500             # receipts per acknowledge-completed request
 CONCURRENCY = 32            # per endpoint: concurrent retire / receipt / adopt calls
 
@@ -168,6 +169,9 @@ class CheckpointGate:
             raise
         except RlGymError as exc:
             tally.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:     # a bug must not pass as "not ready" without a trace
+            logger.exception("checkpoint gate on %s", tally.endpoint.label)
+            tally.error = f"{type(exc).__name__}: {exc}"
 
     async def _prepare_loop(self, tally: _Tally, client: GymClient, cid: str,
                             deadline_ts: float) -> None:
@@ -183,8 +187,16 @@ class CheckpointGate:
             await self._act(tally, client, cid, steps, deadline_ts)
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
-            status = await client.prepare(cid, deadline_ts=min(deadline_ts,
-                                                               self._clock() + slice_s))
+            try:
+                status = await client.prepare(cid, deadline_ts=min(deadline_ts,
+                                                                   self._clock() + slice_s))
+            except DeadlineExceeded:
+                # the slice ran out before the answer came back: not ready yet, look again
+                if self._clock() >= deadline_ts:
+                    tally.error = "deadline passed"
+                    return
+                status = (await client.status(cid, deadline_ts=deadline_ts)).model_copy(
+                    update={"ready_to_commit": False})
             tally.last = status
             if status.ready_to_commit:
                 tally.ready = True
@@ -195,7 +207,7 @@ class CheckpointGate:
             if self._clock() >= deadline_ts:
                 tally.error = "deadline passed"
                 return
-            if not retire_unknown:
+            if not retire_unknown and status.state != "accepting":
                 # admission is closed now: whatever an owner dispatched before, it reports now
                 await self._flush_since(self._clock(), deadline_ts)
                 retire_unknown = True

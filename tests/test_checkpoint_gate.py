@@ -1,0 +1,261 @@
+"""The checkpoint gate end to end: a real local Ray, the real Gym server on loopback.
+
+Orphans get ACKed, forgotten runs retired, an owner's current completed try adopted, a killed
+owner's attempts count as forgotten, two endpoints commit together, and the deadline path fails
+with blockers and leaves every endpoint accepting again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.errors import CheckpointFailed, NotCompleted, StaleAttempt, UnknownExecution
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+pytestmark = pytest.mark.ray
+
+_ids = itertools.count()
+LONG_S = 30.0          # an agent run that no test waits for
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    """Wait for ``check()`` to hold, polling, with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def soon(seconds: float = 10.0) -> float:
+    return time.time() + seconds
+
+
+@contextlib.asynccontextmanager
+async def gym(name: str | None = None):
+    with GymServerThread(token="test-token", allow_faults=True) as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token, name=name)
+        async with GymClient(endpoint) as client:
+            yield endpoint, client
+
+
+def make_ledger(ray, endpoints: list[GymEndpoint], **config):
+    from rl_gym_actors.actors.ledger_actor import NAMESPACE, LedgerActor, ledger_name
+
+    return LedgerActor.options(name=ledger_name(f"gate-{next(_ids)}"),
+                               namespace=NAMESPACE).remote(
+        endpoints, TryPolicy(control_s=5.0), LedgerConfig(**config))
+
+
+def make_owner(ray, name: str, endpoint: GymEndpoint, ledger):
+    from rl_gym_actors.testing.stand_in_owner import StandInOwner
+
+    owner = StandInOwner.options(name=name, namespace="rl_gym_actors").remote(
+        name, endpoint, ledger)
+    assert ray.get(owner.ping.remote()) == name
+    ray.get(ledger.register_owners.remote({name: owner}))
+    return owner
+
+
+async def receipt_state(client: GymClient, rid: str, att: int = 0) -> str:
+    try:
+        return (await client.receipt(rid, att, deadline_ts=soon())).state
+    except NotCompleted:
+        return "running"
+    except StaleAttempt:
+        return "tombstoned"
+    except UnknownExecution:
+        return "unknown"
+
+
+async def completed(client: GymClient, rid: str, att: int = 0) -> None:
+    async def check() -> bool:
+        return await receipt_state(client, rid, att) == "completed"
+    await eventually(check)
+
+
+def manifest(path: str) -> dict:
+    with open(os.path.join(path, "manifest.json")) as fh:
+        return json.load(fh)
+
+
+async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(ray_session,
+                                                                            tmp_path):
+    async with gym() as (endpoint, client):
+        rids = [f"orphan-{i}" for i in range(5)]
+        for rid in rids:      # posted directly: no owner, no report, never ACKed
+            result = await client.run({"reward": 0.5}, rollout_id=rid, attempt_index=0,
+                                      deadline_ts=soon())
+            assert result.reply == {"id": f"r-{rid}", "reward": 0.5}
+        before = await client.status("probe-orphans", deadline_ts=soon())
+        assert before.completed_unacknowledged == 5 and not before.ready_to_commit
+
+        ledger = make_ledger(ray_session, [endpoint])
+        report = await ledger.checkpoint.remote("ckpt-orphans", str(tmp_path), 20.0)
+
+        assert report.orphans_acked == 5 and report.retired == 0 and report.adopted == 0
+        assert report.endpoints[0].commit.records >= 5
+        assert manifest(str(tmp_path))
+        assert {await receipt_state(client, rid) for rid in rids} == {"acknowledged"}
+        snap = await ledger.snapshot.remote()
+        assert snap.orphans_acked == 5 and snap.checkpoints_committed == 1
+        assert snap.endpoints[endpoint.url].acked == 5 and snap.invariant_ok
+        # admission reopened: a new run goes through
+        await client.run({"reward": 1.0}, rollout_id="after-orphans", attempt_index=0,
+                         deadline_ts=soon())
+        ray_session.kill(ledger)
+
+
+async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits_fast(
+        ray_session, tmp_path):
+    async with gym() as (endpoint, client):
+        runs = [asyncio.ensure_future(client.run({"sleep_s": LONG_S}, rollout_id=f"slow-{i}",
+                                                 attempt_index=0, deadline_ts=soon(60)))
+                for i in range(3)]
+
+        async def all_running() -> bool:
+            return (await client.status("probe-slow", deadline_ts=soon())).running == 3
+        await eventually(all_running)
+
+        ledger = make_ledger(ray_session, [endpoint])
+        start = time.monotonic()
+        report = await ledger.checkpoint.remote("ckpt-slow", str(tmp_path), 20.0)
+        elapsed = time.monotonic() - start
+
+        assert report.retired == 3 and report.orphans_acked == 0
+        assert elapsed < 5.0 < LONG_S, elapsed          # prepare never waited on the agent
+        assert manifest(str(tmp_path))
+        for run in runs:                                # their callers learn they were retired
+            with pytest.raises(StaleAttempt):
+                await asyncio.wait_for(run, 5.0)
+        assert (await ledger.snapshot.remote()).endpoints[endpoint.url].tombstoned == 3
+        ray_session.kill(ledger)
+
+
+async def test_an_owner_adopts_its_current_completed_try_and_a_stale_try_is_acked(
+        ray_session, tmp_path):
+    async with gym() as (endpoint, client):
+        ledger = make_ledger(ray_session, [endpoint])
+        owner = make_owner(ray_session, "rlga-rollout-gate-adopt-0", endpoint, ledger)
+        # rA/0: the run finishes on Gym, its reply is lost: still the owner's current try
+        await owner.start.remote({"reward": 0.5, "drop_reply": True}, "rA", 0)
+        # rB/0 finished with a lost reply too, but the owner moved on to rB/1
+        await owner.start.remote({"reward": 0.25, "drop_reply": True}, "rB", 0)
+        await completed(client, "rA")
+        await completed(client, "rB")
+        await owner.start.remote({"reward": 0.75}, "rB", 1)
+
+        async def rb1_acked() -> bool:     # the owner's own flow seals and ACKs rB/1
+            return (await owner.states.remote()).get("rB/1") == "acked"
+        await eventually(rb1_acked)
+        assert (await owner.states.remote())["rA/0"] == "running"
+
+        report = await ledger.checkpoint.remote("ckpt-adopt", str(tmp_path), 20.0)
+
+        assert report.adopted == 1 and report.orphans_acked == 1 and report.retired == 0
+        assert await receipt_state(client, "rA") == "acknowledged"
+        assert await receipt_state(client, "rB") == "acknowledged"
+        states = await owner.states.remote()
+        assert states["rA/0"] == "acked" and states["rB/1"] == "acked"
+        assert states["rB/0"] == "running"        # the owner never sealed its stale try
+        # the agent ran rA/0 once: the adopted receipt is the first execution's
+        receipt = (await client.receipt("rA", 0, deadline_ts=soon())).completion_receipt
+        assert receipt.execution_generation == 1
+        await owner.flush_reports.remote()
+        snap = await ledger.snapshot.remote()
+        assert snap.endpoints[endpoint.url].adopted == 1 and snap.adoptions == 1
+        assert snap.orphans_acked == 1 and snap.invariant_ok
+        ray_session.kill(owner)
+        ray_session.kill(ledger)
+
+
+async def test_a_killed_owners_attempts_count_as_forgotten(ray_session, tmp_path):
+    async with gym() as (endpoint, client):
+        ledger = make_ledger(ray_session, [endpoint])
+        name = "rlga-rollout-gate-killed-0"
+        owner = make_owner(ray_session, name, endpoint, ledger)
+        await owner.start.remote({"sleep_s": LONG_S}, "rK", 0)
+        await owner.start.remote({"reward": 0.5, "drop_reply": True}, "rJ", 0)
+        await completed(client, "rJ")
+        assert await owner.flush_reports.remote() >= 2
+        assert (await ledger.snapshot.remote()).owners == {name: 2}
+        ray_session.kill(owner, no_restart=True)
+
+        report = await ledger.checkpoint.remote("ckpt-killed", str(tmp_path), 20.0)
+
+        assert report.retired == 1 and report.orphans_acked == 1 and report.adopted == 0
+        assert await receipt_state(client, "rK") == "tombstoned"
+        assert await receipt_state(client, "rJ") == "acknowledged"
+        snap = await ledger.snapshot.remote()
+        assert name not in snap.live_owners and snap.invariant_ok
+        ray_session.kill(ledger)
+
+
+async def test_two_endpoints_commit_in_one_checkpoint(ray_session, tmp_path):
+    async with gym("east") as (east, east_client), gym("west") as (west, west_client):
+        for client, rid in ((east_client, "e-orphan"), (west_client, "w-orphan")):
+            await client.run({"reward": 0.5}, rollout_id=rid, attempt_index=0,
+                             deadline_ts=soon())
+        slow = asyncio.ensure_future(west_client.run({"sleep_s": LONG_S}, rollout_id="w-slow",
+                                                     attempt_index=0, deadline_ts=soon(60)))
+        ledger = make_ledger(ray_session, [east, west])
+
+        report = await ledger.checkpoint.remote("ckpt-two", str(tmp_path), 20.0)
+
+        by_label = {e.label: e for e in report.endpoints}
+        assert set(by_label) == {"east", "west"}
+        assert by_label["east"].orphans_acked == 1 and by_label["west"].orphans_acked == 1
+        assert by_label["west"].retired == 1
+        for label in ("east", "west"):
+            assert by_label[label].checkpoint_dir == str(tmp_path / label)
+            assert manifest(str(tmp_path / label))
+        with pytest.raises(StaleAttempt):
+            await asyncio.wait_for(slow, 5.0)
+        ray_session.kill(ledger)
+
+
+async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_session,
+                                                                         tmp_path):
+    async with gym() as (endpoint, client):
+        ledger = make_ledger(ray_session, [endpoint], prepare_slice_s=0.5)
+        owner = make_owner(ray_session, "rlga-rollout-gate-deadline-0", endpoint, ledger)
+        # a live owner's current try that runs past the deadline: the gate must wait, not retire
+        await owner.start.remote({"sleep_s": LONG_S}, "rL", 0)
+
+        async def running() -> bool:
+            return await receipt_state(client, "rL") == "running"
+        await eventually(running)
+
+        deadline_s = 1.5
+        start = time.monotonic()
+        with pytest.raises(CheckpointFailed) as info:
+            await ledger.checkpoint.remote("ckpt-late", str(tmp_path / "late"), deadline_s)
+        elapsed = time.monotonic() - start
+
+        assert 1.0 <= elapsed < deadline_s + 2.5, elapsed      # it waited, then gave up in time
+        err = info.value
+        assert err.checkpoint_id == "ckpt-late"
+        blocked = err.blockers[endpoint.label]
+        assert {"rollout_id": "rL", "attempt_index": 0, "state": "running"} in blocked["attempts"]
+        assert blocked.get("resumed", True)
+        assert await receipt_state(client, "rL") == "running"      # not retired: it is owned
+        status = await client.status("probe-late", deadline_ts=soon())
+        assert status.state == "accepting"
+        result = await client.run({"reward": 0.1}, rollout_id="after-late", attempt_index=0,
+                                  deadline_ts=soon())
+        assert result.reply["reward"] == 0.1
+        snap = await ledger.snapshot.remote()
+        assert snap.checkpoints_failed == 1 and snap.checkpoints_committed == 0
+        assert not os.path.exists(tmp_path / "late" / "manifest.json")
+        await client.retire("rL", 0, checkpoint_id="cleanup-late", deadline_ts=soon())
+        ray_session.kill(owner)
+        ray_session.kill(ledger)
