@@ -101,8 +101,11 @@ class RealGymStandIn:
         self._stop = asyncio.Event()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             app = web.Application(client_max_size=64 << 20)
-            app.router.add_route("*", "/{tail:.*}", lambda request: self._forward(session,
-                                                                                  request))
+
+            async def forward(request: web.Request) -> web.StreamResponse:
+                return await self._forward(session, request)
+
+            app.router.add_route("*", "/{tail:.*}", forward)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, HOST, 0)
