@@ -259,3 +259,34 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
         await client.retire("rL", 0, checkpoint_id="cleanup-late", deadline_ts=soon())
         ray_session.kill(owner)
         ray_session.kill(ledger)
+
+
+async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, tmp_path):
+    """A real Gym's prepare 409 carries counts only and it has no receipt route: the orphans'
+    receipts come from its status, and the forgotten run is still retired."""
+    from rl_gym_actors.errors import ConnectionLost
+    from rl_gym_actors.testing.real_gym import RealGymStandIn
+
+    with GymServerThread(token="test-token", allow_faults=True) as server, \
+            RealGymStandIn(server.endpoint) as real:
+        async with GymClient(real.endpoint) as client:
+            await client.run({"reward": 0.5}, rollout_id="real-orphan", attempt_index=0,
+                             deadline_ts=soon())
+            slow = asyncio.ensure_future(client.run({"sleep_s": LONG_S}, rollout_id="real-slow",
+                                                    attempt_index=0, deadline_ts=soon(60)))
+
+            async def running() -> bool:
+                return (await client.status("probe-real", deadline_ts=soon())).running == 1
+            await eventually(running)
+            ledger = make_ledger(ray_session, [real.endpoint])
+
+            report = await ledger.checkpoint.remote("ckpt-real", str(tmp_path), 20.0)
+
+            assert report.orphans_acked == 1 and report.retired == 1
+            assert manifest(str(tmp_path))
+            with pytest.raises(ConnectionLost):        # a real Gym's plain-text 500
+                await asyncio.wait_for(slow, 5.0)
+            status = await client.status("probe-real-after", deadline_ts=soon())
+            assert status.state == "accepting" and status.completed_unacknowledged == 0
+            assert status.running == 0
+            ray_session.kill(ledger)

@@ -230,7 +230,7 @@ def test_plan_covers_every_attempt_and_never_takes_a_live_current_try(reports, l
                 assert step.action is Action.ADOPT and step.owner == ref["owner"][(rid, att)]
             else:
                 assert step.action is Action.ORPHAN_ACK
-                assert (step.receipt is not None) == with_receipt
+            assert (step.receipt is not None) == with_receipt
         elif state in ("running", "parked"):
             assert step is not None
             if held_by_live_owner(rid, att):

@@ -42,8 +42,8 @@ class Action(str, Enum):
 @dataclass(frozen=True, slots=True)
 class Step:
     """One decision. ``owner`` is set for ADOPT and for a WAIT on a live owner's current try;
-    ``receipt`` for an ORPHAN_ACK whose receipt the status carried; ``known`` says whether the
-    book has heard of the attempt."""
+    ``receipt`` for an ADOPT or ORPHAN_ACK whose receipt the status carried (a refused ADOPT is
+    ACKed with it); ``known`` says whether the book has heard of the attempt."""
 
     action: Action
     rollout_id: str
@@ -83,7 +83,8 @@ def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: 
         known = book.attempt(rid, att) is not None
         if info.state == _COMPLETED:
             if owner is not None:
-                steps.append(Step(Action.ADOPT, rid, att, owner=owner, known=known))
+                steps.append(Step(Action.ADOPT, rid, att, owner=owner,
+                                  receipt=info.completion_receipt, known=known))
             else:
                 steps.append(Step(Action.ORPHAN_ACK, rid, att, receipt=info.completion_receipt,
                                   known=known))
