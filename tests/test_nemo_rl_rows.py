@@ -71,7 +71,9 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
     again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
     assert [c.rollout_id for c in again[:3]] == [done, running, failed]
     assert [c.action for c in again[:3]] == [Action.REUSE, Action.REUSE, Action.START]
-    assert again[2].attempt_index == 2            # the failed rollout's next try
+    assert again[2].attempt_index == 2            # the failed rollout's next try ...
+    assert again[2].previous_attempt == 1         # ... after settling its last one
+    assert again[3].previous_attempt is None
     assert again[3].rollout_id not in first and again[3].action is Action.START
     assert again[3].rollout_id != delivered
     assert book.stats.reused == 2
@@ -92,10 +94,12 @@ def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
     row = {"_rowidx": 5, "_ng_rollout_id": "rD", "_ng_attempt_index": 3}
     (claim,) = book.claim([row], stream=1, now=0.0)
     assert (claim.rowidx, claim.rollout_id, claim.attempt_index) == (5, "rD", 3)
+    assert claim.previous_attempt == 2            # try 3 implies a try 2: settle it first
     book.settle("rD", ok=False, attempt_index=4, now=0.0)
     book.release(1)
     (claim,) = book.claim([{**row, "_ng_attempt_index": 0}], stream=2, now=0.0)
     assert claim.action is Action.START and claim.attempt_index == 5
+    assert claim.previous_attempt == 4
 
 
 @pytest.mark.parametrize("bad", [

@@ -123,12 +123,15 @@ class Action(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What to do for one row of a stream."""
+    """What to do for one row of a stream. A START names the first fresh try and, for a rollout
+    that had tries before, the last of them (``previous_attempt``): the rollout retires that one
+    first and adopts it if it had finished after all."""
 
     rowidx: int
     rollout_id: str
     action: Action
     attempt_index: int = 0
+    previous_attempt: int | None = None
 
 
 @dataclass(slots=True)
@@ -139,6 +142,7 @@ class _Entry:
     next_attempt: int
     touched: float
     claimed_by: int | None = None
+    last_attempt: int | None = None
 
 
 @dataclass(slots=True)
@@ -203,10 +207,13 @@ class RolloutBook:
                 claims.append(Claim(rowidx, entry.rollout_id, Action.REUSE, entry.next_attempt))
             else:
                 start = max(entry.next_attempt, attempt or 0)
+                previous = entry.last_attempt
+                if previous is None and start > 0:
+                    previous = start - 1         # RL names a later try: an earlier one existed
                 entry.state = EntryState.RUNNING
                 entry.next_attempt = start
                 self.stats.started += 1
-                claims.append(Claim(rowidx, entry.rollout_id, Action.START, start))
+                claims.append(Claim(rowidx, entry.rollout_id, Action.START, start, previous))
         return claims
 
     def _claim_explicit(self, rid: str, attempt: int | None, now: float) -> _Entry:
@@ -242,6 +249,7 @@ class RolloutBook:
             return
         entry.state = EntryState.FINISHED if ok else EntryState.FAILED
         if attempt_index is not None:
+            entry.last_attempt = attempt_index
             entry.next_attempt = max(entry.next_attempt, attempt_index + 1)
         entry.touched = now
 
