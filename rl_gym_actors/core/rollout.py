@@ -351,6 +351,11 @@ class RolloutMachine:
     def done(self) -> bool:
         return self.phase is Phase.DONE
 
+    @property
+    def reply(self) -> Any:
+        """The reply in hand for the current try (from /run or its replay), if any."""
+        return self._reply
+
     def attempt_state(self, attempt_index: int) -> AttemptState | None:
         """The last state this machine reported for one of its attempts."""
         return self._reported.get(attempt_index)

@@ -1,0 +1,89 @@
+"""A rollout actor's outbox of attempt reports to the ledger: batched, ordered, flushable."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from rl_gym_actors.core.events import AttemptReport
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[list[AttemptReport]], Awaitable[object]]
+
+MAX_PENDING = 1_000_000      # past this (a ledger gone for good) the oldest reports are dropped
+
+
+class ReportOutbox:
+    """Sends reports in batches of up to ``batch_size``, or ``interval_s`` after the first one
+    waiting, whichever comes first. One batch is in flight at a time, so batches leave in order;
+    :meth:`flush` returns once everything added before it has been delivered."""
+
+    def __init__(self, send: Send, *, batch_size: int, interval_s: float) -> None:
+        self._send = send
+        self._batch_size = batch_size
+        self._interval_s = interval_s
+        self._pending: list[AttemptReport] = []
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.Task | None = None
+        self._failing = False
+        self.sent = 0
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def add(self, report: AttemptReport) -> None:
+        self._pending.append(report)
+        if len(self._pending) > MAX_PENDING:
+            del self._pending[0]
+            self.dropped += 1
+        if len(self._pending) >= self._batch_size:
+            self._schedule(0.0)
+        elif self._timer is None:
+            self._schedule(self._interval_s)
+
+    def _schedule(self, delay: float) -> None:
+        if self._timer is not None and not self._timer.done():
+            if delay > 0:
+                return
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().create_task(self._flush_later(delay))
+
+    async def _flush_later(self, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self._timer = None
+        try:
+            await self.flush()
+        except Exception:            # already logged; the reports stay queued for the next flush
+            pass
+
+    async def flush(self) -> int:
+        """Deliver every report queued so far; how many this call delivered."""
+        delivered = 0
+        async with self._lock:
+            while self._pending:
+                batch = self._pending[:self._batch_size]
+                try:
+                    await self._send(batch)
+                except Exception as exc:
+                    if not self._failing:
+                        logger.warning("reports to the ledger failed (%d queued): %r",
+                                       len(self._pending), exc)
+                    self._failing = True
+                    if self._pending and self._timer is None:
+                        self._schedule(max(self._interval_s, 0.5))
+                    raise
+                self._failing = False
+                del self._pending[:len(batch)]
+                delivered += len(batch)
+                self.sent += len(batch)
+        return delivered
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

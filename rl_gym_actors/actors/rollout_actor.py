@@ -1,0 +1,403 @@
+"""The rollout actor: a thin async shell that performs what core/rollout.py decides.
+
+One actor is created once by the warm pool and kept; it owns up to ``rollouts_per_actor``
+rollouts at a time, one :class:`~rl_gym_actors.core.rollout.RolloutMachine` each, with one
+:class:`~rl_gym_actors.gym.client.GymClient` per endpoint shared by its rollouts. Every attempt
+transition goes to the ledger as an :class:`~rl_gym_actors.core.events.AttemptReport`, batched.
+
+One writer per rollout: only the rollout's own driver coroutine feeds its machine. ``abandon``
+and ``adopt`` (from the orchestrator and the ledger) only queue a signal and wake the driver,
+which feeds it between awaits; when the machine answers a signal with a new call, the call in
+flight is obsolete and is cancelled (only a ``/run`` or a wait ever is: a retire, replay, receipt
+fetch or ACK in flight always completes).
+
+:class:`RolloutWorker` is the plain async class (tests drive it in-process);
+:class:`RolloutActor` is the same as a Ray actor whose reports go to the ledger actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from pydantic import BaseModel, ConfigDict
+
+from rl_gym_actors.actors.reports import ReportOutbox, Send
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.core import rollout as core
+from rl_gym_actors.core.events import AttemptState
+from rl_gym_actors.errors import ConfigError, PoolClosed
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.outcome import Outcome
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "rl_gym_actors"
+DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by this much
+FINISHED_MEMORY = 10_000     # finished rollouts remembered for adopt() and late abandons
+
+
+class RolloutActorSnapshot(BaseModel):
+    """A rollout actor's counters: rollouts in flight, tries, seals, adoptions and the rest."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    slots: int
+    in_flight: int
+    started: int = 0
+    sealed: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    tries: int = 0
+    seals: int = 0
+    adoptions: int = 0
+    acks: int = 0
+    cancelled: int = 0
+    handed_over: int = 0
+    adopt_requests: int = 0
+    reports_sent: int = 0
+    reports_pending: int = 0
+
+
+@dataclass
+class _Live:
+    """One rollout in flight: its machine and the signals waiting for its driver."""
+
+    machine: core.RolloutMachine
+    row: dict[str, Any]
+    client: GymClient
+    first_attempt: int
+    signals: list[core.Event] = field(default_factory=list)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    watchers: list[asyncio.Future] = field(default_factory=list)
+
+    def signal(self, event: core.Event) -> None:
+        self.signals.append(event)
+        self.wakeup.set()
+
+    def changed(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.watchers.append(fut)
+        return fut
+
+    def notify(self) -> None:
+        watchers, self.watchers = self.watchers, []
+        for fut in watchers:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class RolloutWorker:
+    """Runs rollouts on Gym endpoints; see the module docstring. ``send`` delivers a batch of
+    reports to the ledger (None: reports are kept and counted, never sent)."""
+
+    def __init__(self, name: str, endpoints: Sequence[GymEndpoint], policy: TryPolicy | None = None,
+                 ledger_config: LedgerConfig | None = None, *, send: Send | None = None,
+                 slots: int = 1, clock: Callable[[], float] = time.time) -> None:
+        if not endpoints:
+            raise ConfigError("a rollout actor needs at least one Gym endpoint")
+        self.name = name
+        self._endpoints = list(endpoints)
+        self._policy = policy or TryPolicy()
+        cfg = ledger_config or LedgerConfig()
+        self._outbox = ReportOutbox(send or _discard, batch_size=cfg.batch_size,
+                                    interval_s=cfg.flush_interval_s)
+        self._slots = slots
+        self._clock = clock
+        self._clients: dict[int, GymClient] = {}
+        # retire needs a checkpoint id; one that no checkpoint ever uses is never spent
+        self._retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
+        self._live: dict[str, _Live] = {}
+        self._finished: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()
+        self._early_abandons: set[tuple[str, int]] = set()
+        self._counts: dict[str, int] = dict.fromkeys(
+            ("started", "sealed", "failed", "abandoned", "tries", "seals", "adoptions", "acks",
+             "cancelled", "handed_over", "adopt_requests"), 0)
+        self._closed = False
+
+    # ------------------------------------------------------------ the API
+
+    async def ping(self) -> str:
+        return self.name
+
+    async def run_rollout(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int = 0,
+                          first_attempt: int = 0, previous_attempt: int | None = None) -> Outcome:
+        """Play one rollout to its end: sealed, failed or abandoned. Never raises for what Gym
+        does; raises ConfigError for bad arguments and PoolClosed after ``close``."""
+        if self._closed:
+            raise PoolClosed(f"rollout actor {self.name} is closed")
+        row = self._check(row, rollout_id, endpoint_index, first_attempt, previous_attempt)
+        if len(self._live) >= self._slots:
+            # the pool leases slots; only a batch cancelled mid-flight can overlap briefly
+            logger.warning("rollout actor %s runs %d rollouts, more than its %d slots",
+                           self.name, len(self._live) + 1, self._slots)
+        endpoint = self._endpoints[endpoint_index]
+        machine = core.RolloutMachine(rollout_id, endpoint=endpoint.url, owner=self.name,
+                                      policy=self._policy, first_attempt=first_attempt,
+                                      previous_attempt=previous_attempt)
+        live = _Live(machine, row, self._client(endpoint_index), first_attempt)
+        self._early_abandons = {k for k in self._early_abandons
+                                if k[0] != rollout_id or k[1] > first_attempt}
+        if (rollout_id, first_attempt) in self._early_abandons:
+            self._early_abandons.discard((rollout_id, first_attempt))
+            live.signal(core.AbandonRequested(self._clock()))
+        self._live[rollout_id] = live
+        self._counts["started"] += 1
+        try:
+            return await self._drive(live)
+        finally:
+            del self._live[rollout_id]
+            live.notify()
+            m = machine
+            done_att = m.sealed.attempt_index if m.sealed else m.attempt
+            self._finished[rollout_id] = (first_attempt, done_att, m.sealed is not None and m.acked)
+            self._finished.move_to_end(rollout_id)
+            while len(self._finished) > FINISHED_MEMORY:
+                self._finished.popitem(last=False)
+
+    async def abandon(self, rollout_id: str, first_attempt: int | None = None) -> None:
+        """Stop a rollout: it retires its current try, adopts it if it had finished, and ends
+        ``abandoned`` (keeping an adopted result). With ``first_attempt`` it names one dispatch,
+        and an abandon that arrives before that dispatch's ``run_rollout`` still applies."""
+        live = self._live.get(rollout_id)
+        if live is not None and first_attempt in (None, live.first_attempt):
+            live.signal(core.AbandonRequested(self._clock()))
+            return
+        if first_attempt is None:
+            return
+        finished = self._finished.get(rollout_id)
+        if finished is not None and finished[0] >= first_attempt:
+            return                      # that dispatch already ended
+        self._early_abandons.add((rollout_id, first_attempt))
+
+    async def adopt(self, rollout_id: str, attempt_index: int) -> bool:
+        """The ledger's request: make sure this attempt ends sealed and ACKed. True when this
+        actor owns it as its rollout's current try and it now is; False when it does not own it
+        (or it ended otherwise: cancelled, or handed over to the ledger)."""
+        self._counts["adopt_requests"] += 1
+        live = self._live.get(rollout_id)
+        if live is None:
+            finished = self._finished.get(rollout_id)
+            return finished is not None and finished[1] == attempt_index and finished[2]
+        m = live.machine
+        if m.attempt != attempt_index:
+            return False
+        live.signal(core.AdoptRequested(self._clock()))
+        deadline = self._clock() + 2 * self._policy.control_s + self._policy.receipt_s
+        while not self._attempt_settled(m, attempt_index):
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.changed(), left)
+        return self._sealed_and_acked(m, attempt_index)
+
+    async def flush_reports(self) -> int:
+        """Send every pending report now; returns once the ledger has them."""
+        return await self._outbox.flush()
+
+    async def snapshot(self) -> RolloutActorSnapshot:
+        return RolloutActorSnapshot(name=self.name, slots=self._slots, in_flight=len(self._live),
+                                    reports_sent=self._outbox.sent,
+                                    reports_pending=self._outbox.pending, **self._counts)
+
+    async def close(self) -> None:
+        """Close the Gym clients; later rollouts raise PoolClosed."""
+        self._closed = True
+        self._outbox.close()
+        for client in self._clients.values():
+            await client.close()
+
+    # ------------------------------------------------------------ driving one machine
+
+    async def _drive(self, live: _Live) -> Outcome:
+        m = live.machine
+        self._feed_signals(live)         # an abandon may have come first
+        effects = m.handle(core.Start(self._clock()))
+        while True:
+            step = self._apply(live, effects)
+            if m.done:
+                assert m.outcome is not None
+                return m.outcome
+            # a signal that arrived meanwhile may make this step obsolete before it starts
+            effects = self._feed_signals(live) or await self._perform(live, step)
+
+    def _apply(self, live: _Live, effects: list[core.Effect]) -> core.Effect | None:
+        """Do the immediate effects; return the one that waits (None once finished)."""
+        step = None
+        for e in effects:
+            if isinstance(e, core.Report):
+                self._outbox.add(e.report)
+                self._count_report(e.report.state, e.report.released, e.report.adopted)
+            elif isinstance(e, core.Seal):
+                self._counts["seals"] += 1
+                self._counts["adoptions"] += int(e.adopted)
+            elif isinstance(e, core.Finish):
+                self._counts[e.outcome.status] += 1
+                self._counts["tries"] += e.outcome.tries
+                self._counts["handed_over"] += len(live.machine.handed_over)
+            else:
+                step = e
+        live.notify()
+        return step
+
+    def _count_report(self, state: AttemptState, released: bool, adopted: bool) -> None:
+        if released:
+            return
+        if state is AttemptState.ACKED:
+            self._counts["acks"] += 1
+        elif state is AttemptState.TOMBSTONED:
+            self._counts["cancelled"] += 1
+
+    def _feed_signals(self, live: _Live) -> list[core.Effect]:
+        """Feed queued signals until one makes the machine act; return what it wants done."""
+        live.wakeup.clear()
+        while live.signals and not live.machine.done:
+            effects = live.machine.handle(live.signals.pop(0))
+            if effects:
+                return effects
+        return []
+
+    async def _perform(self, live: _Live, step: core.Effect) -> list[core.Effect]:
+        io = asyncio.ensure_future(self._call(live, step))
+        try:
+            while True:
+                waiter = asyncio.ensure_future(live.wakeup.wait())
+                done, _ = await asyncio.wait({io, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if io in done:
+                    waiter.cancel()
+                    return live.machine.handle(io.result())
+                effects = self._feed_signals(live)
+                if effects:
+                    # the machine moved on (abandon or adopt while /run waits): drop the call
+                    io.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await io
+                    return effects
+        finally:
+            if not io.done():
+                io.cancel()
+
+    async def _call(self, live: _Live, step: core.Effect) -> core.Event:
+        """Perform one waiting effect; every outcome comes back as an event, never raised."""
+        m, client, clock = live.machine, live.client, self._clock
+        rid = m.rollout_id
+        if isinstance(step, core.WaitUntil):
+            await asyncio.sleep(max(0.0, step.wake_ts - clock()))
+            return core.Woke(clock())
+        if isinstance(step, core.StartRun):
+            try:
+                async with asyncio.timeout(max(0.0, step.deadline_ts - clock())):
+                    result = await client.run(live.row, rollout_id=rid,
+                                              attempt_index=step.attempt_index,
+                                              deadline_ts=step.deadline_ts)
+            except TimeoutError:         # ours or the client's DeadlineExceeded
+                return core.DeadlineFired(clock())
+            except Exception as exc:
+                failure = core.classify(exc)
+                if failure is core.Failure.ADMISSION_CLOSED:
+                    return core.RunAdmissionClosed(clock())
+                return core.RunFailed(clock(), failure, _detail(exc))
+            return core.RunReplied(clock(), result.reply, result.replayed)
+        deadline = step.deadline_ts
+        try:
+            async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
+                if isinstance(step, core.FetchReceipt):
+                    answer = await client.receipt(rid, step.attempt_index, deadline_ts=deadline)
+                    receipt = answer.completion_receipt
+                    problem = core.receipt_problem(receipt, rid, step.attempt_index, m.reply)
+                    if problem:
+                        return core.DigestMismatch(clock(), receipt, problem)
+                    return core.ReceiptReceived(clock(), receipt)
+                if isinstance(step, core.Retire):
+                    answer = await client.retire(rid, step.attempt_index,
+                                                 checkpoint_id=self._retire_id,
+                                                 deadline_ts=deadline)
+                    return core.RetireAnswered(clock(), answer)
+                if isinstance(step, core.Replay):
+                    result = await client.replay(live.row, rollout_id=rid,
+                                                 attempt_index=step.attempt_index,
+                                                 deadline_ts=deadline)
+                    return core.ReplayReplied(clock(), result.reply)
+                if isinstance(step, core.Ack):
+                    await client.acknowledge(step.receipt, deadline_ts=deadline)
+                    return core.AckAnswered(clock())
+        except Exception as exc:
+            failed = _FAILED_EVENT[type(step)]
+            return failed(clock(), core.classify(exc), _detail(exc))
+        raise AssertionError(f"not a waiting effect: {step!r}")
+
+    # ------------------------------------------------------------ helpers
+
+    def _client(self, endpoint_index: int) -> GymClient:
+        client = self._clients.get(endpoint_index)
+        if client is None:
+            client = self._clients[endpoint_index] = GymClient(self._endpoints[endpoint_index])
+        return client
+
+    def _check(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int,
+               first_attempt: int, previous_attempt: int | None) -> dict[str, Any]:
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"row must be a mapping, got {type(row).__name__}")
+        if not is_valid_rollout_id(rollout_id):
+            raise ConfigError(f"invalid rollout_id {rollout_id!r}")
+        if not (isinstance(endpoint_index, int) and 0 <= endpoint_index < len(self._endpoints)):
+            raise ConfigError(f"endpoint_index {endpoint_index!r} out of range")
+        for value in (first_attempt, previous_attempt):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise ConfigError(f"attempt indices must be ints >= 0, got {value!r}")
+        if rollout_id in self._live:
+            raise ConfigError(f"rollout {rollout_id} is already in flight on {self.name}")
+        # the client sets the identity fields per try
+        return {k: v for k, v in row.items() if k not in (ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+
+    @staticmethod
+    def _attempt_settled(m: core.RolloutMachine, att: int) -> bool:
+        state = m.attempt_state(att)
+        return (m.done or m.attempt != att or att in m.handed_over
+                or state in (AttemptState.ACKED, AttemptState.TOMBSTONED))
+
+    @staticmethod
+    def _sealed_and_acked(m: core.RolloutMachine, att: int) -> bool:
+        return (m.sealed is not None and m.sealed.attempt_index == att
+                and m.attempt_state(att) is AttemptState.ACKED and att not in m.handed_over)
+
+
+_FAILED_EVENT: dict[type, Callable[..., core.Event]] = {
+    core.FetchReceipt: core.ReceiptFailed, core.Retire: core.RetireFailed,
+    core.Replay: core.ReplayFailed, core.Ack: core.AckFailed,
+}
+
+
+def _detail(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+async def _discard(batch: list) -> None:
+    return None
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class RolloutActor(RolloutWorker):
+    """A :class:`RolloutWorker` as a Ray actor, reporting to the ledger actor ``ledger``.
+    Created by the warm pool as ``RolloutActor.options(name=..., ...).remote(name, endpoints,
+    policy, ledger, ledger_config, slots)``."""
+
+    def __init__(self, name: str, endpoints: Sequence[GymEndpoint], policy: TryPolicy,
+                 ledger: Any, ledger_config: LedgerConfig | None = None, slots: int = 1) -> None:
+        async def send(batch: list) -> None:
+            await ledger.report.remote(batch)
+
+        super().__init__(name, endpoints, policy, ledger_config,
+                         send=send if ledger is not None else None, slots=slots)

@@ -1,0 +1,87 @@
+"""Starting a local Ray the way this library needs it: loopback only, no usage stats, quiet.
+
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take 127.0.0.1 as the node address instead of
+the machine's outward address. Ray reads it when it is first imported, so this module sets it at
+import time, before anything here imports Ray; :func:`ensure_ray` also passes the address
+explicitly, for a process that imported Ray earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+
+from rl_gym_actors.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+for _name, _value in RAY_ENV.items():
+    os.environ.setdefault(_name, _value)
+
+logger = logging.getLogger(__name__)
+
+
+def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bool:
+    """Connect to Ray: the running session if there is one, else ``address`` when given, else a
+    new local Ray bound to loopback. True when this call started or connected it."""
+    if address is None:                  # a local Ray: loopback, whatever was set before
+        os.environ.update(RAY_ENV)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    started = time.perf_counter()
+    # Ray's own loggers at ERROR: its start-up notices are not ours to print
+    kwargs: dict = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                        configure_logging=True)
+    if address is not None:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, _node_ip_address=LOOPBACK, **kwargs)
+    logger.info("ray started in %.2fs", time.perf_counter() - started)
+    return True
+
+
+class LoopThread:
+    """A private asyncio loop on a daemon thread, so that sync methods work from a plain driver
+    script and async ones from any other loop (a Ray actor's, a notebook's)."""
+
+    def __init__(self, name: str = "rlga-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self.loop.is_closed()
+
+    def run(self, coro):
+        """Run ``coro`` on the loop and wait for its result (from any thread but the loop's)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise ConfigError("a sync method was called on the orchestrator's own loop; "
+                              "await its async variant instead")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def arun(self, coro):
+        """Await ``coro`` on the loop from another loop (or directly when already on it)."""
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()

@@ -1,0 +1,500 @@
+"""The trainer-facing API: run batches of rows as rollouts, gate checkpoints, read snapshots.
+
+::
+
+    with Orchestrator([GymEndpoint(url=url, token=token)],
+                      policy=TryPolicy(rollout_s=60.0, receipt_s=5.0, max_tries=3),
+                      pool_size=64, rollouts_per_actor=1) as orch:
+        outcomes = orch.run_batch(rows)                 # one outcome per row, in row order
+        report = orch.checkpoint("step-10", "/ckpt/step-10", deadline_s=120.0)
+        print(orch.snapshot())
+
+The orchestrator creates the ledger actor and a warm pool of rollout actors. Its own async core
+runs on a private event loop thread, so the sync methods work from a plain driver script and the
+async variants (``arun_batch``, ``acheckpoint``, ``asnapshot``, ``aclose``, ``astart``) from any
+other loop, such as a Ray actor's.
+
+Rows: a row's rollout id is ``_ng_rollout_id`` (minted when absent), ``_ng_attempt_index`` the
+first try's index, ``_ng_endpoint`` (an endpoint name or URL) its endpoint; without it the
+endpoint is chosen by a stable hash of the rollout id. The orchestrator remembers per rollout id
+the last attempt it dispatched: a rollout that comes again after ending without a sealed result
+starts by retiring that attempt (and adopts it if it finished), and one whose abandoned rollout
+had adopted a result gets that result back without running the agent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_gym_actors.actors.runtime import LoopThread, ensure_ray  # sets Ray's env before Ray loads
+
+import ray  # noqa: E402  (after runtime: loopback environment first)
+from pydantic import BaseModel, ConfigDict
+from ray.exceptions import RayActorError, RayTaskError
+
+from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
+from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
+from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActorSnapshot
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
+from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
+from rl_gym_actors.errors import ConfigError, PoolClosed, RlGymError
+from rl_gym_actors.outcome import Outcome
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT_FIELD = "_ng_endpoint"
+MEMORY = 1_000_000            # rollout ids remembered (oldest forgotten first)
+CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own deadline
+
+
+class ActorTotals(BaseModel):
+    """The rollout actors' counters, summed over the pool."""
+
+    model_config = ConfigDict(frozen=True)
+
+    actors: int = 0
+    in_flight: int = 0
+    started: int = 0
+    sealed: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    tries: int = 0
+    seals: int = 0
+    adoptions: int = 0
+    acks: int = 0
+    cancelled: int = 0
+    handed_over: int = 0
+    adopt_requests: int = 0
+
+
+class OrchestratorSnapshot(BaseModel):
+    """The ledger's snapshot, the pool's, and the rollout actors' counters."""
+
+    model_config = ConfigDict(frozen=True)
+
+    orchestrator_id: str
+    ledger: LedgerSnapshot
+    pool: PoolSnapshot
+    actors: ActorTotals
+    known_rollouts: int
+    in_flight: int
+
+
+@dataclass
+class _Known:
+    """What the orchestrator remembers of one rollout id."""
+
+    last_attempt: int
+    settled: bool                     # the last attempt ended sealed (nothing to retire)
+    next_fresh: int                   # the lowest attempt index never used
+    kept: Outcome | None = None       # a result adopted while abandoned, not yet handed out
+
+
+@dataclass
+class _Item:
+    index: int
+    rollout_id: str
+    row: dict[str, Any]
+    endpoint_index: int
+    first_attempt: int
+    previous_attempt: int | None
+    ready: Outcome | None = None      # answered without dispatch
+
+
+@dataclass
+class _Batch:
+    fail_fast: bool
+    stopped: bool = False
+    waiting: dict[str, asyncio.Task] = field(default_factory=dict)
+    running: dict[str, tuple[Any, int]] = field(default_factory=dict)   # rid -> (handle, first)
+    abandons: list[Any] = field(default_factory=list)
+
+
+class Orchestrator:
+    """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
+    :meth:`astart` (or the first call). ``progress`` draws a progress bar for each batch: None
+    (the default) only on a terminal, False never."""
+
+    def __init__(self, endpoints: Sequence[GymEndpoint | str], *, policy: TryPolicy | None = None,
+                 pool_size: int | None = None, rollouts_per_actor: int | None = None,
+                 pool: PoolConfig | None = None, ledger: LedgerConfig | None = None,
+                 orchestrator_id: str | None = None, progress: bool | None = None,
+                 start: bool = True) -> None:
+        self.endpoints = _endpoints(endpoints)
+        self.policy = policy or TryPolicy()
+        updates = {k: v for k, v in (("size", pool_size), ("rollouts_per_actor",
+                                                             rollouts_per_actor)) if v is not None}
+        try:
+            self.pool_config = (pool or PoolConfig()).model_copy(update=updates)
+            PoolConfig.model_validate(self.pool_config.model_dump())
+        except ValueError as exc:
+            raise ConfigError(f"invalid pool settings: {exc}") from exc
+        self.ledger_config = ledger or LedgerConfig()
+        self.id = orchestrator_id or uuid.uuid4().hex[:12]
+        if not is_valid_rollout_id(self.id):
+            raise ConfigError(f"invalid orchestrator id {self.id!r}")
+        self.progress = progress
+        self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
+        self._ledger: Any = None
+        self._pool: WarmPool | None = None
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._in_flight: set[str] = set()
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------ life cycle
+
+    def start(self) -> "Orchestrator":
+        """Start Ray if needed, the ledger actor and the warm pool (idempotent)."""
+        self._check_open()
+        ensure_ray()                     # on the caller's thread: Ray wants the main thread
+        self._loop.run(self._start())
+        return self
+
+    async def astart(self) -> "Orchestrator":
+        self._check_open()
+        if not ray.is_initialized():
+            await asyncio.to_thread(ensure_ray)
+        await self._loop.arun(self._start())
+        return self
+
+    def _sync(self, coro):
+        if not self._loop.alive:
+            coro.close()
+            raise PoolClosed(f"orchestrator {self.id} is closed")
+        return self._loop.run(coro)
+
+    async def _async(self, coro):
+        if not self._loop.alive:
+            coro.close()
+            raise PoolClosed(f"orchestrator {self.id} is closed")
+        return await self._loop.arun(coro)
+
+    def _check_open(self) -> None:
+        if self._closed or not self._loop.alive:
+            raise PoolClosed(f"orchestrator {self.id} is closed")
+
+    def close(self) -> None:
+        """Kill the rollout actors and the ledger actor; later calls raise PoolClosed."""
+        if self._loop.alive:
+            self._loop.run(self._close())
+            self._loop.stop()
+
+    async def aclose(self) -> None:
+        if self._loop.alive:
+            await self._loop.arun(self._close())
+            self._loop.stop()
+
+    def __enter__(self) -> "Orchestrator":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Orchestrator":
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------ the API
+
+    def run_batch(self, rows: Sequence[Mapping[str, Any]], *,
+                  fail_fast: bool = False) -> list[Outcome]:
+        """One outcome per row, in row order. A failed row never raises; with ``fail_fast`` the
+        first failed row stops the batch: every other rollout is abandoned (it retires its try,
+        and a try that had finished is adopted and its result kept). Raises ConfigError for
+        malformed rows before anything is dispatched."""
+        return self._sync(self._run_batch(rows, fail_fast))
+
+    async def arun_batch(self, rows: Sequence[Mapping[str, Any]], *,
+                         fail_fast: bool = False) -> list[Outcome]:
+        return await self._async(self._run_batch(rows, fail_fast))
+
+    def checkpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
+                   deadline_s: float = 120.0) -> CheckpointReport:
+        """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
+        forgotten runs, prepares, commits, resumes). Raises CheckpointFailed when an endpoint is
+        not ready by the deadline."""
+        return self._sync(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s))
+
+    async def acheckpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
+                          deadline_s: float = 120.0) -> CheckpointReport:
+        return await self._async(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s))
+
+    def snapshot(self) -> OrchestratorSnapshot:
+        return self._sync(self._snapshot())
+
+    async def asnapshot(self) -> OrchestratorSnapshot:
+        return await self._async(self._snapshot())
+
+    @property
+    def ledger(self) -> Any:
+        """The ledger actor's handle."""
+        return self._ledger
+
+    # ------------------------------------------------------------ on the private loop
+
+    async def _start(self) -> None:
+        if self._closed:
+            raise PoolClosed(f"orchestrator {self.id} is closed")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._pool is not None:
+                return
+            ensure_ray()
+            ledger = LedgerActor.options(name=ledger_name(self.id), namespace=NAMESPACE,
+                                         num_cpus=0, max_restarts=0).remote(
+                self.endpoints, self.policy, self.ledger_config)
+            try:
+                await ledger.ping.remote()
+                pool = WarmPool(self.id, self.endpoints, self.policy, self.pool_config,
+                                self.ledger_config, ledger)
+                await pool.start()
+            except BaseException:
+                ray.kill(ledger, no_restart=True)
+                raise
+            self._ledger, self._pool = ledger, pool
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            await self._pool.close()
+        if self._ledger is not None:
+            try:
+                await asyncio.wait_for(self._ledger.close.remote(), 2.0)
+            except Exception:            # closing is best effort; the kill below is not
+                pass
+            ray.kill(self._ledger, no_restart=True)
+
+    async def _ready(self) -> WarmPool:
+        if self._pool is None:
+            await self._start()
+        if self._closed or self._pool is None:
+            raise PoolClosed(f"orchestrator {self.id} is closed")
+        return self._pool
+
+    async def _run_batch(self, rows: Sequence[Mapping[str, Any]], fail_fast: bool) -> list[Outcome]:
+        pool = await self._ready()
+        items = self._plan(rows)
+        batch = _Batch(fail_fast)
+        bar = _progress_bar(len(items), self.progress)
+        tasks = []
+        for item in items:
+            task = asyncio.ensure_future(self._row(pool, item, batch, bar))
+            tasks.append(task)
+            if item.ready is None:
+                batch.waiting[item.rollout_id] = task
+        self._in_flight.update(i.rollout_id for i in items if i.ready is None)
+        try:
+            outcomes = await asyncio.gather(*tasks)
+        finally:
+            self._in_flight.difference_update(i.rollout_id for i in items)
+            if bar is not None:
+                bar.close()
+        if batch.abandons:
+            await asyncio.gather(*batch.abandons, return_exceptions=True)
+        return list(outcomes)
+
+    async def _row(self, pool: WarmPool, item: _Item, batch: _Batch, bar: Any) -> Outcome:
+        outcome = item.ready
+        if outcome is None:
+            try:
+                outcome = await self._dispatch(pool, item, batch)
+            except asyncio.CancelledError:
+                if not batch.stopped or item.rollout_id in batch.running:
+                    raise
+                outcome = _not_dispatched(item, self.endpoints)
+        if bar is not None:
+            bar.update(outcome.status, adopted=outcome.adopted)
+        return outcome
+
+    async def _dispatch(self, pool: WarmPool, item: _Item, batch: _Batch) -> Outcome:
+        rid = item.rollout_id
+        async with pool.lease(rid) as slot:
+            batch.waiting.pop(rid, None)
+            if batch.stopped:
+                return _not_dispatched(item, self.endpoints)
+            batch.running[rid] = (slot.handle, item.first_attempt)
+            try:
+                outcome = await slot.handle.run_rollout.remote(
+                    item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt)
+            except asyncio.CancelledError:
+                # the caller gave up on the batch: the rollout retires its try on its own
+                slot.handle.abandon.remote(rid, item.first_attempt)
+                self._remember_lost(item)
+                raise
+            except RayActorError as exc:
+                await pool.actor_failed(slot, exc)
+                self._remember_lost(item)
+                outcome = self._failed(item, f"rollout actor {slot.name} died: "
+                                             f"{type(exc).__name__}")
+            except RayTaskError as exc:
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}")
+            else:
+                self._remember(item, outcome)
+            finally:
+                batch.running.pop(rid, None)
+        if outcome.status == "failed" and batch.fail_fast and not batch.stopped:
+            self._stop(batch)
+        return outcome
+
+    def _stop(self, batch: _Batch) -> None:
+        """fail_fast: abandon what runs; rows still waiting for a slot are never dispatched."""
+        batch.stopped = True
+        for task in list(batch.waiting.values()):
+            task.cancel()
+        for rid, (handle, first) in list(batch.running.items()):
+            batch.abandons.append(handle.abandon.remote(rid, first))
+
+    async def _checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
+                          deadline_s: float) -> CheckpointReport:
+        await self._ready()
+        if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
+                or not deadline_s > 0):
+            raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
+        ref = self._ledger.checkpoint.remote(checkpoint_id, str(checkpoint_dir), float(deadline_s))
+        try:
+            return await asyncio.wait_for(ref, deadline_s + CALL_SLACK_S)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, RlGymError):
+                raise exc.cause from None
+            raise
+
+    async def _snapshot(self) -> OrchestratorSnapshot:
+        pool = await self._ready()
+        ledger = await self._ledger.snapshot.remote()
+        refs = [h.snapshot.remote() for h in pool.handles.values()]
+        answers = await asyncio.gather(*refs, return_exceptions=True)
+        sums: dict[str, int] = {}
+        alive = [a for a in answers if isinstance(a, RolloutActorSnapshot)]
+        for snap in alive:
+            for name in ActorTotals.model_fields:
+                if name != "actors":
+                    sums[name] = sums.get(name, 0) + getattr(snap, name)
+        return OrchestratorSnapshot(orchestrator_id=self.id, ledger=ledger, pool=pool.snapshot(),
+                                    actors=ActorTotals(actors=len(alive), **sums),
+                                    known_rollouts=len(self._known),
+                                    in_flight=len(self._in_flight))
+
+    # ------------------------------------------------------------ rows and memory
+
+    def _plan(self, rows: Sequence[Mapping[str, Any]]) -> list[_Item]:
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+            raise ConfigError("rows must be a sequence of row mappings")
+        items: list[_Item] = []
+        seen: set[str] = set()
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise ConfigError(f"row {i} must be a mapping, got {type(row).__name__}")
+            rid = row.get(ROLLOUT_ID_FIELD)
+            if rid is None:
+                rid = f"rlga-{uuid.uuid4().hex}"
+            if not is_valid_rollout_id(rid):
+                raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
+            if rid in seen or rid in self._in_flight:
+                raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
+            seen.add(rid)
+            first = row.get(ATTEMPT_INDEX_FIELD, 0)
+            if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+                raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int >= 0")
+            gym_row = {k: v for k, v in row.items()
+                       if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+            item = _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), first, None)
+            known = self._known.get(rid)
+            if known is not None:
+                if known.kept is not None:
+                    item.ready = known.kept.model_copy(update=dict(
+                        status="sealed", adopted=True, reason=None, tries=0))
+                    known.kept = None
+                item.first_attempt = max(first, known.next_fresh)
+                if not known.settled:
+                    item.previous_attempt = known.last_attempt
+            items.append(item)
+        return items
+
+    def _endpoint_for(self, row: Mapping[str, Any], rid: str, i: int) -> int:
+        wanted = row.get(ENDPOINT_FIELD)
+        if wanted is not None:
+            for n, ep in enumerate(self.endpoints):
+                if wanted in (ep.name, ep.url) or (isinstance(wanted, str)
+                                                   and wanted.rstrip("/") == ep.url):
+                    return n
+            raise ConfigError(f"row {i}: {ENDPOINT_FIELD} {wanted!r} names no endpoint")
+        digest = hashlib.sha256(rid.encode("utf-8")).digest()
+        return int.from_bytes(digest[:8], "big") % len(self.endpoints)
+
+    def _remember(self, item: _Item, outcome: Outcome) -> None:
+        att = outcome.attempt_index
+        if att is None:
+            return                       # never dispatched a try: what we knew still holds
+        if outcome.has_result:
+            kept = outcome if outcome.status == "abandoned" else None
+            self._put(item.rollout_id, _Known(att, True, att + 1, kept))
+        else:
+            self._put(item.rollout_id, _Known(att, False, max(att + 1, item.first_attempt)))
+
+    def _remember_lost(self, item: _Item) -> None:
+        """The actor died mid-rollout: its tries lie within [first, first + max_tries)."""
+        first = item.first_attempt
+        self._put(item.rollout_id, _Known(first, False, first + self.policy.max_tries))
+
+    def _put(self, rid: str, known: _Known) -> None:
+        self._known[rid] = known
+        self._known.move_to_end(rid)
+        while len(self._known) > MEMORY:
+            self._known.popitem(last=False)
+
+    def _failed(self, item: _Item, reason: str) -> Outcome:
+        return Outcome(rollout_id=item.rollout_id, status="failed",
+                       attempt_index=item.first_attempt,
+                       endpoint=self.endpoints[item.endpoint_index].url, reason=reason)
+
+
+def _not_dispatched(item: _Item, endpoints: list[GymEndpoint]) -> Outcome:
+    return Outcome(rollout_id=item.rollout_id, status="abandoned",
+                   endpoint=endpoints[item.endpoint_index].url,
+                   reason="batch stopped (fail_fast) before this row was dispatched")
+
+
+def _endpoints(endpoints: Sequence[GymEndpoint | str]) -> list[GymEndpoint]:
+    if isinstance(endpoints, (str, GymEndpoint)) or not endpoints:
+        raise ConfigError("endpoints must be a non-empty list of GymEndpoint (or URLs)")
+    out: list[GymEndpoint] = []
+    for ep in endpoints:
+        if isinstance(ep, str):
+            try:
+                ep = GymEndpoint(url=ep)
+            except ValueError as exc:
+                raise ConfigError(f"invalid endpoint {ep!r}: {exc}") from exc
+        if not isinstance(ep, GymEndpoint):
+            raise ConfigError(f"not a GymEndpoint: {ep!r}")
+        out.append(ep)
+    if len({ep.url for ep in out}) != len(out):
+        raise ConfigError("endpoint URLs must be unique")
+    return out
+
+
+def _progress_bar(total: int, enabled: bool | None) -> Any:
+    if enabled is False or total == 0:
+        return None
+    try:
+        from rl_gym_actors.progress import ProgressBar
+    except ImportError:
+        return None
+    bar = ProgressBar(total, enabled=enabled)
+    return bar if bar.enabled else None
