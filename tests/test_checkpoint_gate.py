@@ -112,6 +112,10 @@ async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(ra
         # admission reopened: a new run goes through
         await client.run({"reward": 1.0}, rollout_id="after-orphans", attempt_index=0,
                          deadline_ts=soon())
+        # a spent checkpoint id fails by name, and admission stays open
+        with pytest.raises(CheckpointFailed, match="stale_checkpoint"):
+            await ledger.checkpoint.remote("ckpt-orphans", str(tmp_path / "again"), 5.0)
+        assert (await client.status("probe-orphans-2", deadline_ts=soon())).state == "accepting"
         ray_session.kill(ledger)
 
 
