@@ -208,14 +208,26 @@ def _read_proc(pid: int) -> tuple[int, int, float, int, str] | None:
 
 
 def _kind(pid: int, root: int, cmd: str) -> str:
+    """``driver``, ``worker:<ActorClass>`` (``worker:IDLE`` for a pooled idle worker),
+    ``ray_system`` (raylet, GCS, agents) or ``other`` (e.g. a Gym server subprocess)."""
     if pid == root:
         return "driver"
-    if cmd.startswith("ray::") or "default_worker.py" in cmd:
-        return "worker"
+    if cmd.startswith("ray::"):
+        name = (cmd[5:].split() or [""])[0].split(".")[0]
+        if name in ("RuntimeEnvAgent", "DashboardAgent"):
+            return "ray_system"
+        return "worker:" + (name or "?")
+    if "default_worker.py" in cmd:
+        return "worker:?"
     if any(s in cmd for s in ("raylet", "gcs_server", "ray/dashboard", "log_monitor",
                               "runtime_env", "monitor.py", "ray/_private", "ray/autoscaler")):
         return "ray_system"
     return "other"
+
+
+def group(kind: str) -> str:
+    """The coarse group of a kind: driver, worker, ray_system or other."""
+    return kind.split(":", 1)[0]
 
 
 def process_tree(root: int | None = None, exclude: Iterable[int] = ()) -> list[ProcInfo]:
@@ -263,7 +275,9 @@ def process_cpu_s(pid: int) -> float | None:
 
 @dataclass
 class ProcStats:
-    """What a :class:`ProcessSampler` saw between start and stop. Memory in MB, CPU in seconds."""
+    """What a :class:`ProcessSampler` saw between start and stop. Memory in MB, CPU in seconds.
+    ``by_kind``: per kind (see :func:`process_tree`) the peak RSS, the peak process count and
+    the CPU seconds used in the window."""
 
     wall_s: float = 0.0
     peak_rss_total_mb: float = 0.0
@@ -276,16 +290,32 @@ class ProcStats:
     cpu_s_workers: float = 0.0
     cpu_s_ray_system: float = 0.0
     samples: int = 0
+    by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, float]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+    def kind(self, prefix: str) -> dict[str, float]:
+        """Totals over the kinds starting with ``prefix`` (peaks summed: an upper bound)."""
+        out = {"peak_rss_mb": 0.0, "peak_count": 0, "cpu_s": 0.0}
+        for k, v in self.by_kind.items():
+            if k.startswith(prefix):
+                for name in out:
+                    out[name] += v.get(name, 0.0)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in asdict(self).items():
+            out[k] = round(v, 3) if isinstance(v, float) else v
+        out["by_kind"] = {k: {n: round(x, 3) for n, x in v.items()}
+                          for k, v in self.by_kind.items()}
+        return out
 
 
 class ProcessSampler:
     """Samples RSS and CPU of this process tree in a thread (``with`` block or start/stop).
 
     CPU is the growth of user+system time of every process seen (processes that start during
-    the window count from zero; one that ends loses at most one interval).
+    the window count from zero; one that ends loses at most one interval). ``exclude`` drops
+    whole subtrees (e.g. Gym server subprocesses, measured on their own).
     """
 
     def __init__(self, *, exclude: Iterable[int] = (), interval_s: float = 0.25) -> None:
@@ -302,18 +332,26 @@ class ProcessSampler:
         procs = process_tree(exclude=self.exclude)
         s = self.stats
         s.samples += 1
-        by_kind = {"driver": 0, "worker": 0, "ray_system": 0, "other": 0}
-        workers = 0
+        rss: dict[str, int] = {}
+        count: dict[str, int] = {}
         for p in procs:
-            by_kind[p.kind] += p.rss
-            workers += p.kind == "worker"
+            rss[p.kind] = rss.get(p.kind, 0) + p.rss
+            count[p.kind] = count.get(p.kind, 0) + 1
             self._last[(p.pid, p.start)] = (p.kind, p.cpu_s)
-        total = sum(by_kind.values())
-        s.peak_rss_total_mb = max(s.peak_rss_total_mb, total / MB)
-        s.peak_rss_driver_mb = max(s.peak_rss_driver_mb, by_kind["driver"] / MB)
-        s.peak_rss_workers_mb = max(s.peak_rss_workers_mb, by_kind["worker"] / MB)
-        s.peak_rss_ray_system_mb = max(s.peak_rss_ray_system_mb, by_kind["ray_system"] / MB)
-        s.peak_workers = max(s.peak_workers, workers)
+        for kind in rss:
+            k = s.by_kind.setdefault(kind, {"peak_rss_mb": 0.0, "peak_count": 0, "cpu_s": 0.0})
+            k["peak_rss_mb"] = max(k["peak_rss_mb"], rss[kind] / MB)
+            k["peak_count"] = max(k["peak_count"], count[kind])
+
+        def grp(name: str) -> int:
+            return sum(v for k, v in rss.items() if group(k) == name)
+
+        s.peak_rss_total_mb = max(s.peak_rss_total_mb, sum(rss.values()) / MB)
+        s.peak_rss_driver_mb = max(s.peak_rss_driver_mb, grp("driver") / MB)
+        s.peak_rss_workers_mb = max(s.peak_rss_workers_mb, grp("worker") / MB)
+        s.peak_rss_ray_system_mb = max(s.peak_rss_ray_system_mb, grp("ray_system") / MB)
+        s.peak_workers = max(s.peak_workers, sum(v for k, v in count.items()
+                                                 if group(k) == "worker"))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -335,11 +373,18 @@ class ProcessSampler:
         self._sample()
         s = self.stats
         s.wall_s = time.perf_counter() - self._t0
-        cpu = {"driver": 0.0, "worker": 0.0, "ray_system": 0.0, "other": 0.0}
+        cpu: dict[str, float] = {}
         for key, (kind, last) in self._last.items():
-            cpu[kind] += max(0.0, last - self._base.get(key, 0.0))
-        s.cpu_s_driver, s.cpu_s_workers = cpu["driver"], cpu["worker"]
-        s.cpu_s_ray_system = cpu["ray_system"]
+            cpu[kind] = cpu.get(kind, 0.0) + max(0.0, last - self._base.get(key, 0.0))
+        for kind, v in cpu.items():
+            s.by_kind.setdefault(kind, {"peak_rss_mb": 0.0, "peak_count": 0, "cpu_s": 0.0})
+            s.by_kind[kind]["cpu_s"] = v
+
+        def grp(name: str) -> float:
+            return sum(v for k, v in cpu.items() if group(k) == name)
+
+        s.cpu_s_driver, s.cpu_s_workers = grp("driver"), grp("worker")
+        s.cpu_s_ray_system = grp("ray_system")
         s.cpu_s_total = sum(cpu.values())
         return s
 
@@ -350,9 +395,10 @@ class ProcessSampler:
         self.stop()
 
 
-def worker_memory(*, exclude: Iterable[int] = ()) -> dict[str, float]:
-    """Current RSS and PSS (MB) of the Ray worker processes below this process."""
-    workers = [p for p in process_tree(exclude=exclude) if p.kind == "worker"]
+def worker_memory(kind: str = "worker", *, exclude: Iterable[int] = ()) -> dict[str, float]:
+    """Current RSS and PSS (MB) of the processes below this one whose kind starts with
+    ``kind`` (default: every Ray worker; ``worker:RolloutActor`` for the rollout actors)."""
+    workers = [p for p in process_tree(exclude=exclude) if p.kind.startswith(kind)]
     pss = [pss_bytes(p.pid) for p in workers]
     return {"workers": len(workers),
             "rss_mb": round(sum(p.rss for p in workers) / MB, 1),
@@ -371,7 +417,7 @@ def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
 
     if not ray.is_initialized():
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, namespace="rl_gym_actors", **kwargs)
+                 configure_logging=False, _node_ip_address="127.0.0.1", **kwargs)
     return ray
 
 
