@@ -432,7 +432,9 @@ class Participant:
         recorded = self.core.begin_prepare(checkpoint_id)
         if recorded is not None:
             return recorded
-        while not self.core.settled:
+        fence = self.core.fence
+        # wait while runs go on and this checkpoint is still the active one (a resume ends it)
+        while not self.core.settled and fence.active == checkpoint_id and not self._closing:
             left = deadline_ts - self._clock()
             if left <= 0:
                 break
@@ -441,6 +443,8 @@ class Participant:
                 await asyncio.wait_for(changed.wait(), timeout=left)
             except TimeoutError:
                 break
+        if self._closing:
+            raise ServerUnavailable("the server is shutting down", status=503)
         report = self.core.finish_prepare(checkpoint_id)
         await self._durable()
         return report
@@ -485,6 +489,7 @@ class Participant:
         """Cancel every agent call; their callers get 503. Their keys stay running in the store,
         so a restart on the same state dir tombstones them."""
         self._closing = True
+        self._notify()                   # waiting prepares end now
         tasks = list(self._runs.values())
         for task in tasks:
             task.cancel()

@@ -1,0 +1,61 @@
+"""Fault injection (rl_gym_actors.testing.faults), honoured only with --allow-faults."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import aiohttp
+import pytest
+
+from rl_gym_actors.protocol import canonical_json
+from rl_gym_actors.testing.faults import with_faults, without_faults
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+ROW = {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}
+
+
+async def test_drop_reply_loses_the_first_answer_only_and_keeps_the_reply(wire, agent, gym):
+    with pytest.raises(aiohttp.ClientError):      # the body is cut short and the connection closed
+        await wire.request("POST", "/run", body=with_faults(ROW, drop_reply=True), token=None)
+    assert gym.faults.dropped == 1
+    receipt = (await wire.receipt("rD")).json["completion_receipt"]   # stored, durably
+    replay = await wire.run("rD", reward=0.5, drop_reply=True)
+    assert replay.status == 200 and replay.replayed
+    assert replay.json == {"id": "r-rD", "reward": 0.5}
+    assert receipt["result_digest"] == hashlib.sha256(canonical_json(replay.json)).hexdigest()
+    assert (await wire.run("rD")).status == 200                       # every replay answers
+    assert agent.calls[("rD", 0)] == 1
+
+
+async def test_receipt_delay_holds_the_first_receipt_request_only(wire, gym):
+    await wire.run("rD", receipt_delay_s=1.0)
+    with pytest.raises(asyncio.TimeoutError):
+        await wire.receipt("rD", timeout_s=0.2)
+    assert gym.faults.delayed == 1
+    got = await wire.receipt("rD", timeout_s=0.5)                     # later ones at once
+    assert got.status == 200 and got.json["state"] == "completed"
+
+
+async def test_a_fault_plan_comes_from_the_first_row_of_a_key(wire, gym):
+    await wire.run("rD")
+    replay = await wire.run("rD", drop_reply=True, receipt_delay_s=5)
+    assert replay.status == 200
+    assert (await wire.receipt("rD", timeout_s=2)).status == 200
+    assert (gym.faults.dropped, gym.faults.delayed) == (0, 0)
+
+
+async def test_without_allow_faults_the_fields_are_ordinary_row_data(agent, wire_for):
+    with GymServerThread(agent=agent, allow_faults=False) as server:
+        w = wire_for(server)
+        got = await w.run("rD", reward=0.5, drop_reply=True, receipt_delay_s=30)
+        assert got.status == 200 and got.json == {"id": "r-rD", "reward": 0.5}
+        assert (await w.receipt("rD", timeout_s=2)).status == 200
+        assert "faults" not in (await w.capabilities()).json["features"]
+
+
+def test_row_helpers():
+    row = with_faults(ROW, drop_reply=True, receipt_delay_s=2)
+    assert row == {**ROW, "drop_reply": True, "receipt_delay_s": 2.0}
+    assert without_faults(row) == ROW
+    assert with_faults(ROW) == ROW
