@@ -66,9 +66,10 @@ def server():
 
 
 @pytest.fixture
-def own_server():
-    """A server for one test (checkpoint phases are server-wide)."""
-    with GymServerThread(token="test-token", allow_faults=True) as srv:
+def own_server(agent):
+    """A server for one test (checkpoint phases are server-wide), its agent counting starts
+    (``agent`` comes from tests/gym/conftest.py)."""
+    with GymServerThread(agent=agent, token="test-token", allow_faults=True) as srv:
         yield srv
 
 
@@ -305,7 +306,7 @@ async def test_a_checkpoint_cycle_and_its_fences(own_server, tmp_path: Path):
 
 
 @aio
-async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_server):
+async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_server, agent):
     async with GymClient(own_server.endpoint) as c:
         # 1. a run finishes on Gym, but its reply never reaches us
         await expect(ConnectionLost, c.run(with_faults({"reward": 0.5}, drop_reply=True),
@@ -329,5 +330,6 @@ async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_serv
         report = await c.prepare("cp-seed", deadline_ts=soon())
         assert report.ready_to_commit and report.completed_unacknowledged == 0
         # 6. ran once
+        assert agent.calls[("rD", 0)] == 1
         assert listed[0].completion_receipt.execution_generation == 1
         await c.resume("cp-seed", deadline_ts=soon())
