@@ -321,9 +321,9 @@ class GymClient:
                                           body=request.model_dump(mode="json"),
                                           deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
         sent = {r.key for r in request.executions}
-        if {r.key for r in answer.acknowledged} != sent:
-            raise ProtocolViolation(f"{self.endpoint.label}: acknowledge-completed answered other "
-                                    f"keys than it was sent")
+        if not {r.key for r in answer.acknowledged} <= sent:
+            raise ProtocolViolation(f"{self.endpoint.label}: acknowledge-completed answered keys "
+                                    f"it was not sent")
         return answer
 
     async def retire(self, rollout_id: str, attempt_index: int, *, checkpoint_id: str,
@@ -480,9 +480,9 @@ class GymClient:
             raise DeadlineExceeded(f"{method} {path}: no answer within {left:.3f}s",
                                    url=url) from exc
         except (aiohttp.ClientError, OSError, RuntimeError) as exc:
-            if self._closed:
-                raise PoolClosed(f"GymClient for {self.endpoint.label} closed during "
-                                 f"{method} {path}") from exc
+            if self._closed or session.closed:
+                raise PoolClosed(f"the session of the GymClient for {self.endpoint.label} is "
+                                 f"closed ({method} {path})") from exc
             if isinstance(exc, RuntimeError):
                 raise
             raise ConnectionLost(f"{method} {path}: {type(exc).__name__}: {exc}", url=url) from exc

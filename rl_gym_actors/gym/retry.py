@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TypeVar
 
@@ -167,9 +167,15 @@ async def call_with_retry(attempt: Callable[[float], Awaitable[T]], *, kind: Ret
                           rand: Callable[[], float] = random.random, what: str = "") -> T:
     """Run ``attempt(try_deadline_ts)`` until it succeeds, a try fails with an error that
     ``kind`` does not retry, the attempts bound is reached, or the deadline would be passed.
-    The last error is raised as is."""
+    The last error is raised as is.
+
+    Only an ``IDEMPOTENT`` call bounds its tries by ``try_timeout_s``: a single try has all the
+    time there is, and a ``TRANSPORT`` call (prepare) is one that the server itself lets wait
+    until the deadline."""
     if kind is RetryOn.NOTHING or policy.attempts == 1:
-        return await attempt(policy.try_deadline(deadline_ts, clock()))
+        return await attempt(deadline_ts)
+    if kind is RetryOn.TRANSPORT:
+        policy = replace(policy, try_timeout_s=None)
 
     def retry_on(exc: BaseException) -> bool:
         return is_retryable(exc, kind, deadline_ts=deadline_ts, now=clock())

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -258,6 +259,17 @@ async def test_one_try_timeout_is_retried_but_the_calls_deadline_is_final():
 
 
 @aio
+@pytest.mark.parametrize("kind", [RetryOn.NOTHING, RetryOn.TRANSPORT])
+async def test_only_idempotent_tries_are_cut_by_the_try_timeout(kind):
+    fake = FakeTime()
+    attempt, seen = scripted(["ok"], fake)
+    policy = RetryPolicy(attempts=5, try_timeout_s=0.5)
+    await call_with_retry(attempt, kind=kind, policy=policy, deadline_ts=T0 + 30, clock=fake,
+                          sleep=fake.sleep)
+    assert seen == [T0 + 30]      # a run, or a prepare the server lets wait, gets it all
+
+
+@aio
 async def test_cancellation_is_never_retried():
     fake = FakeTime()
     attempt, seen = scripted([asyncio.CancelledError()], fake)
@@ -381,3 +393,16 @@ async def test_a_client_stays_on_the_loop_that_first_used_it(refused_endpoint):
         thread.start()
         thread.join(10)
         assert len(caught) == 1 and isinstance(caught[0], ConfigError)
+
+
+@aio
+async def test_a_passed_in_session_is_used_and_left_open(refused_endpoint):
+    session = aiohttp.ClientSession()
+    async with GymClient(refused_endpoint, session=session, retry=RetryPolicy(attempts=1)) as c:
+        with pytest.raises(ConnectionLost):
+            await c.status("c1", deadline_ts=time.time() + 5)
+    assert not session.closed
+    await session.close()
+    async with GymClient(refused_endpoint, session=session) as c:
+        with pytest.raises(PoolClosed):
+            await c.status("c1", deadline_ts=time.time() + 5)
