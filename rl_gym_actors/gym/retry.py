@@ -66,9 +66,10 @@ class RetryPolicy:
     ``try_timeout_s`` bounds one try (``None``: a try may use all the time left), so that a hung
     try still leaves time for another. ``reply_margin_s`` is kept off the deadline sent in a
     request body, so that a server that waits until that deadline still has time to answer.
+    The defaults ride out about 1.5 s of refused connections (a quick restart), deadline allowing.
     """
 
-    attempts: int = 4
+    attempts: int = 6
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 1.0
     backoff_multiplier: float = 2.0
