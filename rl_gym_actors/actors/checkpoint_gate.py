@@ -208,9 +208,12 @@ class CheckpointGate:
                 tally.error = "deadline passed"
                 return
             if not retire_unknown and status.state != "accepting":
-                # admission is closed now: whatever an owner dispatched before, it reports now
+                # admission is closed now: whatever an owner dispatched before, it reports now;
+                # a status read after that flush is at least as new as the book
                 await self._flush_since(self._clock(), deadline_ts)
                 retire_unknown = True
+                status = (await client.status(cid, deadline_ts=deadline_ts)).model_copy(
+                    update={"ready_to_commit": False})
             elif self._clock() - round_start < 0.05:
                 # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
                 await asyncio.sleep(min(0.01 * 2 ** min(tally.rounds, 6),
@@ -299,10 +302,17 @@ class CheckpointGate:
             except (GymError, GymUnavailable) as exc:
                 logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
                 continue
+            # an owner may have ACKed one since the status was read (Gym answers idempotently):
+            # count only what the book did not already know as ACKed
+            fresh = sum(1 for r in acked if not self._acked_in_book(r.rollout_id, r.attempt_index))
             for r in acked:
                 self._book.record(url, r.rollout_id, r.attempt_index, AttemptState.ACKED)
-            tally.orphans_acked += len(acked)
-            self._book.orphans_acked += len(acked)
+            tally.orphans_acked += fresh
+            self._book.orphans_acked += fresh
+
+    def _acked_in_book(self, rollout_id: str, attempt_index: int) -> bool:
+        view = self._book.attempt(rollout_id, attempt_index)
+        return view is not None and view.state is AttemptState.ACKED
 
     @staticmethod
     async def _ack_one(client: GymClient, receipt: CompletionReceipt, deadline_ts: float,
