@@ -126,14 +126,27 @@ def test_abandon_running_cancelled_ends_abandoned_without_next_try():
     assert not any(isinstance(e, r.StartRun) for e in fx)
 
 
-def test_abandon_while_sealing_finishes_the_ack_first():
+def test_abandon_while_acking_finishes_the_ack_first():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    assert m.handle(r.AbandonRequested(1.1)) == []
     m.handle(r.ReceiptReceived(1.2, receipt()))
+    assert m.handle(r.AbandonRequested(1.1)) == []
     out = last(m.handle(r.AckAnswered(1.3))).outcome
     assert out.status == "abandoned" and out.has_result and not out.adopted
+
+
+def test_abandon_while_fetching_the_receipt_retires_then_adopts():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.RunReplied(1.0, REPLY))
+    m.handle(r.ReceiptFailed(1.1, r.Failure.LOST))          # asleep before the next fetch
+    assert last(m.handle(r.AbandonRequested(1.2))) == r.Retire(0, 5.2)
+    m.handle(r.RetireAnswered(1.3, COMPLETED))
+    m.handle(r.ReplayReplied(1.4, REPLY))
+    m.handle(r.ReceiptReceived(1.5, receipt()))
+    out = last(m.handle(r.AckAnswered(1.6))).outcome
+    assert out.status == "abandoned" and out.adopted and out.reward == 0.5
 
 
 def test_abandon_before_start_never_dispatches():

@@ -147,7 +147,7 @@ class RolloutWorker:
                                       previous_attempt=previous_attempt)
         live = _Live(machine, row, self._client(endpoint_index), first_attempt)
         self._early_abandons = {k for k in self._early_abandons
-                                if k[0] != rollout_id or k[1] > first_attempt}
+                                if k[0] != rollout_id or k[1] >= first_attempt}
         if (rollout_id, first_attempt) in self._early_abandons:
             self._early_abandons.discard((rollout_id, first_attempt))
             live.signal(core.AbandonRequested(self._clock()))

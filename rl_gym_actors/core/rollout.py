@@ -437,6 +437,8 @@ class RolloutMachine:
                       next_try=True)
 
     def _on_abandon_running(self, ev: AbandonRequested, out: list[Effect]) -> None:
+        # also while waiting on admission or on a receipt: the call or wait in flight is dropped
+        self._asleep = False
         self.abandoning = True
         self._give_up(ev.now, out, reason="abandoned", next_try=False)
 
@@ -567,10 +569,6 @@ class RolloutMachine:
     def _on_abandon_flag(self, ev: AbandonRequested, out: list[Effect]) -> None:
         self.abandoning = True
 
-    def _on_abandon_admission(self, ev: AbandonRequested, out: list[Effect]) -> None:
-        self._asleep = False
-        self._on_abandon_running(ev, out)
-
     def _on_noop(self, ev: Event, out: list[Effect]) -> None:
         pass
 
@@ -670,7 +668,7 @@ def _table() -> dict[tuple[Phase, type], str]:
         (Phase.RUNNING, AbandonRequested): "_on_abandon_running",
         (Phase.RUNNING, AdoptRequested): "_on_adopt_running",
         (Phase.ADMISSION_WAIT, Woke): "_on_admission_woke",
-        (Phase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_admission",
+        (Phase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_running",
         (Phase.ADMISSION_WAIT, AdoptRequested): "_on_noop",
         (Phase.RECEIPT, ReceiptReceived): "_on_receipt",
         (Phase.RECEIPT, ReceiptFailed): "_on_receipt_failed",
@@ -691,6 +689,8 @@ def _table() -> dict[tuple[Phase, type], str]:
         t[(phase, Woke)] = "_on_woke"
         t[(phase, AbandonRequested)] = "_on_abandon_flag"
         t[(phase, AdoptRequested)] = "_on_noop"
+    # the reply is in hand but its receipt is not: give up at once (retire, then adopt)
+    t[(Phase.RECEIPT, AbandonRequested)] = "_on_abandon_running"
     return t
 
 

@@ -1,0 +1,55 @@
+"""A simulated agent that counts what it does, for in-process Gym servers in tests and demos.
+
+Give it to :class:`~rl_gym_actors.testing.gym_process.GymServerThread` as ``agent=``. It replies
+like the simulated agent (``{"id": "r-<rollout_id>", "reward": <reward>}``), reads ``sleep_s``,
+``reward`` and ``fail``, and also ``first_try_sleep_s``: extra sleep for attempt 0 only (a first
+try that outlives its deadline while the next one is quick). It counts agent starts per key and
+records which runs were cancelled (retired) and which finished, so a test can say "the agent ran
+this key once" or "the retired try was really cancelled".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from typing import Any
+
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
+
+Key = tuple[str, int]
+
+
+class CountingAgent:
+    """An async agent callable; thread-safe to read from the test's thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.starts: Counter[Key] = Counter()
+        self.finished: set[Key] = set()
+        self.cancelled: set[Key] = set()
+
+    def runs_of(self, rollout_id: str) -> int:
+        """How many times the agent started any try of this rollout."""
+        with self._lock:
+            return sum(n for (rid, _), n in self.starts.items() if rid == rollout_id)
+
+    async def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        key = (str(row.get(ROLLOUT_ID_FIELD)), int(row.get(ATTEMPT_INDEX_FIELD, 0)))
+        with self._lock:
+            self.starts[key] += 1
+        sleep_s = float(row.get("sleep_s", 0))
+        if key[1] == 0:
+            sleep_s += float(row.get("first_try_sleep_s", 0))
+        try:
+            if sleep_s > 0:
+                await asyncio.sleep(sleep_s)
+        except asyncio.CancelledError:
+            with self._lock:
+                self.cancelled.add(key)
+            raise
+        if row.get("fail"):
+            raise RuntimeError("the row asked the agent to fail")
+        with self._lock:
+            self.finished.add(key)
+        return {"id": f"r-{key[0]}", "reward": row.get("reward", 1.0)}
