@@ -294,3 +294,27 @@ async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, t
             assert status.state == "accepting" and status.completed_unacknowledged == 0
             assert status.running == 0
             ray_session.kill(ledger)
+
+
+async def test_a_live_owners_try_dispatched_after_the_flush_is_not_retired(ray_session,
+                                                                        tmp_path):
+    """The gate's first flush misses a try its owner dispatched just after it: the try is
+    unknown to the book while admission is open, so the gate closes admission, flushes again,
+    learns the owner holds it, and waits for it instead of retiring it."""
+    async with gym() as (endpoint, client):
+        ledger = make_ledger(ray_session, [endpoint])
+        owner = make_owner(ray_session, "rlga-rollout-gate-late-0", endpoint, ledger)
+        await owner.start.remote({"sleep_s": 1.0, "reward": 0.5}, "rLate", 0, report_late=True)
+
+        async def running() -> bool:
+            return await receipt_state(client, "rLate") == "running"
+        await eventually(running)
+
+        report = await ledger.checkpoint.remote("ckpt-late-report", str(tmp_path), 20.0)
+
+        assert report.retired == 0 and report.orphans_acked == 0
+        assert report.endpoints[0].prepare_rounds >= 2
+        assert (await owner.states.remote())["rLate/0"] == "acked"
+        assert await receipt_state(client, "rLate") == "acknowledged"
+        ray_session.kill(owner)
+        ray_session.kill(ledger)

@@ -52,14 +52,15 @@ class OwnerAnswer(str, Enum):
 class Owners(Protocol):
     """The rollout actors, as the gate sees them."""
 
-    def live(self) -> frozenset[str]: ...
+    def live(self) -> frozenset[str]:
+        """Names of the registered owners not known to be dead."""
 
     async def adopt(self, owner: str, rollout_id: str, attempt_index: int,
-                    deadline_ts: float) -> OwnerAnswer: ...
+                    deadline_ts: float) -> OwnerAnswer:
+        """Ask ``owner`` to make sure the attempt ends sealed and ACKed."""
 
     async def flush(self, deadline_ts: float) -> int:
         """Ask every live owner to send its pending reports; how many confirmed in time."""
-        ...
 
 
 @dataclass
@@ -76,7 +77,8 @@ class _Tally:
     commit: CommitAnswer | None = None
     resumed: bool = False
 
-    def blockers(self) -> dict[str, Any]:
+    def failure(self) -> dict[str, Any]:
+        """What :class:`CheckpointFailed` says about this endpoint."""
         out: dict[str, Any] = {"endpoint": self.endpoint.url, "prepare_rounds": self.rounds}
         if self.last is not None:
             out["summary"] = self.last.summary()
@@ -138,7 +140,7 @@ class CheckpointGate:
                 f"endpoint(s): " + "; ".join(f"{t.endpoint.label}: {t.error or 'not ready'}"
                                              for t in bad),
                 checkpoint_id=checkpoint_id,
-                blockers={t.endpoint.label: t.blockers() for t in bad})
+                blockers={t.endpoint.label: t.failure() for t in bad})
         return CheckpointReport(
             checkpoint_id=checkpoint_id, checkpoint_dir=checkpoint_dir, owners_flushed=flushed,
             elapsed_s=self._clock() - start,
@@ -190,6 +192,7 @@ class CheckpointGate:
             try:
                 status = await client.prepare(cid, deadline_ts=min(deadline_ts,
                                                                    self._clock() + slice_s))
+                closed = True                   # Gym answered a prepare: admission is closed
             except DeadlineExceeded:
                 # the slice ran out before the answer came back: not ready yet, look again
                 if self._clock() >= deadline_ts:
@@ -197,6 +200,7 @@ class CheckpointGate:
                     return
                 status = (await client.status(cid, deadline_ts=deadline_ts)).model_copy(
                     update={"ready_to_commit": False})
+                closed = status.state != "accepting"
             tally.last = status
             if status.ready_to_commit:
                 tally.ready = True
@@ -207,7 +211,7 @@ class CheckpointGate:
             if self._clock() >= deadline_ts:
                 tally.error = "deadline passed"
                 return
-            if not retire_unknown and status.state != "accepting":
+            if not retire_unknown and closed:
                 # admission is closed now: whatever an owner dispatched before, it reports now;
                 # a status read after that flush is at least as new as the book
                 await self._flush_since(self._clock(), deadline_ts)

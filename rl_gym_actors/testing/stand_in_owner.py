@@ -38,23 +38,27 @@ class StandInOwner:
         self._ledger = ledger
         self._control_s = control_s
         self._pending: list[AttemptReport] = []
+        self._late: list[AttemptReport] = []     # held back from the next flush (see start)
         self._current: dict[str, int] = {}
         self._rows: dict[tuple[str, int], dict[str, Any]] = {}
         self._states: dict[tuple[str, int], AttemptState] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def _report(self, rid: str, att: int, state: AttemptState, *, adopted: bool = False) -> None:
+    def _report(self, rid: str, att: int, state: AttemptState, *, adopted: bool = False,
+                late: bool = False) -> None:
         self._states[(rid, att)] = state
-        self._pending.append(AttemptReport(rid, att, self._endpoint.url, state, self._name,
-                                           adopted=adopted))
+        (self._late if late else self._pending).append(
+            AttemptReport(rid, att, self._endpoint.url, state, self._name, adopted=adopted))
 
     async def start(self, row: dict[str, Any], rollout_id: str, attempt_index: int = 0,
-                    run_s: float = 60.0) -> None:
+                    run_s: float = 60.0, report_late: bool = False) -> None:
         """Make ``attempt_index`` the rollout's current try and dispatch its ``/run`` in the
-        background; returns once it is dispatched (reported RUNNING, not yet flushed)."""
+        background; returns once it is dispatched (reported RUNNING, not yet flushed).
+        ``report_late``: the next flush misses the RUNNING report and the one after sends it,
+        as if the try were dispatched just after a flush."""
         self._current[rollout_id] = attempt_index
         self._rows[(rollout_id, attempt_index)] = row
-        self._report(rollout_id, attempt_index, AttemptState.RUNNING)
+        self._report(rollout_id, attempt_index, AttemptState.RUNNING, late=report_late)
         task = asyncio.ensure_future(self._run(row, rollout_id, attempt_index, run_s))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -98,7 +102,7 @@ class StandInOwner:
         return True
 
     async def flush_reports(self) -> int:
-        batch, self._pending = self._pending, []
+        batch, self._pending, self._late = self._pending, self._late, []
         if batch:
             await self._ledger.report.remote(batch)
         return len(batch)
