@@ -119,6 +119,7 @@ async def test_a_run_cancelled_by_retire_is_a_lost_reply_that_retire_resolves(cl
 
 
 @aio
+@pytest.mark.slow
 async def test_idempotent_calls_retry_across_a_server_restart(tmp_path: Path, caplog):
     with GymServerProcess(token="test-token", state_dir=tmp_path / "state") as srv:
         policy = RetryPolicy(attempts=200, backoff_initial_s=0.05, backoff_max_s=0.2)
