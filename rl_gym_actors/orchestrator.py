@@ -435,8 +435,7 @@ class Orchestrator:
                                                    and wanted.rstrip("/") == ep.url):
                     return n
             raise ConfigError(f"row {i}: {ENDPOINT_FIELD} {wanted!r} names no endpoint")
-        digest = hashlib.sha256(rid.encode("utf-8")).digest()
-        return int.from_bytes(digest[:8], "big") % len(self.endpoints)
+        return endpoint_index_for(rid, len(self.endpoints))
 
     def _remember(self, item: _Item, outcome: Outcome) -> None:
         att = outcome.attempt_index
@@ -463,6 +462,13 @@ class Orchestrator:
         return Outcome(rollout_id=item.rollout_id, status="failed",
                        attempt_index=item.first_attempt,
                        endpoint=self.endpoints[item.endpoint_index].url, reason=reason)
+
+
+def endpoint_index_for(rollout_id: str, n_endpoints: int) -> int:
+    """The endpoint a rollout goes to when its row names none: a hash of its id that is the
+    same in every process and run (SHA-256, not ``hash()``)."""
+    digest = hashlib.sha256(rollout_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % n_endpoints
 
 
 def _not_dispatched(item: _Item, endpoints: list[GymEndpoint]) -> Outcome:

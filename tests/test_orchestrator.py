@@ -1,0 +1,258 @@
+"""The orchestrator end to end: a real local Ray, two real Gym servers on loopback.
+
+Every loss path of the seed and its repair, with one rollout per actor and with two. After each
+test a checkpoint must commit on both endpoints, Gym must hold nothing running and nothing
+completed-un-ACKed, no rollout may have two sealed results and the agent must not have run a
+sealed key twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
+from rl_gym_actors.errors import ConfigError, NotCompleted, StaleAttempt, UnknownExecution
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.orchestrator import endpoint_index_for
+from rl_gym_actors.testing.counting_agent import CountingAgent
+from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+
+pytestmark = pytest.mark.ray
+
+POLICY = TryPolicy(rollout_s=1.0, receipt_s=1.0, max_tries=3, control_s=5.0,
+                   admission_wait_s=10.0)
+_ckpt = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return CountingAgent()
+
+
+@pytest.fixture(scope="module")
+def gyms(agent):
+    with GymServerThread(agent=agent) as a, GymServerThread(agent=agent) as b:
+        yield a, b
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-per-actor", "2-per-actor"])
+def orch(request, ray_session, gyms):
+    endpoints = [GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab")]
+    with Orchestrator(endpoints, policy=POLICY, pool_size=2,
+                      rollouts_per_actor=request.param, progress=False) as o:
+        o.test_prefix = f"p{request.param}"
+        yield o
+
+
+def rid(orch, name: str) -> str:
+    return f"{orch.test_prefix}-{name}"
+
+
+def gym_call(endpoint: GymEndpoint, method: str, *args, **kwargs):
+    """One client call from sync test code (a fresh client on a fresh loop)."""
+    async def go():
+        async with GymClient(endpoint) as client:
+            return await getattr(client, method)(*args, deadline_ts=time.time() + 10, **kwargs)
+    return asyncio.run(go())
+
+
+def key_state(endpoint: GymEndpoint, rollout_id: str, att: int) -> str:
+    try:
+        return gym_call(endpoint, "receipt", rollout_id, att).state
+    except StaleAttempt:
+        return "tombstoned"
+    except UnknownExecution:
+        return "unknown"
+    except NotCompleted:
+        return "running"
+
+
+def settle_and_check(orch, gyms, agent, tmp_path, *batches):
+    """A checkpoint commits on both endpoints, and nothing is left behind or counted twice."""
+    report = orch.checkpoint(f"ck-{next(_ckpt)}", str(tmp_path / f"ck-{next(_ckpt)}"),
+                             deadline_s=30.0)
+    assert [e.endpoint for e in report.endpoints] == [g.url for g in gyms]
+    assert all(e.commit.manifest_digest for e in report.endpoints)
+    for g in gyms:
+        snap = g.participant.snapshot()
+        assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0, snap
+    sealed: dict[str, int] = {}
+    for outcomes in batches:
+        for o in outcomes:
+            if o.status == "sealed":
+                sealed[o.rollout_id] = sealed.get(o.rollout_id, 0) + 1
+                if o.tries:       # a fresh seal (not a kept result handed out again)
+                    assert agent.starts[(o.rollout_id, o.attempt_index)] == 1
+                    ep = GymEndpoint(url=o.endpoint, token="test-token")
+                    assert key_state(ep, o.rollout_id, o.attempt_index) == "acknowledged"
+    assert all(n == 1 for n in sealed.values()), f"a rollout sealed twice: {sealed}"
+    snap = orch.snapshot()
+    assert snap.ledger.invariant_ok
+    return report
+
+
+def test_reply_lost_after_gym_finished_is_adopted(orch, gyms, agent, tmp_path):
+    rows = [{"_ng_rollout_id": rid(orch, f"drop-{ep}"), "_ng_endpoint": ep, "reward": r,
+             "drop_reply": True} for ep, r in (("a", 0.5), ("b", 0.25))]
+    outs = orch.run_batch(rows)
+    for o, row in zip(outs, rows):
+        assert (o.status, o.attempt_index, o.adopted, o.tries) == ("sealed", 0, True, 1)
+        assert o.reward == row["reward"] and o.receipt.execution_generation == 1
+        assert agent.runs_of(o.rollout_id) == 1
+    assert [o.endpoint for o in outs] == [g.url for g in gyms]
+    settle_and_check(orch, gyms, agent, tmp_path, outs)
+
+
+def test_deadline_while_the_agent_works_cancels_and_runs_the_next_try(orch, gyms, agent,
+                                                                        tmp_path):
+    r = rid(orch, "deadline")
+    (out,) = orch.run_batch([{"_ng_rollout_id": r, "first_try_sleep_s": 30, "reward": 0.5}])
+    assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 1, 2, False)
+    wait_for(lambda: (r, 0) in agent.cancelled, what="the first try to be cancelled")
+    ep = GymEndpoint(url=out.endpoint, token="test-token")
+    assert key_state(ep, r, 0) == "tombstoned"
+    settle_and_check(orch, gyms, agent, tmp_path, [out])
+
+
+def test_receipt_fetch_timing_out_is_adopted(orch, gyms, agent, tmp_path):
+    r = rid(orch, "receipt")
+    (out,) = orch.run_batch([{"_ng_rollout_id": r, "receipt_delay_s": 2.5, "reward": 0.75}])
+    assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 0, 1, True)
+    assert out.reward == 0.75 and agent.runs_of(r) == 1
+    settle_and_check(orch, gyms, agent, tmp_path, [out])
+
+
+def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gyms, agent,
+                                                                         tmp_path):
+    bad, slow = rid(orch, "ff-bad"), rid(orch, "ff-slow")
+    rows = [{"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
+            {"_ng_rollout_id": slow, "sleep_s": 30}]
+    outs = orch.run_batch(rows, fail_fast=True)
+    assert outs[0].status == "failed" and "agent_failed" in outs[0].reason
+    assert (outs[1].status, outs[1].has_result, outs[1].tries) == ("abandoned", False, 1)
+    wait_for(lambda: (slow, 0) in agent.cancelled, what="the running try to be cancelled")
+    # the same rollout again: its unsealed try 0 is settled first, then try 1 runs
+    (again,) = orch.run_batch([{"_ng_rollout_id": slow, "reward": 0.5}])
+    assert (again.status, again.attempt_index, again.adopted) == ("sealed", 1, False)
+    settle_and_check(orch, gyms, agent, tmp_path, outs, [again])
+
+
+def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, agent, tmp_path):
+    bad, done = rid(orch, "ff2-bad"), rid(orch, "ff2-done")
+    rows = [{"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
+            {"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}]
+    outs = orch.run_batch(rows, fail_fast=True)
+    assert outs[0].status == "failed"
+    kept = outs[1]
+    assert kept.status == "abandoned" and kept.has_result and kept.adopted
+    assert (kept.reward, kept.attempt_index) == (0.125, 0)
+    (later,) = orch.run_batch([{"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}])
+    assert (later.status, later.adopted, later.reward, later.attempt_index) == (
+        "sealed", True, 0.125, 0)
+    assert agent.runs_of(done) == 1
+    settle_and_check(orch, gyms, agent, tmp_path, outs, [later])
+
+
+def test_rows_beyond_the_slots_are_not_dispatched_after_fail_fast(orch, gyms, agent, tmp_path):
+    slots = 2 * orch.pool_config.rollouts_per_actor
+    rows = [{"_ng_rollout_id": rid(orch, "ff3-bad"), "fail": True}]
+    rows += [{"_ng_rollout_id": rid(orch, f"ff3-{i}"), "sleep_s": 30} for i in range(slots)]
+    outs = orch.run_batch(rows, fail_fast=True)
+    assert outs[0].status == "failed"
+    assert all(o.status == "abandoned" and not o.has_result for o in outs[1:])
+    never = [o for o in outs[1:] if o.tries == 0]
+    assert never and all(agent.runs_of(o.rollout_id) == 0 for o in never)
+    settle_and_check(orch, gyms, agent, tmp_path, outs)
+
+
+def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(orch, gyms, agent,
+                                                                          tmp_path):
+    import ray
+
+    r = rid(orch, "killed")
+    row = {"_ng_rollout_id": r, "_ng_endpoint": "a", "receipt_delay_s": 30, "reward": 0.5}
+    delayed = gyms[0].faults.delayed
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(orch.run_batch, [row])
+        # Gym finished the try; the actor waits on its receipt, nothing is ACKed yet
+        wait_for(lambda: gyms[0].faults.delayed > delayed, what="the receipt fetch")
+        owner = orch.snapshot().pool.leases[r]
+        ray.kill(ray.get_actor(owner, namespace="rl_gym_actors"), no_restart=True)
+        (out,) = future.result(timeout=30)
+    assert out.status == "failed" and "died" in out.reason
+    assert gyms[0].participant.snapshot()["completed_unacknowledged"] >= 1
+    report = settle_and_check(orch, gyms, agent, tmp_path, [out])
+    assert report.endpoints[0].orphans_acked == 1 and report.endpoints[1].orphans_acked == 0
+    assert agent.runs_of(r) == 1
+    pool = orch.snapshot().pool
+    assert pool.replaced == 1 and owner not in pool.actors
+    # the replacement serves the next batch
+    (next_out,) = orch.run_batch([{"_ng_rollout_id": rid(orch, "after-kill"), "reward": 1.0}])
+    assert next_out.status == "sealed"
+
+
+def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, agent, tmp_path):
+    # replies an earlier trainer process lost: completed on Gym, owned by nobody
+    for g, ep in zip(gyms, "ab"):
+        gym_call(g.endpoint, "run", {"reward": 0.5}, rollout_id=rid(orch, f"lost-{ep}"),
+                 attempt_index=0)
+    rows = [{"_ng_rollout_id": rid(orch, f"two-{ep}"), "_ng_endpoint": ep, "drop_reply": True}
+            for ep in "ab"]
+    outs = orch.run_batch(rows)
+    assert all(o.status == "sealed" and o.adopted for o in outs)
+    report = settle_and_check(orch, gyms, agent, tmp_path, outs)
+    assert [e.orphans_acked for e in report.endpoints] == [1, 1]
+    for g, ep in zip(gyms, "ab"):
+        assert key_state(g.endpoint, rid(orch, f"lost-{ep}"), 0) == "acknowledged"
+
+
+def test_snapshot_shows_the_pool_the_actors_and_the_ledger(orch, gyms):
+    snap = orch.snapshot()
+    assert snap.pool.size == 2 and len(snap.pool.actors) == 2
+    assert all(name.startswith(f"rlga-rollout-{orch.id}-") for name in snap.pool.actors)
+    assert snap.pool.free == 2 * orch.pool_config.rollouts_per_actor and snap.in_flight == 0
+    assert set(snap.ledger.endpoints) == {g.url for g in gyms}
+    assert snap.actors.actors == 2 and snap.actors.seals >= snap.actors.adoptions > 0
+    assert snap.ledger.checkpoints_committed >= 1
+
+
+async def test_async_variants_work_from_another_event_loop(orch):
+    rows = [{"_ng_rollout_id": rid(orch, f"async-{i}"), "reward": float(i)} for i in range(3)]
+    outs = await orch.arun_batch(rows)
+    assert [o.reward for o in outs] == [0.0, 1.0, 2.0]
+    assert all(o.status == "sealed" for o in outs)
+    snap = await orch.asnapshot()
+    assert snap.in_flight == 0
+
+
+def test_bad_rows_raise_config_error_before_dispatch(orch, agent):
+    r = rid(orch, "dup")
+    for rows in ([{"_ng_rollout_id": r}, {"_ng_rollout_id": r}],
+                 [{"_ng_rollout_id": "not valid!"}],
+                 [{"_ng_endpoint": "nowhere"}],
+                 [{"_ng_attempt_index": -1}],
+                 ["not a row"],
+                 {"_ng_rollout_id": "a-mapping-not-a-list"}):
+        with pytest.raises(ConfigError):
+            orch.run_batch(rows)
+    assert agent.runs_of(r) == 0
+    assert orch.run_batch([]) == []
+
+
+def test_minted_ids_are_valid_and_endpoints_follow_a_stable_hash(orch, gyms):
+    outs = orch.run_batch([{"reward": 1.0} for _ in range(4)])
+    assert len({o.rollout_id for o in outs}) == 4
+    assert all(o.status == "sealed" and o.rollout_id.startswith("rlga-") for o in outs)
+    urls = [g.url for g in gyms]
+    assert [o.endpoint for o in outs] == [urls[endpoint_index_for(o.rollout_id, 2)]
+                                          for o in outs]
+    # the same ids again: same endpoints, and each continues after its sealed try
+    again = orch.run_batch([{"_ng_rollout_id": o.rollout_id} for o in outs])
+    assert [o.endpoint for o in again] == [o.endpoint for o in outs]
+    assert all(o.status == "sealed" and o.attempt_index == 1 for o in again)
+    assert endpoint_index_for("some-rollout", 7) == endpoint_index_for("some-rollout", 7)
