@@ -26,6 +26,7 @@ from rl_gym_actors.errors import (AckRejected, AdmissionClosed, AgentFailed, Che
 from rl_gym_actors.gym.client import GymClient, error_for_response
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
+from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
 
@@ -66,16 +67,26 @@ def server():
 
 
 @pytest.fixture
-def own_server(agent):
-    """A server for one test (checkpoint phases are server-wide), its agent counting starts
-    (``agent`` comes from tests/gym/conftest.py)."""
-    with GymServerThread(agent=agent, token="test-token", allow_faults=True) as srv:
+def counting() -> CountingAgent:
+    return CountingAgent()
+
+
+@pytest.fixture
+def own_server(counting):
+    """A server for one test (checkpoint phases are server-wide), its agent counting starts."""
+    with GymServerThread(agent=counting, token="test-token", allow_faults=True) as srv:
         yield srv
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def client(server):
     async with GymClient(server.endpoint) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def own_client(own_server):
+    async with GymClient(own_server.endpoint) as c:
         yield c
 
 
@@ -156,7 +167,8 @@ async def test_a_dropped_reply_is_connection_lost_then_adopted_by_replay(client,
 
 
 @aio
-async def test_a_running_key_duplicate_not_completed_then_retired(client):
+async def test_a_running_key_duplicate_not_completed_then_retired(own_client, counting):
+    client = own_client
     r = rid()
     first = asyncio.create_task(client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0,
                                            deadline_ts=soon(60)))
@@ -180,6 +192,7 @@ async def test_a_running_key_duplicate_not_completed_then_retired(client):
     await expect(StaleAttempt, client.receipt(r, 0, deadline_ts=soon()))
     again = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert (again.retired, again.tombstoned) == (False, True)
+    assert counting.cancelled == {(r, 0)} and counting.starts[(r, 0)] == 1
 
 
 @aio
@@ -306,7 +319,7 @@ async def test_a_checkpoint_cycle_and_its_fences(own_server, tmp_path: Path):
 
 
 @aio
-async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_server, agent):
+async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_server, counting):
     async with GymClient(own_server.endpoint) as c:
         # 1. a run finishes on Gym, but its reply never reaches us
         await expect(ConnectionLost, c.run(with_faults({"reward": 0.5}, drop_reply=True),
@@ -330,6 +343,6 @@ async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_serv
         report = await c.prepare("cp-seed", deadline_ts=soon())
         assert report.ready_to_commit and report.completed_unacknowledged == 0
         # 6. ran once
-        assert agent.calls[("rD", 0)] == 1
+        assert counting.starts[("rD", 0)] == 1
         assert listed[0].completion_receipt.execution_generation == 1
         await c.resume("cp-seed", deadline_ts=soon())
