@@ -381,7 +381,9 @@ _FAILED_EVENT: dict[type, Callable[..., core.Event]] = {
 
 
 def _detail(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+    detail = getattr(exc, "detail", None)           # a Gym error says what happened itself
+    text = detail if isinstance(detail, str) and detail else f"{type(exc).__name__}: {exc}"
+    return text[:500]
 
 
 async def _discard(batch: list) -> None:

@@ -53,3 +53,8 @@ class CountingAgent:
         with self._lock:
             self.finished.add(key)
         return {"id": f"r-{key[0]}", "reward": row.get("reward", 1.0)}
+
+
+# One shared instance, so that a server started as a subprocess can load it by name:
+# ``rl-gym-actors gym serve --agent rl_gym_actors.testing.counting_agent:agent``.
+agent = CountingAgent()
