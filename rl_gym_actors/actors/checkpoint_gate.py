@@ -8,9 +8,10 @@ if not ready, act on its lists again -> ... until ready or the deadline. Then co
 endpoint and resume every endpoint. On failure or deadline: resume every endpoint and raise
 :class:`CheckpointFailed` with the blockers per endpoint.
 
-Attempts the book never heard of are not retired while admission is still open: a live owner may
-have dispatched them after the last flush. The first prepare closes admission; the gate then asks
-every owner to flush again, and from then on an unknown running attempt is truly forgotten.
+Attempts the book never heard of are not retired while admission is still open and some owner is
+alive: that owner may have dispatched them after the last flush. The first prepare closes
+admission; the gate then asks every owner to flush again, and from then on an unknown running
+attempt is truly forgotten.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ class CheckpointGate:
         url = tally.endpoint.url
         status = await client.status(cid, deadline_ts=deadline_ts)
         tally.last = status
-        retire_unknown = False
+        # with no live owner, nobody can have dispatched a try the book has not heard of yet
+        retire_unknown = not self._owners.live()
         while True:
             round_start = self._clock()
             steps = plan_endpoint(status, self._book, url, self._owners.live(),

@@ -23,7 +23,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_gate import CheckpointGate, OwnerAnswer
+from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.events import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
@@ -103,8 +103,9 @@ class LedgerActor:
         self._config = config or LedgerConfig()
         self._book = Book(e.url for e in self._endpoints)
         self._owners = RayOwners()
-        # sessions open lazily inside this actor's event loop
-        self._clients = [GymClient(e) for e in self._endpoints]
+        # sessions open lazily inside this actor's event loop; the control pool is as wide as
+        # the gate's concurrent retire / receipt calls per endpoint
+        self._clients = [GymClient(e, control_limit=CONCURRENCY) for e in self._endpoints]
         self._gate_lock = asyncio.Lock()
 
     async def ping(self) -> str:
