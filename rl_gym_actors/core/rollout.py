@@ -23,15 +23,22 @@ handed over to the ledger (reported ``released``), which settles it at the next 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from rl_gym_actors import errors
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core.events import AttemptReport, AttemptState
+# the machine's vocabulary, also reachable from here: callers use ``rollout.StartRun`` etc.
+from rl_gym_actors.core.rollout_io import (  # noqa: F401
+    BLOCKING, AbandonRequested, Ack, AckAnswered, AckFailed, AdoptRequested, DeadlineFired,
+    DigestMismatch, Effect, Event, Failure, FetchReceipt, Finish, ReceiptFailed, ReceiptReceived,
+    Replay, ReplayFailed, ReplayReplied, Report, Retire, RetireAnswered, RetireFailed,
+    RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, WaitUntil, Woke, classify,
+    receipt_problem)
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
-from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
+from rl_gym_actors.protocol import CompletionReceipt
 
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
@@ -59,247 +66,6 @@ class Phase(str, Enum):
     ACKING = "acking"                  # sealed; ACK in flight
     RELEASING = "releasing"            # ACKing a stored reply that could not be sealed
     DONE = "done"
-
-
-class Failure(str, Enum):
-    """Why a call failed, sorted into what the machine does about it."""
-
-    LOST = "connection_lost"           # refused, reset, plain 5xx, server error
-    DEADLINE = "deadline_exceeded"
-    STALE = "stale_attempt"
-    DUPLICATE = "duplicate_execution"
-    AGENT_FAILED = "agent_failed"
-    ADMISSION_CLOSED = "agent_admission_closed"
-    CONFLICT = "checkpoint_conflict"
-    NOT_COMPLETED = "not_completed"
-    UNKNOWN = "unknown_execution"
-    PROTOCOL = "protocol_violation"
-    REJECTED = "rejected"              # any other refusal: repeating it will not help
-
-    @property
-    def may_pass(self) -> bool:
-        """Whether repeating the same idempotent call later may succeed."""
-        return self in _MAY_PASS
-
-
-_MAY_PASS = {Failure.LOST, Failure.DEADLINE, Failure.ADMISSION_CLOSED, Failure.CONFLICT,
-             Failure.NOT_COMPLETED, Failure.PROTOCOL}
-
-_FAILURE_BY_ERROR: list[tuple[type[BaseException], Failure]] = [
-    (errors.AdmissionClosed, Failure.ADMISSION_CLOSED),
-    (errors.StaleAttempt, Failure.STALE),
-    (errors.DuplicateExecution, Failure.DUPLICATE),
-    (errors.AgentFailed, Failure.AGENT_FAILED),
-    (errors.CheckpointConflict, Failure.CONFLICT),
-    (errors.NotCompleted, Failure.NOT_COMPLETED),
-    (errors.UnknownExecution, Failure.UNKNOWN),
-    (errors.DeadlineExceeded, Failure.DEADLINE),
-    (TimeoutError, Failure.DEADLINE),
-    (errors.GymUnavailable, Failure.LOST),
-    (errors.ProtocolViolation, Failure.PROTOCOL),
-]
-
-
-def classify(exc: BaseException) -> Failure:
-    """The failure kind of an exception raised by a Gym call."""
-    server_error = getattr(errors, "GymServerError", None)
-    if server_error is not None and isinstance(exc, server_error):
-        return Failure.LOST
-    for cls, failure in _FAILURE_BY_ERROR:
-        if isinstance(exc, cls):
-            return failure
-    return Failure.REJECTED
-
-
-def receipt_problem(receipt: CompletionReceipt, rollout_id: str, attempt_index: int,
-                    reply: Any) -> str | None:
-    """Why ``receipt`` does not prove ``reply`` for this key, or None when it does."""
-    if receipt.key != (rollout_id, attempt_index):
-        return f"receipt is for {receipt.key}, not {(rollout_id, attempt_index)}"
-    digest = result_digest(reply)
-    if receipt.result_digest != digest:
-        return f"receipt digest {receipt.result_digest[:12]}... != reply digest {digest[:12]}..."
-    return None
-
-
-# ---------------------------------------------------------------- events (in)
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class RunReplied:
-    now: float
-    reply: Any
-    replayed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RunFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RunAdmissionClosed:
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlineFired:
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptReceived:
-    now: float
-    receipt: CompletionReceipt
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DigestMismatch:
-    now: float
-    receipt: CompletionReceipt
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RetireAnswered:
-    now: float
-    answer: RetireAnswer
-
-
-@dataclass(frozen=True, slots=True)
-class RetireFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayReplied:
-    now: float
-    reply: Any
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AckAnswered:
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class AckFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AbandonRequested:
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptRequested:
-    """The ledger found the current try completed on Gym and wants it sealed and ACKed."""
-
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class Woke:
-    """A ``WaitUntil`` ran out."""
-
-    now: float
-
-
-Event = (Start | RunReplied | RunFailed | RunAdmissionClosed | DeadlineFired | ReceiptReceived
-         | ReceiptFailed | DigestMismatch | RetireAnswered | RetireFailed | ReplayReplied
-         | ReplayFailed | AckAnswered | AckFailed | AbandonRequested | AdoptRequested | Woke)
-
-
-# ---------------------------------------------------------------- effects (out)
-
-@dataclass(frozen=True, slots=True)
-class StartRun:
-    """POST /run for (rollout id, attempt_index); never repeated by the performer."""
-
-    attempt_index: int
-    deadline_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class FetchReceipt:
-    attempt_index: int
-    deadline_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class Retire:
-    attempt_index: int
-    deadline_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class Replay:
-    """POST /run again for a key Gym reported completed: answers with the stored reply."""
-
-    attempt_index: int
-    deadline_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    receipt: CompletionReceipt
-    deadline_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class WaitUntil:
-    """Sleep until ``wake_ts``, then feed ``Woke``."""
-
-    wake_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class Seal:
-    """The rollout's one result. Emitted at most once per rollout."""
-
-    attempt_index: int
-    reply: Any
-    receipt: CompletionReceipt
-    adopted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    report: AttemptReport
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    outcome: Outcome
-
-
-Effect = StartRun | FetchReceipt | Retire | Replay | Ack | WaitUntil | Seal | Report | Finish
-BLOCKING = (StartRun, FetchReceipt, Retire, Replay, Ack, WaitUntil)
 
 
 # ---------------------------------------------------------------- the machine
