@@ -298,7 +298,7 @@ def resolve_token(token: str | None) -> tuple[str, str]:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port); port 0 picks a free one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
