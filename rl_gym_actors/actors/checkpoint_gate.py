@@ -30,8 +30,7 @@ from rl_gym_actors.core.events import AttemptState
 from rl_gym_actors.core.ledger import (Action, Book, CheckpointReport, EndpointCheckpoint, Step,
                                        blockers, orphan_step, plan_endpoint)
 from rl_gym_actors.errors import (AckRejected, CheckpointFailed, DeadlineExceeded, GymError,
-                                  GymUnavailable, NotCompleted, RlGymError, StaleAttempt,
-                                  UnknownExecution)
+                                  GymUnavailable, RlGymError, StaleAttempt)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
 
@@ -244,9 +243,8 @@ class CheckpointGate:
                                                   step.attempt_index, deadline_ts)
             if answer is OwnerAnswer.ADOPTED:
                 tally.adopted += 1
-                self._book.adoptions += 1
-                self._book.record(tally.endpoint.url, step.rollout_id, step.attempt_index,
-                                  AttemptState.ACKED)
+                self._book.record_adopted(tally.endpoint.url, step.rollout_id,
+                                          step.attempt_index)
             elif answer in (OwnerAnswer.REFUSED, OwnerAnswer.GONE):
                 orphans.append(orphan_step(step))
 
@@ -263,9 +261,8 @@ class CheckpointGate:
                 orphans.append(orphan_step(step))
             elif answer.tombstoned:
                 tally.retired += 1
-                self._book.retired += 1
-                self._book.record(tally.endpoint.url, step.rollout_id, step.attempt_index,
-                                  AttemptState.TOMBSTONED)
+                self._book.record_retired(tally.endpoint.url, step.rollout_id,
+                                          step.attempt_index)
 
         await asyncio.gather(*(adopt(s) for s in steps if s.action is Action.ADOPT),
                              *(retire(s) for s in steps if s.action is Action.RETIRE))
@@ -286,7 +283,7 @@ class CheckpointGate:
                     self._book.record(url, step.rollout_id, step.attempt_index,
                                       AttemptState.TOMBSTONED)
                     return
-                except (NotCompleted, UnknownExecution, GymError, GymUnavailable) as exc:
+                except (GymError, GymUnavailable) as exc:   # not completed, unknown, ...
                     logger.debug("receipt %s on %s: %r", step.key, tally.endpoint.label, exc)
                     return
             if answer.state == "completed":
@@ -308,17 +305,10 @@ class CheckpointGate:
             except (GymError, GymUnavailable) as exc:
                 logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
                 continue
-            # an owner may have ACKed one since the status was read (Gym answers idempotently):
-            # count only what the book did not already know as ACKed
-            fresh = sum(1 for r in acked if not self._acked_in_book(r.rollout_id, r.attempt_index))
-            for r in acked:
-                self._book.record(url, r.rollout_id, r.attempt_index, AttemptState.ACKED)
-            tally.orphans_acked += fresh
-            self._book.orphans_acked += fresh
-
-    def _acked_in_book(self, rollout_id: str, attempt_index: int) -> bool:
-        view = self._book.attempt(rollout_id, attempt_index)
-        return view is not None and view.state is AttemptState.ACKED
+            # an owner may have ACKed one since the status was read: the book does not count it
+            tally.orphans_acked += sum(self._book.record_orphan_acked(url, r.rollout_id,
+                                                                      r.attempt_index)
+                                       for r in acked)
 
     @staticmethod
     async def _ack_one(client: GymClient, receipt: CompletionReceipt, deadline_ts: float,

@@ -147,12 +147,11 @@ class LedgerActor:
                                   self._config)
             report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
         except CheckpointFailed:
-            self._book.checkpoints_failed += 1
+            self._book.record_checkpoint(checkpoint_id, committed=False)
             raise
         finally:
             self._gate_lock.release()
-        self._book.checkpoints_committed += 1
-        self._book.last_checkpoint_id = checkpoint_id
+        self._book.record_checkpoint(checkpoint_id, committed=True)
         return report
 
     async def close(self) -> None:

@@ -157,6 +157,33 @@ class Book:
         """Fold what the ledger itself learned from Gym (no owner, never releases)."""
         self._fold(rollout_id, attempt_index, endpoint, state, "", False, False)
 
+    def record_adopted(self, endpoint: str, rollout_id: str, attempt_index: int) -> None:
+        """Its owner, asked by the gate, says the attempt is sealed and ACKed."""
+        self.adoptions += 1
+        self.record(endpoint, rollout_id, attempt_index, AttemptState.ACKED)
+
+    def record_retired(self, endpoint: str, rollout_id: str, attempt_index: int) -> None:
+        """The gate retired the attempt on Gym (cancelled, or tombstoned unknown)."""
+        self.retired += 1
+        self.record(endpoint, rollout_id, attempt_index, AttemptState.TOMBSTONED)
+
+    def record_orphan_acked(self, endpoint: str, rollout_id: str, attempt_index: int) -> bool:
+        """The gate ACKed the attempt as an orphan. False (and not counted) when the book already
+        knew it as ACKed: its owner got there first and Gym answered idempotently."""
+        attempt = self._attempts.get((rollout_id, attempt_index))
+        fresh = attempt is None or attempt.state is not AttemptState.ACKED
+        if fresh:
+            self.orphans_acked += 1
+        self.record(endpoint, rollout_id, attempt_index, AttemptState.ACKED)
+        return fresh
+
+    def record_checkpoint(self, checkpoint_id: str, committed: bool) -> None:
+        if committed:
+            self.checkpoints_committed += 1
+            self.last_checkpoint_id = checkpoint_id
+        else:
+            self.checkpoints_failed += 1
+
     def _fold(self, rid: str, att: int, endpoint: str, state: AttemptState, owner: str,
               adopted: bool, released: bool) -> None:
         rollout = self._rollouts.get(rid)
