@@ -60,6 +60,7 @@ def machine_info() -> dict[str, Any]:
                                  if l.startswith("model name"))
     except (OSError, StopIteration):
         info["cpu_model"] = platform.processor() or None
+    info["load_avg"] = list(os.getloadavg())
     try:
         import ray
         info["ray"] = ray.__version__
@@ -77,6 +78,13 @@ def machine_info() -> dict[str, Any]:
 def machine_line(info: dict[str, Any]) -> str:
     return (f"{info['cores']} cores, {info['memory_gb']} GB, {info.get('cpu_model')}, "
             f"Python {info['python']}, Ray {info['ray']}, commit {info.get('git_commit')}")
+
+
+def load_line(start: Sequence[float] | None, end: Sequence[float] | None) -> str:
+    """The 1-minute load average at start and end: other work on the machine skews results."""
+    if not start or not end:
+        return ""
+    return f"load average (1 min) {start[0]:.1f} at start, {end[0]:.1f} at end"
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
@@ -475,6 +483,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float | None = None
+    load_end: list[float] | None = None
 
     def add_table(self, caption: str, headers: Sequence[str],
                   rows: Iterable[Sequence[Any]]) -> None:
@@ -483,7 +492,8 @@ class Result:
     def markdown(self) -> str:
         parts = [f"### {self.title}", "",
                  f"`{self.command}` ({self.mode} mode, {fmt(self.elapsed_s)} s)", "",
-                 f"Machine: {machine_line(self.machine)}", ""]
+                 f"Machine: {machine_line(self.machine)}; "
+                 f"{load_line(self.machine.get('load_avg'), self.load_end)}", ""]
         for caption, table in self.tables:
             if caption:
                 parts += [caption, ""]
@@ -526,6 +536,7 @@ def bench_main(name: str, title: str, body: Callable[[Result, Any], None],
     t0 = time.perf_counter()
     body(result, args)
     result.elapsed_s = round(time.perf_counter() - t0, 1)
+    result.load_end = list(os.getloadavg())
     j, m = result.write()
     print(result.markdown())
     print(f"wrote {j.relative_to(REPO)} and {m.relative_to(REPO)}")
