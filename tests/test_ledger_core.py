@@ -273,3 +273,21 @@ def test_seed_scenario_plan():
     assert adopt.action is Action.ADOPT
     orphan = orphan_step(adopt, receipt_for("rD", 1))
     assert orphan.action is Action.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
+
+
+def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():
+    ep = EPS[0]
+    book = book_of([AttemptReport("r", 0, ep, AttemptState.ACKED, "o-a"),
+                    AttemptReport("s", 0, ep, AttemptState.SEALED, "o-a")])
+    assert book.record_orphan_acked(ep, "r", 0) is False      # its owner got there first
+    assert book.record_orphan_acked(ep, "s", 0) is True
+    assert book.record_orphan_acked(ep, "never-reported", 0) is True
+    book.record_retired(ep, "gone", 3)
+    book.record_checkpoint("c1", committed=True)
+    book.record_checkpoint("c2", committed=False)
+    snap = book.snapshot()
+    assert (snap.orphans_acked, snap.retired, snap.checkpoints_committed,
+            snap.checkpoints_failed, snap.last_checkpoint_id) == (2, 1, 1, 1, "c1")
+    counts = snap.endpoints[ep]
+    assert (counts.dispatched, counts.acked, counts.tombstoned) == (4, 3, 1)
+    assert snap.owners == {"o-a": 2} and snap.invariant_ok     # not released: still held
