@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+import pytest_asyncio
 
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
@@ -37,9 +38,10 @@ def gym(agent):
         yield server
 
 
-@pytest.fixture(scope="module")
-def ctl(gym):
-    return GymClient(gym.endpoint)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def ctl(gym):
+    async with GymClient(gym.endpoint) as client:
+        yield client
 
 
 class Sink:
