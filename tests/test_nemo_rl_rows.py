@@ -71,22 +71,39 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
     again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
     assert [c.rollout_id for c in again[:3]] == [done, running, failed]
     assert [c.action for c in again[:3]] == [Action.REUSE, Action.REUSE, Action.START]
-    assert again[2].attempt_index == 2            # the failed rollout's next try ...
-    assert again[2].previous_attempt == 1         # ... after settling its last one
-    assert again[3].previous_attempt is None
+    assert again[2].attempt_index == 2            # the failed rollout's next try
     assert again[3].rollout_id not in first and again[3].action is Action.START
     assert again[3].rollout_id != delivered
     assert book.stats.reused == 2
 
 
-def test_a_claimed_rollout_is_not_handed_to_a_second_stream():
+def test_free_rollouts_are_preferred_and_a_watched_one_is_shared_not_rerun():
     book = RolloutBook("run")
     (a,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
-    (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)
+    book.settle(a.rollout_id, ok=False, attempt_index=0, now=0.0)
+    book.release(1)
+    (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)     # the free, failed one: next try
+    assert (b.rollout_id, b.action, b.attempt_index) == (a.rollout_id, Action.START, 1)
+    (c,) = book.claim(rows({"p": 1}), stream=3, now=0.0)     # watched by stream 2: shared
+    assert (c.rollout_id, c.action) == (a.rollout_id, Action.REUSE)
+    book.settle(a.rollout_id, ok=True, attempt_index=1, now=1.0)
+    assert book.available(a.rollout_id)
+    assert book.deliver(a.rollout_id, now=1.0)               # stream 3 hands it out first
+    assert not book.deliver(a.rollout_id, now=1.0) and book.stats.lost_races == 1
+    d = book.reclaim({"_rowidx": 0, "p": 1}, stream=2, now=1.0)
+    assert d.rollout_id != a.rollout_id and d.action is Action.START
+    assert book.state(a.rollout_id) is EntryState.DELIVERED
+
+
+def test_a_stream_never_watches_one_rollout_for_two_rows_and_release_frees_its_rollouts():
+    book = RolloutBook("run")
+    a, b = book.claim(rows({"p": 1}, {"p": 1}), stream=1, now=0.0)
     assert a.rollout_id != b.rollout_id
-    explicit = [{"_rowidx": 0, "_ng_rollout_id": "r1"}]
-    assert book.claim(explicit, stream=3, now=0.0)[0].action is Action.START
-    assert book.claim(explicit, stream=4, now=0.0)[0].action is Action.BUSY
+    book.settle(a.rollout_id, ok=True, attempt_index=0, now=0.0)
+    book.release(1)                                          # cancelled before it yielded
+    first, second = book.claim(rows({"p": 1}, {"p": 1}), stream=2, now=0.0)
+    assert (first.rollout_id, first.action) == (a.rollout_id, Action.REUSE)   # finished first
+    assert (second.rollout_id, second.action) == (b.rollout_id, Action.REUSE)
 
 
 def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
@@ -94,12 +111,10 @@ def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
     row = {"_rowidx": 5, "_ng_rollout_id": "rD", "_ng_attempt_index": 3}
     (claim,) = book.claim([row], stream=1, now=0.0)
     assert (claim.rowidx, claim.rollout_id, claim.attempt_index) == (5, "rD", 3)
-    assert claim.previous_attempt == 2            # try 3 implies a try 2: settle it first
     book.settle("rD", ok=False, attempt_index=4, now=0.0)
     book.release(1)
     (claim,) = book.claim([{**row, "_ng_attempt_index": 0}], stream=2, now=0.0)
     assert claim.action is Action.START and claim.attempt_index == 5
-    assert claim.previous_attempt == 4
 
 
 @pytest.mark.parametrize("bad", [
@@ -108,6 +123,7 @@ def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
     [{"_rowidx": 0}, {"_rowidx": 0}],
     [{"_rowidx": 0, "_ng_rollout_id": "bad id"}],
     [{"_rowidx": 0, "_ng_rollout_id": "ok", "_ng_attempt_index": -1}],
+    [{"_rowidx": 0, "_ng_rollout_id": "r"}, {"_rowidx": 1, "_ng_rollout_id": "r"}],
     ["not a dict"],
 ])
 def test_bad_rows_are_a_data_failure_and_claim_nothing(bad):

@@ -118,20 +118,16 @@ class EntryState(str, Enum):
 class Action(str, Enum):
     START = "start"            # dispatch a new rollout at ``attempt_index``
     REUSE = "reuse"            # a task for this rollout exists (running or finished): await it
-    BUSY = "busy"              # another stream holds this (explicitly named) rollout right now
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What to do for one row of a stream. A START names the first fresh try and, for a rollout
-    that had tries before, the last of them (``previous_attempt``): the rollout retires that one
-    first and adopts it if it had finished after all."""
+    """What to do for one row of a stream; a START names the index of its first fresh try."""
 
     rowidx: int
     rollout_id: str
     action: Action
     attempt_index: int = 0
-    previous_attempt: int | None = None
 
 
 @dataclass(slots=True)
@@ -141,8 +137,7 @@ class _Entry:
     state: EntryState
     next_attempt: int
     touched: float
-    claimed_by: int | None = None
-    last_attempt: int | None = None
+    watchers: set[int] = field(default_factory=set)    # streams waiting on this rollout
 
 
 @dataclass(slots=True)
@@ -150,7 +145,11 @@ class BookStats:
     started: int = 0
     reused: int = 0           # rows answered by an earlier, still held rollout
     delivered: int = 0
+    lost_races: int = 0       # a shared rollout another stream handed out first
     expired: int = 0          # finished results nobody claimed in time
+
+
+_RANK = {EntryState.FINISHED: 0, EntryState.RUNNING: 1, EntryState.FAILED: 2}
 
 
 class RolloutBook:
@@ -162,7 +161,12 @@ class RolloutBook:
     an earlier rollout of the same content that RL has not received yet, preferring a finished
     one (its result is handed over: adopted, not rerun), then one still running (awaited), then
     a failed one (its next try starts). A rollout RL received is never matched again.
-    Stream claims keep two concurrent streams from handing out the same rollout.
+
+    Streams watch the rollouts of their rows. A rollout no stream watches is preferred; one that
+    another stream watches is shared rather than rerun, because that stream may be on its way
+    out (RL cancelled it, and the cancellation has not arrived yet). Whoever :meth:`deliver` s a
+    shared result first hands it out; the other stream claims its row again (:meth:`reclaim`).
+    So no result reaches RL twice and no row is lost.
     """
 
     def __init__(self, prefix: str, *, hold_s: float = 1800.0, max_entries: int = 100_000) -> None:
@@ -171,7 +175,7 @@ class RolloutBook:
         self.max_entries = max_entries
         self._entries: dict[str, _Entry] = {}
         self._by_digest: dict[str, list[str]] = {}
-        self._claims: dict[int, set[str]] = {}
+        self._watching: dict[int, set[str]] = {}
         self._seq = 0
         self.stats = BookStats()
 
@@ -184,55 +188,50 @@ class RolloutBook:
 
     def claim(self, rows: Sequence[Mapping[str, Any]], stream: int, now: float) -> list[Claim]:
         """Claims for every row, in row order. Raises ``RolloutDataError`` for a row with a bad
-        ``_rowidx`` or identity; nothing is claimed then."""
+        ``_rowidx`` or identity, or a batch that names one rollout twice; nothing is claimed."""
         indexes = [_rowidx(row) for row in rows]
         if len(set(indexes)) != len(indexes):
             raise RolloutDataError("duplicate _rowidx in one batch")
-        for row in rows:
-            _explicit_identity(row)
-        claims: list[Claim] = []
-        for rowidx, row in zip(indexes, rows):
-            rid, attempt = _explicit_identity(row)
-            entry = self._claim_explicit(rid, attempt, now) if rid else self._claim_by_digest(
-                row_digest(row), now)
-            if entry.claimed_by is not None:
-                # an explicitly named rollout that another stream (or this one) holds right now
-                claims.append(Claim(rowidx, entry.rollout_id, Action.BUSY, entry.next_attempt))
-                continue
-            entry.claimed_by = stream
-            self._claims.setdefault(stream, set()).add(entry.rollout_id)
-            entry.touched = now
-            if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
-                self.stats.reused += 1
-                claims.append(Claim(rowidx, entry.rollout_id, Action.REUSE, entry.next_attempt))
-            else:
-                start = max(entry.next_attempt, attempt or 0)
-                previous = entry.last_attempt
-                if previous is None and start > 0:
-                    previous = start - 1         # RL names a later try: an earlier one existed
-                entry.state = EntryState.RUNNING
-                entry.next_attempt = start
-                self.stats.started += 1
-                claims.append(Claim(rowidx, entry.rollout_id, Action.START, start, previous))
-        return claims
+        named = [rid for rid, _ in map(_explicit_identity, rows) if rid is not None]
+        if len(set(named)) != len(named):
+            raise RolloutDataError(f"duplicate {ROLLOUT_ID_FIELD} in one batch")
+        return [self.reclaim(row, stream, now, rowidx=i) for i, row in zip(indexes, rows)]
 
-    def _claim_explicit(self, rid: str, attempt: int | None, now: float) -> _Entry:
-        entry = self._entries.get(rid)
-        if entry is None:
-            entry = _Entry(rid, None, EntryState.FAILED, attempt or 0, now)
-            self._entries[rid] = entry
-        elif entry.state is EntryState.DELIVERED:
-            entry.state = EntryState.FAILED      # RL asks again for one it had: a fresh try
-        return entry
+    def reclaim(self, row: Mapping[str, Any], stream: int, now: float, *,
+                rowidx: int | None = None) -> Claim:
+        """One row's claim (again, after another stream took the rollout it was waiting on)."""
+        rid, attempt = _explicit_identity(row)
+        if rid is not None:
+            entry = self._entries.get(rid)
+            if entry is None:
+                entry = self._entries[rid] = _Entry(rid, None, EntryState.FAILED, attempt or 0,
+                                                    now)
+            elif entry.state is EntryState.DELIVERED:
+                entry.state = EntryState.FAILED      # RL asks again for one it had: a fresh try
+        else:
+            entry = self._by_digest_entry(row_digest(row), stream, now)
+        entry.watchers.add(stream)
+        self._watching.setdefault(stream, set()).add(entry.rollout_id)
+        entry.touched = now
+        index = _rowidx(row) if rowidx is None else rowidx
+        if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
+            self.stats.reused += 1
+            return Claim(index, entry.rollout_id, Action.REUSE, entry.next_attempt)
+        entry.state = EntryState.RUNNING
+        entry.next_attempt = max(entry.next_attempt, attempt or 0)
+        self.stats.started += 1
+        return Claim(index, entry.rollout_id, Action.START, entry.next_attempt)
 
-    def _claim_by_digest(self, digest: str, now: float) -> _Entry:
+    def _by_digest_entry(self, digest: str, stream: int, now: float) -> _Entry:
         best: _Entry | None = None
-        rank = {EntryState.FINISHED: 0, EntryState.RUNNING: 1, EntryState.FAILED: 2}
+        best_key: tuple[bool, int] | None = None
         for rid in self._by_digest.get(digest, ()):
             entry = self._entries[rid]
-            if entry.claimed_by is None and entry.state in rank and (
-                    best is None or rank[entry.state] < rank[best.state]):
-                best = entry
+            if entry.state not in _RANK or stream in entry.watchers:
+                continue
+            key = (bool(entry.watchers), _RANK[entry.state])
+            if best_key is None or key < best_key:
+                best, best_key = entry, key
         if best is not None:
             return best
         self._seq += 1
@@ -249,40 +248,45 @@ class RolloutBook:
             return
         entry.state = EntryState.FINISHED if ok else EntryState.FAILED
         if attempt_index is not None:
-            entry.last_attempt = attempt_index
             entry.next_attempt = max(entry.next_attempt, attempt_index + 1)
         entry.touched = now
 
-    def deliver(self, rollout_id: str, now: float) -> None:
-        """The result was handed to RL: never again."""
+    def available(self, rollout_id: str) -> bool:
+        """Whether the rollout holds a result nobody handed out yet."""
         entry = self._entries.get(rollout_id)
-        if entry is not None and entry.state is not EntryState.DELIVERED:
-            entry.state = EntryState.DELIVERED
-            entry.claimed_by = None
-            entry.touched = now
-            self.stats.delivered += 1
+        return entry is not None and entry.state is EntryState.FINISHED
+
+    def deliver(self, rollout_id: str, now: float) -> bool:
+        """Hand the result to RL, never again. False when it is not there to hand out (another
+        stream delivered it first): the row must be claimed again."""
+        entry = self._entries.get(rollout_id)
+        if entry is None or entry.state is not EntryState.FINISHED:
+            self.stats.lost_races += 1
+            return False
+        entry.state = EntryState.DELIVERED
+        entry.touched = now
+        self.stats.delivered += 1
+        return True
 
     def release(self, stream: int) -> None:
         """A stream ended (done, raised or cancelled): what it did not deliver is free again."""
-        for rid in self._claims.pop(stream, ()):
+        for rid in self._watching.pop(stream, ()):
             entry = self._entries.get(rid)
-            if entry is not None and entry.claimed_by == stream:
-                entry.claimed_by = None
+            if entry is not None:
+                entry.watchers.discard(stream)
 
     def expire(self, now: float) -> list[str]:
-        """Forget delivered rollouts and unclaimed finished or failed ones older than
+        """Forget delivered rollouts and unwatched finished or failed ones older than
         ``hold_s``, and the oldest beyond ``max_entries``. Returns the forgotten ids whose
         results were never handed out (their tasks can be dropped)."""
-        def stale(e: _Entry) -> bool:
-            return (e.claimed_by is None and e.state is not EntryState.RUNNING
-                    and now - e.touched > self.hold_s)
+        def idle(e: _Entry) -> bool:
+            return not e.watchers and e.state is not EntryState.RUNNING
 
-        doomed = [e for e in self._entries.values() if stale(e)]
+        doomed = [e for e in self._entries.values() if idle(e) and now - e.touched > self.hold_s]
         overflow = len(self._entries) - len(doomed) - self.max_entries
         if overflow > 0:
-            spare = sorted((e for e in self._entries.values()
-                            if not stale(e) and e.claimed_by is None
-                            and e.state is not EntryState.RUNNING),
+            chosen = {id(e) for e in doomed}
+            spare = sorted((e for e in self._entries.values() if idle(e) and id(e) not in chosen),
                            key=lambda e: (e.state is not EntryState.DELIVERED, e.touched))
             doomed += spare[:overflow]
         dropped: list[str] = []

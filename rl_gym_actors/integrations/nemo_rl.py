@@ -1,0 +1,554 @@
+"""A drop-in for NeMo RL's ``NemoGym`` environment actor, backed by the :class:`Orchestrator`.
+
+NeMo RL creates its environment actor once, then calls ``_spinup()``, ``set_tokenizer(tok)``,
+``health_check()`` now and then, ``shutdown()`` at the end, and for every batch::
+
+    for ref in env.run_rollouts.options(num_returns="streaming").remote(rows, "timer"):
+        rowidx, result, timing = ray.get(ref)
+
+:class:`GymRolloutEnv` answers the same calls (``NemoGymDropIn`` is it as a Ray actor). This
+module imports nothing of NeMo RL; see :mod:`rl_gym_actors.integrations.nemo_rl_rows` for the
+row identity, message logs and failure types it uses.
+
+Rollouts
+    Each row becomes one rollout of the orchestrator: its tries run on the warm pool's rollout
+    actors, which retire a try before giving up on it and adopt it when it had finished. Rows
+    are yielded as they end, in any order, each ``_rowidx`` at most once; the stream's timing
+    metrics ride on its last yield. A failed row never stops the stream: successful rows keep
+    coming, and the stream raises once at the end (:func:`~.nemo_rl_rows.failure_for`: a
+    ``ConnectionError`` or ``TimeoutError`` subclass, which RL re-dispatches, or a data failure).
+    The rollouts of a stream RL cancels keep running here; their results are held (up to
+    ``hold_s``) for RL's re-dispatch of the same rows, which gets them without a rerun. A
+    re-dispatched row whose earlier rollout failed starts its next try after retiring the last
+    one, so a try that finished on Gym after all is adopted, not rerun.
+
+Checkpoints (a mapping onto the ledger's one-shot gate)
+    The ledger gates a checkpoint in one call (adopt, ACK orphans, retire forgotten runs,
+    prepare, commit, resume on every Gym server). NeMo RL's three steps map onto it so that
+    nothing runs between prepare and resume, as Gym's own admission fence would have it:
+
+    - ``prepare_checkpoint(id, deadline_ts)`` closes this actor's admission (new rollouts wait;
+      held results are still handed out) and waits until none of its rollouts is in flight.
+      Ready: the answer has ``ready_to_commit`` True. Not ready by the deadline: raises
+      :class:`~rl_gym_actors.errors.CheckpointFailed` with the rollouts still in flight;
+      admission stays closed and prepare may be called again with the same id.
+    - ``commit_checkpoint(id, checkpoint_dir)`` runs the ledger's gate with the prepare's
+      deadline (at least ``commit_min_s``): Gym's records land under ``checkpoint_dir``. A gate
+      that fails has resumed every Gym server and spent the id there: this raises
+      ``CheckpointFailed``, reopens admission, and the id is spent here too.
+    - ``resume(id)`` and ``abort(id)`` reopen admission (the gate already resumed Gym).
+
+    Every one of them is safe to repeat: a repeated call with the same id returns the recorded
+    answer; a different id while one is active raises ``CheckpointConflict``; a spent id raises
+    ``StaleCheckpoint``. ``status()`` reports this actor, the ledger and every Gym server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any, Literal
+
+import ray
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
+from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
+                                  ConfigError, GymRejected, RlGymError, StaleCheckpoint)
+from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim, RolloutBook,
+                                                     RolloutTransportError, StreamTimer,
+                                                     check_prefix, failure_for,
+                                                     to_nemo_rl_result)
+from rl_gym_actors.outcome import Outcome
+from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport,
+                                    is_valid_checkpoint_id)
+
+logger = logging.getLogger(__name__)
+
+STATUS_CHECKPOINT_ID = "rlga-status"
+SPENT_MEMORY = 256
+EXPIRE_EVERY_S = 10.0
+# Keys of NeMo RL's NemoGymConfig; ignored when our settings sit at the top level of its config.
+NEMO_RL_KEYS = frozenset({
+    "model_name", "base_urls", "initial_global_config_dict", "port_range_low", "port_range_high",
+    "invalid_tool_call_patterns", "thinking_tags", "require_routed_experts",
+    "routed_experts_dtype", "use_fastokens", "tokenizer_config", "pad_dynamic_image_shapes",
+    "token_capture"})
+
+
+class DropInConfig(BaseModel):
+    """Settings of the drop-in. NeMo RL hands its env config over; ours sits under the key
+    ``rl_gym_actors`` or at its top level (NeMo RL's own keys are then ignored).
+
+    ``run_id`` prefixes derived rollout ids (a per-actor suffix keeps two incarnations apart);
+    ``hold_s`` / ``max_held`` bound how long and how many results of cancelled streams are kept
+    for a re-dispatch; ``commit_min_s`` is the least time a commit's gate gets; ``tensors``
+    picks the token containers (``auto``: ``torch.tensor`` when torch is importable).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoints: Annotated[list[GymEndpoint], Field(min_length=1)]
+    policy: TryPolicy = TryPolicy()
+    pool: PoolConfig = PoolConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    run_id: str = "nrl"
+    orchestrator_id: str | None = None
+    hold_s: Annotated[float, Field(gt=0)] = 1800.0
+    max_held: Annotated[int, Field(ge=1)] = 100_000
+    commit_min_s: Annotated[float, Field(gt=0)] = 30.0
+    tensors: Literal["auto", "list"] = "auto"
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> Any:
+        if isinstance(value, (str, GymEndpoint, Mapping)):
+            value = [value]
+        return [{"url": v} if isinstance(v, str) else v for v in value]
+
+    @classmethod
+    def from_any(cls, cfg: "DropInConfig | Mapping[str, Any]") -> "DropInConfig":
+        if isinstance(cfg, DropInConfig):
+            return cfg
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"config must be a mapping, not {type(cfg).__name__}")
+        if "rl_gym_actors" in cfg:
+            cfg = cfg["rl_gym_actors"]
+        else:
+            cfg = {k: v for k, v in cfg.items() if k not in NEMO_RL_KEYS}
+        try:
+            return cls.model_validate(cfg)
+        except ValueError as exc:
+            raise ConfigError(f"invalid drop-in config: {exc}") from None
+
+
+def _tensor_factory(kind: str) -> Callable[[list], Any]:
+    if kind == "auto":
+        try:
+            import torch
+        except ImportError:
+            return list
+        return torch.tensor
+    return list
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    checkpoint_id: str
+    deadline_ts: float
+    phase: str = "preparing"            # preparing -> prepared -> committed
+    prepared: dict[str, Any] | None = None
+    committed: dict[str, Any] | None = None
+    checkpoint_dir: str | None = None
+
+
+@dataclass(slots=True)
+class DropInStats:
+    rows: int = 0
+    yielded: int = 0
+    failed_rows: int = 0
+    adopted: int = 0                    # results adopted on Gym (retire said completed)
+    streams: int = 0
+    cancelled_streams: int = 0
+    checkpoints_committed: int = 0
+
+
+class GymRolloutEnv:
+    """NeMo RL's environment actor interface over the orchestrator; see the module docstring."""
+
+    def __init__(self, cfg: DropInConfig | Mapping[str, Any]) -> None:
+        self.cfg = DropInConfig.from_any(cfg)
+        prefix = check_prefix(f"{self.cfg.run_id}-{uuid.uuid4().hex[:8]}")
+        self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
+        self._orch: Any = None
+        self._clients: dict[str, Any] = {}
+        self._tokenizer: Any = None
+        self._tensor = _tensor_factory(self.cfg.tensors)
+        self._tasks: dict[str, asyncio.Task[Outcome]] = {}
+        self._stream_ids = itertools.count(1)
+        self._in_flight = 0
+        self._changed = asyncio.Event()
+        self._admission = asyncio.Event()
+        self._admission.set()
+        self._checkpoint: _Checkpoint | None = None
+        self._spent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._last_expire = 0.0
+        self.stats = DropInStats()
+
+    # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
+
+    async def _spinup(self) -> None:
+        """Start the orchestrator (its ledger actor and warm pool). Idempotent."""
+        if self._orch is None:
+            from rl_gym_actors.orchestrator import Orchestrator
+
+            cfg = self.cfg
+            orch = Orchestrator(cfg.endpoints, policy=cfg.policy, pool=cfg.pool,
+                                ledger=cfg.ledger, orchestrator_id=cfg.orchestrator_id,
+                                progress=False, start=False)
+            await orch.astart()
+            self._orch = orch
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Install the tokenizer message logs are built with (once, at spin-up)."""
+        self._tokenizer = tokenizer
+
+    def _require_spinup(self) -> None:
+        if self._orch is None:
+            raise RuntimeError("the Gym drop-in was not spun up: call _spinup() first")
+
+    async def health_check(self) -> None:
+        """Raise when the ledger, a rollout actor or a Gym server does not answer."""
+        self._require_spinup()
+        try:
+            snap = await self._orch.asnapshot()
+        except Exception as exc:
+            raise RolloutTransportError(f"orchestrator unhealthy: {type(exc).__name__}: "
+                                        f"{exc}") from None
+        if snap.actors.actors < snap.pool.size:
+            raise RolloutTransportError(f"{snap.pool.size - snap.actors.actors} of "
+                                        f"{snap.pool.size} rollout actors did not answer")
+        for url, answer in (await self._gym_status(STATUS_CHECKPOINT_ID)).items():
+            if isinstance(answer, str) and not answer.startswith("rejected"):
+                raise RolloutTransportError(f"Gym server {url} did not answer: {answer}")
+
+    async def _gym_status(self, checkpoint_id: str, timeout_s: float = 10.0
+                          ) -> dict[str, StatusReport | str]:
+        """Every Gym server's status, or the text of why there is none (``rejected: ...``
+        when it answered with a refusal, which still proves it is up)."""
+        from rl_gym_actors.gym.client import GymClient
+
+        async def one(endpoint: GymEndpoint) -> StatusReport | str:
+            client = self._clients.get(endpoint.url)
+            if client is None:
+                client = self._clients[endpoint.url] = GymClient(endpoint, limit=1)
+            try:
+                return await client.status(checkpoint_id, deadline_ts=time.time() + timeout_s)
+            except GymRejected as exc:
+                return f"rejected: {exc}"
+            except RlGymError as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        answers = await asyncio.gather(*(one(e) for e in self.cfg.endpoints))
+        return {e.url: a for e, a in zip(self.cfg.endpoints, answers)}
+
+    async def shutdown(self) -> None:
+        """Stop every rollout and the orchestrator. Safe before spin-up and when repeated."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+        orch, self._orch = self._orch, None
+        if orch is not None:
+            await orch.aclose()
+
+    # ------------------------------------------------------------ rollouts
+
+    async def run_rollouts(self, rows: Sequence[Mapping[str, Any]], timer_prefix: str,
+                           deduplicate_multimodal_data: bool = False
+                           ) -> AsyncIterator[tuple[int, dict[str, Any], dict[str, float] | None]]:
+        """Yield ``(rowidx, result, timing_or_None)`` per successful row as rows end; raise a
+        :class:`~.nemo_rl_rows.RolloutFailure` at the end if any row failed. Rows without
+        media ignore ``deduplicate_multimodal_data``."""
+        self._require_spinup()
+        if not rows:
+            raise ValueError("a rollout batch must not be empty")
+        if self._tokenizer is None:
+            raise RuntimeError("set_tokenizer must be called before run_rollouts")
+        started = time.monotonic()
+        timer = StreamTimer(timer_prefix)
+        stream = next(self._stream_ids)
+        self.stats.streams += 1
+        self.stats.rows += len(rows)
+        self._maybe_expire()
+        claims = self._book.claim(rows, stream, time.time())      # RolloutDataError: bad rows
+        pending: dict[asyncio.Task[Outcome], tuple[Claim, Mapping[str, Any]]] = {}
+        failures: list[tuple[int, str]] = []
+        # One converted result is held back, so that the stream's last yield carries the timing.
+        # It is delivered (marked handed out) only as it is yielded: a stream cancelled while
+        # holding it leaves it for RL's re-dispatch.
+        held: tuple[Claim, Mapping[str, Any], dict[str, Any]] | None = None
+        finished = False
+
+        def watch(claim: Claim, row: Mapping[str, Any]) -> None:
+            pending[self._task_for(claim, row)] = (claim, row)
+
+        def reclaim(claim: Claim, row: Mapping[str, Any]) -> None:
+            # another stream handed this shared rollout out first: claim the row again
+            watch(self._book.reclaim(row, stream, time.time(), rowidx=claim.rowidx), row)
+
+        try:
+            for claim, row in zip(claims, rows):
+                watch(claim, row)
+            while pending or held is not None:
+                if not pending:
+                    claim, row, result = held
+                    held = None
+                    if self._book.deliver(claim.rollout_id, time.time()):
+                        timing = timer.metrics(time.monotonic() - started)
+                        yield self._handed_over(claim, result, timing)
+                    else:
+                        reclaim(claim, row)
+                    continue
+                t0 = time.monotonic()
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                timer.add("await_results", time.monotonic() - t0)
+                for task in done:
+                    claim, row = pending.pop(task)
+                    outcome = task.result()
+                    if not outcome.has_result:
+                        failures.append((claim.rowidx, outcome.reason or outcome.status))
+                        continue
+                    if not self._book.available(claim.rollout_id):
+                        reclaim(claim, row)
+                        continue
+                    t1 = time.monotonic()
+                    try:
+                        result = to_nemo_rl_result(row, outcome.reply, self._tokenizer,
+                                                   tensor=self._tensor)
+                    except Exception as exc:
+                        # the result stays held: converting again on re-dispatch needs no rerun
+                        failures.append((claim.rowidx, f"invalid row or reply: "
+                                                       f"{type(exc).__name__}: {exc}"))
+                        continue
+                    finally:
+                        timer.add("postprocess_results", time.monotonic() - t1)
+                    self.stats.adopted += outcome.adopted
+                    if held is not None:
+                        h_claim, h_row, h_result = held
+                        if self._book.deliver(h_claim.rollout_id, time.time()):
+                            yield self._handed_over(h_claim, h_result, None)
+                        else:
+                            reclaim(h_claim, h_row)
+                    held = (claim, row, result)
+            finished = True
+        finally:
+            if not finished:
+                self.stats.cancelled_streams += 1
+            self._book.release(stream)
+        if failures:
+            self.stats.failed_rows += len(failures)
+            raise failure_for(sorted(failures), len(rows))
+
+    def _handed_over(self, claim: Claim, result: dict[str, Any],
+                     timing: dict[str, float] | None) -> tuple[int, dict[str, Any], Any]:
+        self._tasks.pop(claim.rollout_id, None)
+        self.stats.yielded += 1
+        return (claim.rowidx, result, timing)
+
+    def _task_for(self, claim: Claim, row: Mapping[str, Any]) -> asyncio.Task[Outcome]:
+        if claim.action is Action.REUSE:
+            task = self._tasks.get(claim.rollout_id)
+            if task is not None:
+                return task
+            # held by the book but its task is gone (dropped at expiry): run it again
+        gym_row = {k: v for k, v in row.items() if k != ROWIDX_FIELD}
+        gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id
+        gym_row[ATTEMPT_INDEX_FIELD] = claim.attempt_index
+        # A fresh context: Ray keeps the calling task's id in a context variable, and work
+        # submitted under it is cancelled with it. RL cancelling a stream must not cancel the
+        # rollouts it started: they finish, and their results wait for RL's re-dispatch.
+        task = asyncio.create_task(self._rollout(claim, gym_row),
+                                   name=f"rlga-nemo-rl-{claim.rollout_id}",
+                                   context=contextvars.Context())
+        self._tasks[claim.rollout_id] = task
+        return task
+
+    async def _rollout(self, claim: Claim, row: dict[str, Any]) -> Outcome:
+        """One rollout, to its end; never raises (a failure is a failed Outcome)."""
+        rid = claim.rollout_id
+        try:
+            await self._admitted()
+            self._in_flight += 1
+            try:
+                # the orchestrator remembers the rollout's earlier tries: a rollout that comes
+                # again retires its last try first, and adopts it if it had finished
+                (outcome,) = await self._orch.arun_batch([row])
+            finally:
+                self._in_flight -= 1
+                self._notify()
+        except asyncio.CancelledError:
+            self._book.settle(rid, ok=False, attempt_index=None, now=time.time())
+            raise
+        except Exception as exc:
+            logger.info("rollout %s raised: %s", rid, exc)
+            outcome = Outcome(rollout_id=rid, status="failed",
+                              reason=f"{type(exc).__name__}: {exc}")
+        self._book.settle(rid, ok=outcome.has_result, attempt_index=outcome.attempt_index,
+                          now=time.time())
+        if not outcome.has_result:
+            self._tasks.pop(rid, None)
+        return outcome
+
+    async def _admitted(self) -> None:
+        """Wait while a checkpoint holds admission closed, at most ``admission_wait_s``."""
+        if self._admission.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._admission.wait(), self.cfg.policy.admission_wait_s)
+        except TimeoutError:
+            raise RolloutTransportError("admission stayed closed (a checkpoint between prepare "
+                                        "and resume) past admission_wait_s") from None
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _maybe_expire(self) -> None:
+        now = time.monotonic()
+        if now - self._last_expire < EXPIRE_EVERY_S:
+            return
+        self._last_expire = now
+        for rid in self._book.expire(time.time()):
+            self._tasks.pop(rid, None)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _check_id(self, checkpoint_id: str) -> dict[str, Any] | None:
+        """The recorded answer of a spent id's last call, else None; raises for a bad id or a
+        conflict with the active checkpoint."""
+        if not is_valid_checkpoint_id(checkpoint_id):
+            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
+        active = self._checkpoint
+        if active is not None and active.checkpoint_id != checkpoint_id:
+            raise CheckpointConflict(f"checkpoint {active.checkpoint_id} is active", status=409)
+        return self._spent.get(checkpoint_id)
+
+    async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
+        """Close admission and wait (until ``deadline_ts``) for every rollout in flight to end."""
+        self._require_spinup()
+        if self._check_id(checkpoint_id) is not None:
+            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
+        ckpt = self._checkpoint
+        if ckpt is not None and ckpt.prepared is not None:
+            return ckpt.prepared
+        if ckpt is None:
+            ckpt = self._checkpoint = _Checkpoint(checkpoint_id, float(deadline_ts))
+        ckpt.deadline_ts = float(deadline_ts)
+        self._admission.clear()
+        started = time.monotonic()
+        while self._in_flight:
+            left = ckpt.deadline_ts - time.time()
+            if left <= 0:
+                raise CheckpointFailed(
+                    f"checkpoint {checkpoint_id}: {self._in_flight} rollouts still in flight at "
+                    f"the deadline; admission stays closed (prepare again, or abort)",
+                    checkpoint_id=checkpoint_id,
+                    blockers={"in_flight": sorted(r for r, t in self._tasks.items()
+                                                  if not t.done())})
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                pass
+        ckpt.phase = "prepared"
+        ckpt.prepared = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
+                         "drained_s": round(time.monotonic() - started, 6),
+                         "held_results": sum(1 for t in self._tasks.values() if t.done())}
+        return ckpt.prepared
+
+    async def commit_checkpoint(self, checkpoint_id: str, checkpoint_dir: str) -> dict[str, Any]:
+        """Run the ledger's gate into ``checkpoint_dir`` (after a ready prepare)."""
+        self._require_spinup()
+        recorded = self._check_id(checkpoint_id)
+        if recorded is not None:
+            if recorded.get("committed") and recorded["committed"]["checkpoint_dir"] == checkpoint_dir:
+                return recorded["committed"]
+            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
+        ckpt = self._checkpoint
+        if ckpt is None or ckpt.prepared is None:
+            raise CheckpointNotReady(f"checkpoint {checkpoint_id}: commit before a ready "
+                                     f"prepare", status=409)
+        if ckpt.committed is not None:
+            if ckpt.checkpoint_dir != checkpoint_dir:
+                raise ConfigError(f"checkpoint {checkpoint_id} was committed to "
+                                  f"{ckpt.checkpoint_dir!r}, not {checkpoint_dir!r}")
+            return ckpt.committed
+        budget = max(ckpt.deadline_ts - time.time(), self.cfg.commit_min_s)
+        try:
+            report = await self._orch.acheckpoint(checkpoint_id, checkpoint_dir,
+                                                  deadline_s=budget)
+        except (CheckpointFailed, GymRejected) as exc:
+            self._finish(checkpoint_id, {"state": "accepting", "committed": None,
+                                         "failed": str(exc)})
+            raise
+        ckpt.phase = "committed"
+        ckpt.checkpoint_dir = checkpoint_dir
+        ckpt.committed = {"checkpoint_id": checkpoint_id, "checkpoint_dir": checkpoint_dir,
+                          "adopted": report.adopted, "orphans_acked": report.orphans_acked,
+                          "retired": report.retired, "elapsed_s": report.elapsed_s,
+                          "endpoints": [e.model_dump(mode="json") for e in report.endpoints]}
+        self.stats.checkpoints_committed += 1
+        return ckpt.committed
+
+    async def resume(self, checkpoint_id: str) -> dict[str, Any]:
+        """Reopen admission after a checkpoint; the id is spent."""
+        return self._end(checkpoint_id)
+
+    async def abort(self, checkpoint_id: str) -> dict[str, Any]:
+        """Give up a checkpoint that is not committed (or just reopen after one that is)."""
+        return self._end(checkpoint_id)
+
+    def _end(self, checkpoint_id: str) -> dict[str, Any]:
+        recorded = self._check_id(checkpoint_id)
+        if recorded is not None:
+            return recorded
+        ckpt = self._checkpoint
+        committed = ckpt.committed if ckpt is not None else None
+        return self._finish(checkpoint_id, {"state": "accepting", "committed": committed})
+
+    def _finish(self, checkpoint_id: str, answer: dict[str, Any]) -> dict[str, Any]:
+        answer = {"checkpoint_id": checkpoint_id, **answer}
+        self._spent[checkpoint_id] = answer
+        while len(self._spent) > SPENT_MEMORY:
+            self._spent.popitem(last=False)
+        self._checkpoint = None
+        self._admission.set()
+        return answer
+
+    async def status(self) -> dict[str, Any]:
+        """This actor's state, the orchestrator's snapshot (ledger, pool, rollout actors) and
+        every Gym server's status (or why there is none)."""
+        ckpt = self._checkpoint
+        out: dict[str, Any] = {
+            "spun_up": self._orch is not None,
+            "admission": "open" if self._admission.is_set() else "closed",
+            "checkpoint": None if ckpt is None else {"checkpoint_id": ckpt.checkpoint_id,
+                                                     "phase": ckpt.phase},
+            "in_flight": self._in_flight,
+            "held_results": sum(1 for t in self._tasks.values() if t.done()),
+            "stats": asdict(self.stats),
+            "book": asdict(self._book.stats),
+        }
+        if self._orch is not None:
+            out["orchestrator"] = (await self._orch.asnapshot()).model_dump(mode="json")
+            gym = await self._gym_status(ckpt.checkpoint_id if ckpt else STATUS_CHECKPOINT_ID)
+            out["gym"] = {url: a.model_dump(mode="json", exclude={"executions"})
+                          if isinstance(a, StatusReport) else {"error": a}
+                          for url, a in gym.items()}
+        return out
+
+    # ------------------------------------------------------------ NeMo RL's unused hooks
+
+    def step(self, message_log_batch: Any, metadata: Any) -> Any:
+        raise RuntimeError("the Gym drop-in runs whole rollouts; step() is not used")
+
+    def global_post_process_and_metrics(self, batch: Any) -> Any:
+        raise RuntimeError("the Gym drop-in runs whole rollouts; global_post_process_and_metrics"
+                           "() is not used")
+
+
+# Fail fast rather than restart: a restarted actor has lost its spin-up and its held results.
+NemoGymDropIn = ray.remote(max_restarts=0, max_task_retries=0, num_cpus=0)(GymRolloutEnv)

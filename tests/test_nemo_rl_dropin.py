@@ -1,0 +1,264 @@
+"""The NeMo RL drop-in, driven exactly as NeMo RL drives its NemoGym actor: a Ray streaming
+generator over rows stamped with ``_rowidx``, typed failures, early stop and re-dispatch, and the
+checkpoint calls; against the real Gym server on loopback and the real local Ray."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, ConfigError,
+                                  ConnectionLost, StaleCheckpoint)
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
+from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
+from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+
+pytestmark = pytest.mark.ray
+
+POLICY = {"rollout_s": 2.0, "receipt_s": 0.5, "max_tries": 1, "control_s": 2.0,
+          "admission_wait_s": 30.0}
+
+
+def stand_in_tokenizer():
+    """A tokenizer stand-in: characters to code points. Built in a function so that Ray pickles
+    the class by value (the actor's worker cannot import test modules)."""
+
+    class StandInTokenizer:
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+        def apply_chat_template(self, messages, tokenize=True):
+            return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
+
+    return StandInTokenizer()
+
+
+@pytest.fixture(scope="module")
+def gym():
+    with GymServerThread(token="test-token", allow_faults=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env(ray_session, gym):
+    actor = NemoGymDropIn.remote({
+        "rl_gym_actors": {"endpoints": [{"url": gym.url, "token": gym.token}], "policy": POLICY,
+                          "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t"}})
+    ray_session.get(actor._spinup.remote())
+    ray_session.get(actor.set_tokenizer.remote(stand_in_tokenizer()))
+    yield actor
+    ray_session.get(actor.shutdown.remote())
+    ray_session.kill(actor)
+
+
+def starts(gym) -> int:
+    return gym.participant.snapshot()["agent_starts"]
+
+
+def stream(env, rows, prefix="gym"):
+    return env.run_rollouts.options(num_returns="streaming").remote(rows, prefix)
+
+
+def drain(ray, gen):
+    """Read a stream as NeMo RL does; return the yields and the exception that ended it."""
+    got, error = [], None
+    try:
+        for ref in gen:
+            got.append(ray.get(ref))
+    except Exception as exc:          # the stream's own failure, raised after its last yield
+        error = exc
+    return got, error
+
+
+def row(i, **fields):
+    return {"_rowidx": i, "responses_create_params": {"input": [{"role": "user",
+                                                                  "content": f"q{i}"}]}, **fields}
+
+
+def test_calls_before_spinup_fail_cleanly_and_shutdown_is_always_safe(ray_session, gym):
+    actor = NemoGymDropIn.remote({"endpoints": [gym.url], "model_name": "ignored-nemo-rl-key"})
+    with pytest.raises(RuntimeError, match="spun up"):
+        ray_session.get(actor.health_check.remote())
+    got, error = drain(ray_session, stream(actor, [row(0)]))
+    assert got == [] and isinstance(error, RuntimeError) and "spun up" in str(error)
+    ray_session.get(actor.shutdown.remote())
+    ray_session.get(actor.shutdown.remote())
+    ray_session.kill(actor)
+
+
+@pytest.mark.parametrize("cfg", [{"endpoints": []}, {"endpoints": ["ftp://x"]},
+                                 {"endpoints": ["http://x"], "typo": 1}, "http://x"])
+def test_bad_configs_are_config_errors(cfg):
+    with pytest.raises(ConfigError):
+        DropInConfig.from_any(cfg)
+
+
+def test_rows_stream_back_once_each_as_they_end_with_timing_on_the_last(ray_session, env, gym):
+    before = starts(gym)
+    rows = [row(i, reward=i / 10, sleep_s=0.15 * (4 - i)) for i in range(5)]
+    rows.append(row(5, reward=0.0))                       # identical to row 4 but for _rowidx
+    rows[5]["responses_create_params"] = rows[4]["responses_create_params"]
+    rows[5]["sleep_s"] = rows[4]["sleep_s"]
+    got, error = drain(ray_session, stream(env, rows, "gym"))
+    assert error is None
+    assert sorted(i for i, _, _ in got) == list(range(6))
+    order = [i for i, _, _ in got]
+    assert order.index(0) > order.index(3)                 # completion order, not row order
+    for i, result, _ in got:
+        full = result["full_result"]
+        assert isinstance(full["reward"], float) and full["reward"] == rows[i]["reward"]
+        assert result["input_message_log"] == result["message_log"][:1]
+        assert result["message_log"][0]["token_ids"][:6] == [ord(c) for c in "<user>"]
+    assert [t is None for _, _, t in got] == [True] * 5 + [False]
+    assert set(got[-1][2]) >= {"gym/await_results", "gym/postprocess_results",
+                               "gym/postprocess_results_pct"}
+    assert starts(gym) - before == 6                       # identical rows are two rollouts
+
+
+def test_a_failed_row_never_stops_the_stream_and_a_data_failure_is_raised_at_the_end(
+        ray_session, env, gym):
+    rows = [row(0, reward=0.5), row(1, fail=True), row(2, reward=0.25, sleep_s=0.3)]
+    got, error = drain(ray_session, stream(env, rows))
+    assert sorted(i for i, _, _ in got) == [0, 2]          # the row after the failure came too
+    assert isinstance(error, RolloutDataError) and isinstance(error, RolloutFailure)
+    assert not isinstance(error, (ConnectionError, TimeoutError))   # NeMo RL: a data failure
+    assert "row 1" in str(error) and "agent_failed" in str(error)
+
+
+def test_a_try_past_its_deadline_is_retired_and_raised_as_a_timeout(ray_session, env, gym):
+    got, error = drain(ray_session, stream(env, [row(0, sleep_s=30.0), row(1, reward=1.0)]))
+    assert [i for i, _, _ in got] == [1]
+    assert isinstance(error, TimeoutError)                 # NeMo RL: infrastructure, re-dispatch
+    wait_for(lambda: gym.participant.snapshot()["running"] == 0, timeout_s=10,
+             what="the timed-out run to be cancelled by retire")
+
+
+def test_a_cancelled_stream_keeps_its_rollouts_and_the_redispatch_gets_them_without_a_rerun(
+        ray_session, env, gym):
+    before = starts(gym)
+    rows = [row(0, reward=0.1), row(1, reward=0.2, sleep_s=0.3),
+            row(2, reward=0.3, sleep_s=1.5), row(3, reward=0.4, sleep_s=1.5)]
+    gen = stream(env, rows)
+    first = ray_session.get(next(gen))
+    ray_session.cancel(gen)                                # RL stops reading the batch early
+    assert first[0] == 0
+    # NeMo RL re-dispatches the rows it did not get, renumbered
+    again = [{**r, "_rowidx": 10 + r["_rowidx"]} for r in rows[1:]]
+    got, error = drain(ray_session, stream(env, again))
+    assert error is None, str(error)
+    assert sorted((i, res["full_result"]["reward"]) for i, res, _ in got) == [
+        (11, 0.2), (12, 0.3), (13, 0.4)]
+    assert starts(gym) - before == 4                       # nothing ran twice
+    status = ray_session.get(env.status.remote())
+    assert status["book"]["reused"] >= 3 and status["stats"]["cancelled_streams"] >= 1
+
+
+async def test_a_redispatched_try_that_finished_on_gym_is_adopted_not_rerun(ray_session, env,
+                                                                             gym):
+    # an earlier try of rollout rX finished on Gym, but its reply never reached RL
+    async with GymClient(gym.endpoint) as client:
+        with pytest.raises(ConnectionLost):
+            await client.run({"reward": 0.9, "drop_reply": True}, rollout_id="rX",
+                             attempt_index=0, deadline_ts=time.time() + 10)
+    before = starts(gym)
+    rows = [row(0, _ng_rollout_id="rX", _ng_attempt_index=0, reward=0.9),
+            row(1, reward=0.6, drop_reply=True),            # reply lost on the way back
+            row(2, reward=0.7, receipt_delay_s=2.0)]        # the receipt fetch times out
+    got, error = drain(ray_session, stream(env, rows))
+    assert error is None
+    assert sorted((i, res["full_result"]["reward"]) for i, res, _ in got) == [
+        (0, 0.9), (1, 0.6), (2, 0.7)]
+    assert starts(gym) - before == 2                       # rX was replayed, not rerun
+    assert ray_session.get(env.status.remote())["stats"]["adopted"] >= 2
+    snap = gym.participant.snapshot()
+    assert snap["completed_unacknowledged"] == 0           # all three were ACKed
+
+
+@pytest.fixture
+def aborts(ray_session, env):
+    """Checkpoint ids a test uses; each is aborted afterwards, so a failure cannot leave the
+    shared actor's admission closed for the next test."""
+    ids: list[str] = []
+    yield ids
+    for cid in ids:
+        try:
+            ray_session.get(env.abort.remote(cid))
+        except Exception:             # spent or never active: nothing to reopen
+            pass
+
+
+def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_session, env,
+                                                                            gym, tmp_path,
+                                                                            aborts):
+    aborts.append("ck-1")
+    slow = stream(env, [row(0, reward=0.5, sleep_s=0.8)])
+    wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
+             what="the slow rollout to start")
+    prepared = ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20))
+    assert prepared["ready_to_commit"] is True and prepared["drained_s"] > 0.2
+    assert [i for i, _, _ in drain(ray_session, slow)[0]] == [0]
+
+    held_back = stream(env, [row(1, reward=0.75)])        # admission is closed: it waits
+    before = starts(gym)
+    assert ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20)) == prepared
+    with pytest.raises(CheckpointConflict):
+        ray_session.get(env.prepare_checkpoint.remote("ck-2", time.time() + 20))
+    assert ray_session.get(env.status.remote())["admission"] == "closed"
+
+    committed = ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path)))
+    assert committed["checkpoint_dir"] == str(tmp_path)
+    assert list(Path(tmp_path).rglob("manifest.json"))
+    assert ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path))) == committed
+    with pytest.raises(ConfigError):
+        ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path / "elsewhere")))
+    assert starts(gym) == before                           # nothing ran between prepare and now
+
+    resumed = ray_session.get(env.resume.remote("ck-1"))
+    assert resumed["state"] == "accepting" and resumed["committed"] == committed
+    assert ray_session.get(env.resume.remote("ck-1")) == resumed
+    with pytest.raises(StaleCheckpoint):
+        ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20))
+    got, error = drain(ray_session, held_back)
+    assert error is None and got[0][1]["full_result"]["reward"] == 0.75
+    status = ray_session.get(env.status.remote())
+    assert status["stats"]["checkpoints_committed"] == 1
+    assert status["orchestrator"]["ledger"]["checkpoints_committed"] >= 1
+
+
+def test_a_prepare_past_its_deadline_fails_and_abort_reopens(ray_session, env, gym, aborts):
+    aborts.append("ck-3")
+    slow = stream(env, [row(0, reward=0.5, sleep_s=1.0)])
+    wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
+             what="the slow rollout to start")
+    with pytest.raises(CheckpointFailed) as failed:
+        ray_session.get(env.prepare_checkpoint.remote("ck-3", time.time() + 0.2))
+    assert len(failed.value.blockers["in_flight"]) == 1
+    with pytest.raises(CheckpointConflict):
+        ray_session.get(env.commit_checkpoint.remote("ck-4", "/tmp/never"))
+    aborted = ray_session.get(env.abort.remote("ck-3"))
+    assert aborted["committed"] is None
+    assert ray_session.get(env.status.remote())["admission"] == "open"
+    got, error = drain(ray_session, slow)
+    assert error is None and [i for i, _, _ in got] == [0]
+
+
+def test_bad_rows_fail_as_data_before_anything_runs(ray_session, env, gym):
+    before = starts(gym)
+    for rows in ([{"reward": 1.0}], [row(0), row(0)], [row(0, _ng_rollout_id="not valid!")]):
+        got, error = drain(ray_session, stream(env, rows))
+        assert got == [] and isinstance(error, RolloutDataError)
+    got, error = drain(ray_session, stream(env, []))
+    assert isinstance(error, ValueError)
+    assert starts(gym) == before
+
+
+def test_health_and_status_see_the_ledger_the_pool_and_gym(ray_session, env, gym):
+    ray_session.get(env.health_check.remote())
+    status = ray_session.get(env.status.remote())
+    assert status["spun_up"] and status["admission"] == "open"
+    assert status["orchestrator"]["ledger"]["invariant_ok"]
+    assert status["orchestrator"]["pool"]["size"] == 2
+    assert status["gym"][gym.url]["state"] == "accepting"
