@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,7 +210,7 @@ class Orchestrator:
 
     # ------------------------------------------------------------ the API
 
-    def run_batch(self, rows: Sequence[Mapping[str, Any]], *,
+    def run_batch(self, rows: Iterable[Mapping[str, Any]], *,
                   fail_fast: bool = False) -> list[Outcome]:
         """One outcome per row, in row order. A failed row never raises; with ``fail_fast`` the
         first failed row stops the batch: every other rollout is abandoned (it retires its try,
@@ -217,7 +218,7 @@ class Orchestrator:
         malformed rows before anything is dispatched."""
         return self._sync(self._run_batch(rows, fail_fast))
 
-    async def arun_batch(self, rows: Sequence[Mapping[str, Any]], *,
+    async def arun_batch(self, rows: Iterable[Mapping[str, Any]], *,
                          fail_fast: bool = False) -> list[Outcome]:
         return await self._async(self._run_batch(rows, fail_fast))
 
@@ -287,7 +288,7 @@ class Orchestrator:
             raise PoolClosed(f"orchestrator {self.id} is closed")
         return self._pool
 
-    async def _run_batch(self, rows: Sequence[Mapping[str, Any]], fail_fast: bool) -> list[Outcome]:
+    async def _run_batch(self, rows: Iterable[Mapping[str, Any]], fail_fast: bool) -> list[Outcome]:
         pool = await self._ready()
         items = self._plan(rows)
         batch = _Batch(fail_fast)
@@ -393,9 +394,9 @@ class Orchestrator:
 
     # ------------------------------------------------------------ rows and memory
 
-    def _plan(self, rows: Sequence[Mapping[str, Any]]) -> list[_Item]:
-        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
-            raise ConfigError("rows must be a sequence of row mappings")
+    def _plan(self, rows: Iterable[Mapping[str, Any]]) -> list[_Item]:
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+            raise ConfigError("rows must be a list (or other iterable) of row mappings")
         items: list[_Item] = []
         seen: set[str] = set()
         for i, row in enumerate(rows):
@@ -414,6 +415,10 @@ class Orchestrator:
                 raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int >= 0")
             gym_row = {k: v for k, v in row.items()
                        if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+            try:
+                json.dumps(gym_row, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
             item = _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), first, None)
             known = self._known.get(rid)
             if known is not None:

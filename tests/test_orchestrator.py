@@ -237,6 +237,8 @@ def test_bad_rows_raise_config_error_before_dispatch(orch, agent):
                  [{"_ng_endpoint": "nowhere"}],
                  [{"_ng_attempt_index": -1}],
                  ["not a row"],
+                 [{"_ng_rollout_id": r, "payload": object()}],
+                 [{"_ng_rollout_id": r, "score": float("nan")}],
                  {"_ng_rollout_id": "a-mapping-not-a-list"}):
         with pytest.raises(ConfigError):
             orch.run_batch(rows)
@@ -256,3 +258,25 @@ def test_minted_ids_are_valid_and_endpoints_follow_a_stable_hash(orch, gyms):
     assert [o.endpoint for o in again] == [o.endpoint for o in outs]
     assert all(o.status == "sealed" and o.attempt_index == 1 for o in again)
     assert endpoint_index_for("some-rollout", 7) == endpoint_index_for("some-rollout", 7)
+
+
+def test_bad_settings_raise_config_error_without_starting_anything():
+    url = "http://127.0.0.1:9"
+    for kwargs in (dict(endpoints=[]), dict(endpoints="http://127.0.0.1:9"),
+                   dict(endpoints=[url, url]), dict(endpoints=["ftp://x"]),
+                   dict(endpoints=[url], pool_size=0), dict(endpoints=[url], rollouts_per_actor=0),
+                   dict(endpoints=[url], orchestrator_id="not valid!")):
+        with pytest.raises(ConfigError):
+            Orchestrator(start=False, **kwargs)
+
+
+def test_a_closed_orchestrator_refuses_work():
+    from rl_gym_actors.errors import PoolClosed
+
+    orch = Orchestrator(["http://127.0.0.1:9"], start=False)
+    orch.close()
+    with pytest.raises(PoolClosed):
+        orch.run_batch([{"reward": 1.0}])
+    with pytest.raises(PoolClosed):
+        orch.snapshot()
+    orch.close()                       # closing twice is fine
