@@ -502,10 +502,15 @@ class Result:
             parts += [f"- {note}"]
         return "\n".join(parts).rstrip() + "\n"
 
+    @property
+    def stem(self) -> str:
+        """``<name>`` for quick mode (what ``make bench`` regenerates), ``<name>_full`` else."""
+        return self.name if self.mode == "quick" else f"{self.name}_full"
+
     def write(self) -> tuple[Path, Path]:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        jpath = RESULTS_DIR / f"{self.name}.json"
-        mpath = RESULTS_DIR / f"{self.name}.md"
+        jpath = RESULTS_DIR / f"{self.stem}.json"
+        mpath = RESULTS_DIR / f"{self.stem}.md"
         payload = asdict(self)
         payload["tables"] = [{"caption": c, "markdown": t} for c, t in self.tables]
         tmp = jpath.with_suffix(".json.tmp")
