@@ -247,3 +247,18 @@ async def test_bad_arguments_raise_config_error(gym):
     with pytest.raises(ConfigError):
         await w.run_rollout({}, "ok", 0, -1)
     await w.close()
+
+
+async def test_the_ledger_asking_to_adopt_a_finished_try_gets_it_sealed_and_acked(gym, ctl, agent):
+    w = worker(gym)
+    delayed = gym.faults.delayed
+    task = asyncio.ensure_future(w.run_rollout({"reward": 0.5, "receipt_delay_s": 30}, "rL-w"))
+    await wait_until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
+    # what the checkpoint gate does for a completed, un-ACKed current try of a live owner
+    assert await asyncio.wait_for(w.adopt("rL-w", 0), 10) is True
+    assert await key_state(ctl, "rL-w", 0) == "acknowledged"
+    assert await w.adopt("rL-w", 1) is False          # not its current try
+    out = await asyncio.wait_for(task, 5)
+    assert (out.status, out.adopted, out.attempt_index) == ("sealed", True, 0)
+    assert (await w.snapshot()).adopt_requests == 2
+    await w.close()
