@@ -50,7 +50,7 @@ class RayOwners:
 
     def register(self, owners: dict[str, ActorHandle]) -> None:
         self.handles.update(owners)
-        self.dead.difference_update(owners)     # a replacement under the same name is alive
+        self.dead.difference_update(owners)
 
     def live(self) -> frozenset[str]:
         return frozenset(n for n in self.handles if n not in self.dead)
@@ -112,8 +112,9 @@ class LedgerActor:
         return ray.get_runtime_context().get_actor_name() or "ledger"
 
     async def register_owners(self, owners: dict[str, ActorHandle]) -> None:
-        """Add or replace rollout actors by name (a replacement under a dead actor's name counts
-        as alive; what the dead one held is still not its own)."""
+        """Add rollout actors by name. The book ties attempts to owner names, so a replacement
+        for a dead actor must take a new name: under the old one it would be taken to hold the
+        dead actor's tries (the gate would wait for them instead of retiring them)."""
         self._owners.register(owners)
 
     async def report(self, batch: list[AttemptReport]) -> None:

@@ -6,7 +6,8 @@ rollout actors and may arrive out of order, so the fold is commutative and idemp
 - an attempt's state only moves up (``running < sealed < tombstoned < acked``; the last two share
   a rank in :class:`AttemptState`, and ``acked`` wins the tie because it is the stronger fact);
 - a rollout's current try is the highest attempt index reported for it, and its owner is the owner
-  of that attempt;
+  of that attempt (should two reports of one attempt ever name different owners, the greater name
+  wins, so that the order does not matter);
 - ``released`` on a report for attempt ``a`` means the owner let go of the rollout at try ``a``; a
   later try (a higher index) takes the rollout again.
 
