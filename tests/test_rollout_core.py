@@ -283,3 +283,18 @@ def test_receipt_problem_checks_key_and_digest():
     assert r.receipt_problem(receipt(), RID, 0, REPLY) is None
     assert "digest" in r.receipt_problem(receipt(), RID, 0, {"id": "r-r7", "reward": 1})
     assert "not" in r.receipt_problem(receipt(1), RID, 0, REPLY)
+
+
+def test_a_retire_refused_by_a_checkpoint_waits_for_it_up_to_admission_wait_s():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.DeadlineFired(10.0))                       # Retire(0, deadline 14.0)
+    fx = m.handle(r.RetireFailed(13.9, r.Failure.CONFLICT, "checkpoint_conflict"))
+    wake = last(fx).wake_ts
+    fx = m.handle(r.Woke(wake))
+    assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts > 14.0   # renewed
+    fx = m.handle(r.RetireFailed(14.9, r.Failure.CONFLICT))
+    assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts <= 15.0   # admission_wait_s
+    m.handle(r.Woke(last(fx).wake_ts))
+    fx = m.handle(r.RetireFailed(15.0, r.Failure.CONFLICT))
+    assert last(fx).outcome.status == "failed" and m.handed_over == [0]

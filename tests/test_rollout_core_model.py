@@ -193,7 +193,11 @@ class Driver:
                 return self.feed(r.DigestMismatch(now, rec, problem))
             return self.feed(r.ReceiptReceived(now, rec))
         if isinstance(step, r.Retire):
-            choice = self.draw(["deliver", "lose_before", "lose_after"])
+            options = ["deliver", "lose_before", "lose_after"]
+            choice = self.draw(options + ([] if self.reliable_control else ["conflict"]))
+            if choice == "conflict":      # a checkpoint in progress refuses it, unapplied
+                self.now += LOSS_S
+                return self.feed(r.RetireFailed(self.now, r.Failure.CONFLICT))
             if choice != "lose_before" or self.reliable_control:
                 answer = self.gym.retire(step.attempt_index)
             if choice != "deliver" and (ev := self.lose(r.RetireFailed, step)) is not None:

@@ -34,7 +34,7 @@ from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.events import AttemptState
-from rl_gym_actors.errors import ConfigError, PoolClosed
+from rl_gym_actors.errors import ConfigError, DeadlineExceeded, PoolClosed
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
@@ -183,7 +183,8 @@ class RolloutWorker:
     async def adopt(self, rollout_id: str, attempt_index: int) -> bool:
         """The ledger's request: make sure this attempt ends sealed and ACKed. True when this
         actor owns it as its rollout's current try and it now is; False when it does not own it
-        (or it ended otherwise: cancelled, or handed over to the ledger)."""
+        (or it ended otherwise: cancelled, or handed over to the ledger). Raises
+        DeadlineExceeded when it does not settle in time: the ledger then asks again."""
         self._counts["adopt_requests"] += 1
         live = self._live.get(rollout_id)
         if live is None:
@@ -197,7 +198,8 @@ class RolloutWorker:
         while not self._attempt_settled(m, attempt_index):
             left = deadline - self._clock()
             if left <= 0:
-                return False
+                raise DeadlineExceeded(f"{self.name}: {rollout_id}/{attempt_index} did not "
+                                       f"settle in time")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.changed(), left)
         return self._sealed_and_acked(m, attempt_index)

@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bool:
-    """Connect to Ray: the running session if there is one, else ``address`` when given, else a
-    new local Ray bound to loopback. True when this call started or connected it."""
+    """Connect to Ray: the running session if there is one, else ``address`` (or
+    ``$RAY_ADDRESS``) when given, else a new local Ray of our own bound to loopback. True when
+    this call started or connected it."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:                  # a local Ray: loopback, whatever was set before
         os.environ.update(RAY_ENV)
     import ray
@@ -41,7 +43,8 @@ def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bo
     if address is not None:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, _node_ip_address=LOOPBACK, **kwargs)
+        # "local": a new Ray of our own, never some other process's cluster found in /tmp/ray
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, **kwargs)
     logger.info("ray started in %.2fs", time.perf_counter() - started)
     return True
 

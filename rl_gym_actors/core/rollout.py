@@ -104,7 +104,9 @@ class RolloutMachine:
         self._replayed = False
         self._next_try_allowed = True
         self._step: Effect | None = None         # the pending control call, repeated on Woke
-        self._step_deadline = 0.0
+        self._make: Callable[[float], Effect] | None = None
+        self._step_started = self._budget_s = 0.0
+        self._step_deadline = self._repeat_limit = 0.0
         self._retries = 0
         self._asleep = False
         self._admission_since: float | None = None
@@ -339,7 +341,12 @@ class RolloutMachine:
         pass
 
     def _on_woke(self, ev: Woke, out: list[Effect]) -> None:
-        assert self._step is not None
+        assert self._make is not None
+        # waiting out a checkpoint may carry the step past its first deadline: renew it
+        renewed = min(ev.now + self._budget_s, self._repeat_limit)
+        if renewed > self._step_deadline:
+            self._step_deadline = renewed
+            self._step = self._make(renewed)
         out.append(self._step)
 
     # -------------------------------------------------------- helpers
@@ -356,7 +363,9 @@ class RolloutMachine:
     def _begin_step(self, phase: Phase, now: float, budget_s: float, out: list[Effect],
                     make: Callable[[float], Effect]) -> None:
         self.phase = phase
+        self._step_started, self._budget_s, self._make = now, budget_s, make
         self._step_deadline = now + budget_s
+        self._repeat_limit = self._step_deadline
         self._retries = 0
         self._step = make(self._step_deadline)
         out.append(self._step)
@@ -364,9 +373,16 @@ class RolloutMachine:
     def _may_repeat(self, failure: Failure, now: float, out: list[Effect]) -> bool:
         """Schedule the pending step again when the failure may pass and time remains."""
         # Every call of a step carries the step's deadline: once it fired, the step is over.
-        if not failure.may_pass or failure is Failure.DEADLINE or now >= self._step_deadline:
+        if not failure.may_pass or failure is Failure.DEADLINE:
             return False
-        self._sleep(now, self._step_deadline, out)
+        limit = self._step_deadline
+        if failure in (Failure.CONFLICT, Failure.ADMISSION_CLOSED):
+            # a checkpoint holds the server: wait for it as a refused /run would
+            limit = max(limit, self._step_started + self.policy.admission_wait_s)
+        if now >= limit:
+            return False
+        self._repeat_limit = limit
+        self._sleep(now, limit, out)
         return True
 
     def _sleep(self, now: float, limit: float, out: list[Effect]) -> None:
