@@ -8,6 +8,7 @@ Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorized``, 413
 ``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation, 404
 and 405 for unknown routes, 409 for the participant's rejections (a prepare 409 also carries the
 full status as ``report``), 500 ``agent_failed``, 503 ``unavailable``. Bad input never gets a 500.
+``GET /metrics`` serves the counts of :class:`rl_gym_actors.metrics.GymServerMetrics`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
 from rl_gym_actors.gym.participant import Participant
+from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
                                     REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckBatchRequest,
                                     CommitRequest, CompletionReceipt, PhaseRequest, RetireRequest,
@@ -160,14 +162,17 @@ def _query_key(request: Request) -> Key:
 
 def create_app(participant: Participant, *, token: str,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               faults: FaultHooks | None = None) -> FastAPI:
-    """The HTTP app. ``token`` guards every control route; ``faults`` enables fault injection."""
+               faults: FaultHooks | None = None, metrics: bool = True) -> FastAPI:
+    """The HTTP app. ``token`` guards every control route; ``faults`` enables fault injection;
+    ``metrics`` serves Prometheus text on ``GET /metrics`` (unauthenticated; counts only)."""
     if not token:
         raise ValueError("a control token is required")
     expected = token.encode()
     app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.participant = participant
+    if metrics:
+        app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
 
     def authorize(request: Request) -> None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -358,11 +363,12 @@ class GymServer:
     def __init__(self, participant: Participant, *, token: str, host: str = "127.0.0.1",
                  port: int = 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  faults: FaultHooks | None = None, log_level: str = "warning",
-                 handle_signals: bool = False, graceful_s: float = 5.0) -> None:
+                 handle_signals: bool = False, graceful_s: float = 5.0,
+                 metrics: bool = True) -> None:
         self.participant = participant
         self.token = token
         self.app = create_app(participant, token=token, max_body_bytes=max_body_bytes,
-                              faults=faults)
+                              faults=faults, metrics=metrics)
         self.socket = bind_socket(host, port)
         bound_host, bound_port = self.socket.getsockname()[:2]
         self.port = bound_port

@@ -349,3 +349,19 @@ async def test_a_non_bearer_scheme_is_unauthorized(wire):
 async def test_run_needs_no_token(wire):
     got = await wire.request("POST", "/run", body={"_ng_rollout_id": "r1"}, token=None)
     assert got.status == 200
+
+
+async def test_metrics_count_runs_replays_acks_and_retires(wire):
+    receipt = await wire.complete("rA")
+    await wire.run("rA")                                          # a replay
+    await wire.ack(receipt)
+    await wire.retire("rT")
+    got = await wire.request("GET", "/metrics", token=None)
+    assert got.status == 200 and got.headers["content-type"].startswith("text/plain")
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in got.raw.decode().splitlines() if line and not line.startswith("#")}
+    assert samples["gym_runs_started_total"] == 1
+    assert samples["gym_runs_replayed_total"] == 1
+    assert samples["gym_attempts_acked_total"] == 1
+    assert samples["gym_attempts_retired_total"] == 1
+    assert samples["gym_running"] == 0
