@@ -1,0 +1,76 @@
+"""GET /metrics on the real Gym server: the counters move as runs happen."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from rl_gym_actors.errors import ConnectionLost
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.metrics import CONTENT_TYPE, parse_exposition
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+RUN = 'gym_request_duration_seconds_count{route="/run",method="POST",status="%s"}'
+
+
+@pytest.fixture(scope="module")
+def gym():
+    with GymServerThread(token="test-token", allow_faults=True) as server:
+        yield server
+
+
+async def scrape(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/metrics") as answer:
+            assert answer.status == 200
+            assert answer.headers["content-type"] == CONTENT_TYPE
+            return parse_exposition(await answer.text())
+
+
+async def test_counters_move_as_runs_happen(gym):
+    before = await scrape(gym.url)
+    deadline = time.time() + 10
+    async with GymClient(gym.endpoint) as client:
+        for i in range(3):
+            await client.run({"reward": 0.5}, rollout_id=f"m{i}", attempt_index=0,
+                             deadline_ts=deadline)
+        with pytest.raises(ConnectionLost):              # completed on Gym, reply lost
+            await client.run({"reward": 0.5, "drop_reply": True}, rollout_id="mD",
+                             attempt_index=0, deadline_ts=deadline)
+        mid = await scrape(gym.url)
+        replay = await client.run({"reward": 0.5}, rollout_id="mD", attempt_index=0,
+                                  deadline_ts=deadline)
+        assert replay.replayed
+        for i in range(2):
+            answer = await client.receipt(f"m{i}", 0, deadline_ts=deadline)
+            await client.acknowledge(answer.completion_receipt, deadline_ts=deadline)
+        await client.retire("mT", 0, checkpoint_id="metrics-test", deadline_ts=deadline)
+    after = await scrape(gym.url)
+
+    def moved(name: str, a=before, b=after) -> float:
+        return b.get(name, 0.0) - a.get(name, 0.0)
+
+    assert moved("gym_runs_started_total") == 4                   # the replay started nothing
+    assert moved("gym_runs_completed_total") == 4
+    assert moved("gym_completed_unacknowledged", before, mid) == 4
+    assert moved("gym_runs_replayed_total") == 1
+    assert moved("gym_attempts_acked_total") == 2
+    assert moved("gym_attempts_retired_total") == 1
+    assert after["gym_completed_unacknowledged"] == mid["gym_completed_unacknowledged"] - 2
+    assert after["gym_running"] == 0
+    # the dropped reply went out as a 200 whose body was cut short
+    assert moved(RUN % 200) == 5 and moved(RUN % 200, before, mid) == 4
+
+
+async def test_running_gauge_sees_a_run_in_flight(gym):
+    async with GymClient(gym.endpoint) as client:
+        task = asyncio.create_task(client.run({"sleep_s": 0.5}, rollout_id="mS",
+                                              attempt_index=0, deadline_ts=time.time() + 10))
+        deadline = time.monotonic() + 5
+        while (await scrape(gym.url))["gym_running"] < 1:
+            assert time.monotonic() < deadline, "the run never showed as running"
+        await task
+    assert (await scrape(gym.url))["gym_running"] == 0
