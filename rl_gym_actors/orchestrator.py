@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 ENDPOINT_FIELD = "_ng_endpoint"
 MEMORY = 1_000_000            # rollout ids remembered (oldest forgotten first)
 CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own deadline
+START_TIMEOUT_S = 120.0
 
 
 class ActorTotals(BaseModel):
@@ -259,7 +260,7 @@ class Orchestrator:
                                          num_cpus=0, max_restarts=0).remote(
                 self.endpoints, self.policy, self.ledger_config)
             try:
-                await ledger.ping.remote()
+                await asyncio.wait_for(ledger.ping.remote(), START_TIMEOUT_S)
                 pool = WarmPool(self.id, self.endpoints, self.policy, self.pool_config,
                                 self.ledger_config, ledger)
                 await pool.start()
@@ -425,11 +426,13 @@ class Orchestrator:
                 if known.kept is not None:
                     item.ready = known.kept.model_copy(update=dict(
                         status="sealed", adopted=True, reason=None, tries=0))
-                    known.kept = None
                 item.first_attempt = max(first, known.next_fresh)
                 if not known.settled:
                     item.previous_attempt = known.last_attempt
             items.append(item)
+        for item in items:               # every row is valid: hand out the kept results
+            if item.ready is not None:
+                self._known[item.rollout_id].kept = None
         return items
 
     def _endpoint_for(self, row: Mapping[str, Any], rid: str, i: int) -> int:

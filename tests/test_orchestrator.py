@@ -151,6 +151,8 @@ def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, a
     kept = outs[1]
     assert kept.status == "abandoned" and kept.has_result and kept.adopted
     assert (kept.reward, kept.attempt_index) == (0.125, 0)
+    with pytest.raises(ConfigError):      # a bad batch hands out nothing
+        orch.run_batch([{"_ng_rollout_id": done}, {"_ng_rollout_id": "bad id!"}])
     (later,) = orch.run_batch([{"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}])
     assert (later.status, later.adopted, later.reward, later.attempt_index) == (
         "sealed", True, 0.125, 0)
