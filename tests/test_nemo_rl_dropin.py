@@ -224,7 +224,7 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_
     got, error = drain(ray_session, held_back)
     assert error is None and got[0][1]["full_result"]["reward"] == 0.75
     status = ray_session.get(env.status.remote())
-    assert status["stats"]["checkpoints_committed"] == 1
+    assert status["checkpoints_committed"] == 1
     assert status["orchestrator"]["ledger"]["checkpoints_committed"] >= 1
 
 

@@ -22,25 +22,13 @@ Rollouts
     re-dispatched row whose earlier rollout failed starts its next try after retiring the last
     one, so a try that finished on Gym after all is adopted, not rerun.
 
-Checkpoints (a mapping onto the ledger's one-shot gate)
-    The ledger gates a checkpoint in one call (adopt, ACK orphans, retire forgotten runs,
-    prepare, commit, resume on every Gym server). NeMo RL's three steps map onto it so that
-    nothing runs between prepare and resume, as Gym's own admission fence would have it:
-
-    - ``prepare_checkpoint(id, deadline_ts)`` closes this actor's admission (new rollouts wait;
-      held results are still handed out) and waits until none of its rollouts is in flight.
-      Ready: the answer has ``ready_to_commit`` True. Not ready by the deadline: raises
-      :class:`~rl_gym_actors.errors.CheckpointFailed` with the rollouts still in flight;
-      admission stays closed and prepare may be called again with the same id.
-    - ``commit_checkpoint(id, checkpoint_dir)`` runs the ledger's gate with the prepare's
-      deadline (at least ``commit_min_s``): Gym's records land under ``checkpoint_dir``. A gate
-      that fails has resumed every Gym server and spent the id there: this raises
-      ``CheckpointFailed``, reopens admission, and the id is spent here too.
-    - ``resume(id)`` and ``abort(id)`` reopen admission (the gate already resumed Gym).
-
-    Every one of them is safe to repeat: a repeated call with the same id returns the recorded
-    answer; a different id while one is active raises ``CheckpointConflict``; a spent id raises
-    ``StaleCheckpoint``. ``status()`` reports this actor, the ledger and every Gym server.
+Checkpoints
+    ``prepare_checkpoint(id, deadline_ts)``, ``commit_checkpoint(id, dir)``, ``resume(id)`` and
+    ``abort(id)`` map NeMo RL's steps onto the ledger's one-shot gate (see
+    :mod:`rl_gym_actors.integrations.nemo_rl_checkpoints`): prepare closes this actor's admission
+    and drains its rollouts in flight, commit runs the gate into ``dir``, resume and abort
+    reopen admission. Each is bounded and safe to repeat. ``status()`` reports this actor, the
+    ledger, the pool and every Gym server.
 """
 
 from __future__ import annotations
@@ -51,29 +39,26 @@ import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
 import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
-from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
-                                  ConfigError, GymRejected, RlGymError, StaleCheckpoint)
+from rl_gym_actors.errors import ConfigError, GymRejected, RlGymError
+from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
                                                      check_prefix, failure_for,
                                                      to_nemo_rl_result)
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport,
-                                    is_valid_checkpoint_id)
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport
 
 logger = logging.getLogger(__name__)
 
 STATUS_CHECKPOINT_ID = "rlga-status"
-SPENT_MEMORY = 256
 EXPIRE_EVERY_S = 10.0
 # Keys of NeMo RL's NemoGymConfig; ignored when our settings sit at the top level of its config.
 NEMO_RL_KEYS = frozenset({
@@ -140,16 +125,6 @@ def _tensor_factory(kind: str) -> Callable[[list], Any]:
 
 
 @dataclass(slots=True)
-class _Checkpoint:
-    checkpoint_id: str
-    deadline_ts: float
-    phase: str = "preparing"            # preparing -> prepared -> committed
-    prepared: dict[str, Any] | None = None
-    committed: dict[str, Any] | None = None
-    checkpoint_dir: str | None = None
-
-
-@dataclass(slots=True)
 class DropInStats:
     rows: int = 0
     yielded: int = 0
@@ -157,7 +132,6 @@ class DropInStats:
     adopted: int = 0                    # results adopted on Gym (retire said completed)
     streams: int = 0
     cancelled_streams: int = 0
-    checkpoints_committed: int = 0
 
 
 class GymRolloutEnv:
@@ -173,12 +147,8 @@ class GymRolloutEnv:
         self._tensor = _tensor_factory(self.cfg.tensors)
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self._stream_ids = itertools.count(1)
-        self._in_flight = 0
-        self._changed = asyncio.Event()
-        self._admission = asyncio.Event()
-        self._admission.set()
-        self._checkpoint: _Checkpoint | None = None
-        self._spent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._steps = CheckpointSteps(admission_wait_s=self.cfg.policy.admission_wait_s,
+                                      commit_min_s=self.cfg.commit_min_s)
         self._last_expire = 0.0
         self.stats = DropInStats()
 
@@ -370,15 +340,11 @@ class GymRolloutEnv:
         """One rollout, to its end; never raises (a failure is a failed Outcome)."""
         rid = claim.rollout_id
         try:
-            await self._admitted()
-            self._in_flight += 1
-            try:
+            await self._steps.admitted()
+            with self._steps.running(rid):
                 # the orchestrator remembers the rollout's earlier tries: a rollout that comes
                 # again retires its last try first, and adopts it if it had finished
                 (outcome,) = await self._orch.arun_batch([row])
-            finally:
-                self._in_flight -= 1
-                self._notify()
         except asyncio.CancelledError:
             self._book.settle(rid, ok=False, attempt_index=None, now=time.time())
             raise
@@ -392,20 +358,6 @@ class GymRolloutEnv:
             self._tasks.pop(rid, None)
         return outcome
 
-    async def _admitted(self) -> None:
-        """Wait while a checkpoint holds admission closed, at most ``admission_wait_s``."""
-        if self._admission.is_set():
-            return
-        try:
-            await asyncio.wait_for(self._admission.wait(), self.cfg.policy.admission_wait_s)
-        except TimeoutError:
-            raise RolloutTransportError("admission stayed closed (a checkpoint between prepare "
-                                        "and resume) past admission_wait_s") from None
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def _maybe_expire(self) -> None:
         now = time.monotonic()
         if now - self._last_expire < EXPIRE_EVERY_S:
@@ -416,125 +368,43 @@ class GymRolloutEnv:
 
     # ------------------------------------------------------------ checkpoints
 
-    def _check_id(self, checkpoint_id: str) -> dict[str, Any] | None:
-        """The recorded answer of a spent id's last call, else None; raises for a bad id or a
-        conflict with the active checkpoint."""
-        if not is_valid_checkpoint_id(checkpoint_id):
-            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
-        active = self._checkpoint
-        if active is not None and active.checkpoint_id != checkpoint_id:
-            raise CheckpointConflict(f"checkpoint {active.checkpoint_id} is active", status=409)
-        return self._spent.get(checkpoint_id)
-
     async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
         """Close admission and wait (until ``deadline_ts``) for every rollout in flight to end."""
         self._require_spinup()
-        if self._check_id(checkpoint_id) is not None:
-            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
-        ckpt = self._checkpoint
-        if ckpt is not None and ckpt.prepared is not None:
-            return ckpt.prepared
-        if ckpt is None:
-            ckpt = self._checkpoint = _Checkpoint(checkpoint_id, float(deadline_ts))
-        ckpt.deadline_ts = float(deadline_ts)
-        self._admission.clear()
-        started = time.monotonic()
-        while self._in_flight:
-            left = ckpt.deadline_ts - time.time()
-            if left <= 0:
-                raise CheckpointFailed(
-                    f"checkpoint {checkpoint_id}: {self._in_flight} rollouts still in flight at "
-                    f"the deadline; admission stays closed (prepare again, or abort)",
-                    checkpoint_id=checkpoint_id,
-                    blockers={"in_flight": sorted(r for r, t in self._tasks.items()
-                                                  if not t.done())})
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                pass
-        ckpt.phase = "prepared"
-        ckpt.prepared = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
-                         "drained_s": round(time.monotonic() - started, 6),
-                         "held_results": sum(1 for t in self._tasks.values() if t.done())}
-        return ckpt.prepared
+        answer = await self._steps.prepare(checkpoint_id, deadline_ts)
+        return {**answer, "held_results": sum(t.done() for t in self._tasks.values())}
 
     async def commit_checkpoint(self, checkpoint_id: str, checkpoint_dir: str) -> dict[str, Any]:
         """Run the ledger's gate into ``checkpoint_dir`` (after a ready prepare)."""
         self._require_spinup()
-        recorded = self._check_id(checkpoint_id)
-        if recorded is not None:
-            if recorded.get("committed") and recorded["committed"]["checkpoint_dir"] == checkpoint_dir:
-                return recorded["committed"]
-            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
-        ckpt = self._checkpoint
-        if ckpt is None or ckpt.prepared is None:
-            raise CheckpointNotReady(f"checkpoint {checkpoint_id}: commit before a ready "
-                                     f"prepare", status=409)
-        if ckpt.committed is not None:
-            if ckpt.checkpoint_dir != checkpoint_dir:
-                raise ConfigError(f"checkpoint {checkpoint_id} was committed to "
-                                  f"{ckpt.checkpoint_dir!r}, not {checkpoint_dir!r}")
-            return ckpt.committed
-        budget = max(ckpt.deadline_ts - time.time(), self.cfg.commit_min_s)
-        try:
-            report = await self._orch.acheckpoint(checkpoint_id, checkpoint_dir,
-                                                  deadline_s=budget)
-        except (CheckpointFailed, GymRejected) as exc:
-            self._finish(checkpoint_id, {"state": "accepting", "committed": None,
-                                         "failed": str(exc)})
-            raise
-        ckpt.phase = "committed"
-        ckpt.checkpoint_dir = checkpoint_dir
-        ckpt.committed = {"checkpoint_id": checkpoint_id, "checkpoint_dir": checkpoint_dir,
-                          "adopted": report.adopted, "orphans_acked": report.orphans_acked,
-                          "retired": report.retired, "elapsed_s": report.elapsed_s,
-                          "endpoints": [e.model_dump(mode="json") for e in report.endpoints]}
-        self.stats.checkpoints_committed += 1
-        return ckpt.committed
+
+        async def gate(cid: str, directory: str, deadline_s: float) -> Any:
+            return await self._orch.acheckpoint(cid, directory, deadline_s=deadline_s)
+
+        return await self._steps.commit(checkpoint_id, checkpoint_dir, gate)
 
     async def resume(self, checkpoint_id: str) -> dict[str, Any]:
         """Reopen admission after a checkpoint; the id is spent."""
-        return self._end(checkpoint_id)
+        return self._steps.end(checkpoint_id)
 
     async def abort(self, checkpoint_id: str) -> dict[str, Any]:
         """Give up a checkpoint that is not committed (or just reopen after one that is)."""
-        return self._end(checkpoint_id)
-
-    def _end(self, checkpoint_id: str) -> dict[str, Any]:
-        recorded = self._check_id(checkpoint_id)
-        if recorded is not None:
-            return recorded
-        ckpt = self._checkpoint
-        committed = ckpt.committed if ckpt is not None else None
-        return self._finish(checkpoint_id, {"state": "accepting", "committed": committed})
-
-    def _finish(self, checkpoint_id: str, answer: dict[str, Any]) -> dict[str, Any]:
-        answer = {"checkpoint_id": checkpoint_id, **answer}
-        self._spent[checkpoint_id] = answer
-        while len(self._spent) > SPENT_MEMORY:
-            self._spent.popitem(last=False)
-        self._checkpoint = None
-        self._admission.set()
-        return answer
+        return self._steps.end(checkpoint_id)
 
     async def status(self) -> dict[str, Any]:
         """This actor's state, the orchestrator's snapshot (ledger, pool, rollout actors) and
         every Gym server's status (or why there is none)."""
-        ckpt = self._checkpoint
+        steps = self._steps.snapshot()
         out: dict[str, Any] = {
-            "spun_up": self._orch is not None,
-            "admission": "open" if self._admission.is_set() else "closed",
-            "checkpoint": None if ckpt is None else {"checkpoint_id": ckpt.checkpoint_id,
-                                                     "phase": ckpt.phase},
-            "in_flight": self._in_flight,
-            "held_results": sum(1 for t in self._tasks.values() if t.done()),
-            "stats": asdict(self.stats),
-            "book": asdict(self._book.stats),
+            "spun_up": self._orch is not None, **steps,
+            "held_results": sum(t.done() for t in self._tasks.values()),
+            "stats": asdict(self.stats), "book": asdict(self._book.stats),
         }
         if self._orch is not None:
             out["orchestrator"] = (await self._orch.asnapshot()).model_dump(mode="json")
-            gym = await self._gym_status(ckpt.checkpoint_id if ckpt else STATUS_CHECKPOINT_ID)
+            active = steps["checkpoint"]
+            gym = await self._gym_status(active["checkpoint_id"] if active
+                                         else STATUS_CHECKPOINT_ID)
             out["gym"] = {url: a.model_dump(mode="json", exclude={"executions"})
                           if isinstance(a, StatusReport) else {"error": a}
                           for url, a in gym.items()}

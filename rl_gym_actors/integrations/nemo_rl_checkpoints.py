@@ -1,0 +1,198 @@
+"""NeMo RL's checkpoint steps for the drop-in, mapped onto the ledger's one-shot gate.
+
+The ledger gates a checkpoint in one call: adopt, ACK orphans, retire forgotten runs, prepare,
+commit and resume on every Gym server. NeMo RL calls prepare, commit and resume separately, and
+saves its own state in between. :class:`CheckpointSteps` keeps the drop-in's side consistent
+with that, as Gym's admission fence would:
+
+- ``prepare(id, deadline_ts)`` closes admission (new rollouts wait in :meth:`admitted`; results
+  already held are still handed out) and waits until no rollout is in flight. Not drained by the
+  deadline: ``CheckpointFailed`` naming what is in flight; admission stays closed, and prepare
+  may be called again with the same id (or the checkpoint aborted).
+- ``commit(id, dir, gate)`` runs the gate with the prepare's deadline (at least
+  ``commit_min_s``). A gate that fails has resumed every Gym server and spent the id there, so
+  the id is spent here too: admission reopens and ``CheckpointFailed`` propagates.
+- ``end(id)`` (resume or abort) reopens admission; the gate already resumed Gym.
+
+Each step is safe to repeat: the same call with the same id returns the recorded answer; a
+different id while one is active raises ``CheckpointConflict``; a spent id ``StaleCheckpoint``.
+Asyncio only: no Ray, no sockets; the clock is injectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
+                                  ConfigError, GymRejected, StaleCheckpoint)
+from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
+from rl_gym_actors.protocol import is_valid_checkpoint_id
+
+SPENT_MEMORY = 256
+
+Gate = Callable[[str, str, float], Awaitable[Any]]    # (id, dir, deadline_s) -> CheckpointReport
+
+
+@dataclass(slots=True)
+class _Active:
+    checkpoint_id: str
+    deadline_ts: float
+    prepared: dict[str, Any] | None = None
+    committing: asyncio.Task | None = None
+    committed: dict[str, Any] | None = None
+    checkpoint_dir: str | None = None
+
+    @property
+    def phase(self) -> str:
+        if self.committed is not None:
+            return "committed"
+        return "prepared" if self.prepared is not None else "preparing"
+
+
+class CheckpointSteps:
+    """Admission and checkpoint phases of one drop-in actor. One event loop."""
+
+    def __init__(self, *, admission_wait_s: float, commit_min_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.admission_wait_s = admission_wait_s
+        self.commit_min_s = commit_min_s
+        self._clock = clock
+        self.in_flight: set[str] = set()
+        self.committed = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._changed = asyncio.Event()
+        self._active: _Active | None = None
+        self._spent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    # ------------------------------------------------------------ rollouts
+
+    async def admitted(self) -> None:
+        """Return once admission is open; wait while a checkpoint holds it closed, at most
+        ``admission_wait_s`` (then RolloutTransportError: RL re-dispatches the row)."""
+        if self._open.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._open.wait(), self.admission_wait_s)
+        except TimeoutError:
+            raise RolloutTransportError("admission stayed closed (a checkpoint between prepare "
+                                        "and resume) past admission_wait_s") from None
+
+    @contextmanager
+    def running(self, rollout_id: str) -> Iterator[None]:
+        """Count a rollout as in flight while the block runs. Enter it right after
+        :meth:`admitted` returns, with no await in between."""
+        self.in_flight.add(rollout_id)
+        try:
+            yield
+        finally:
+            self.in_flight.discard(rollout_id)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------ the steps
+
+    def _check(self, checkpoint_id: str) -> dict[str, Any] | None:
+        if not is_valid_checkpoint_id(checkpoint_id):
+            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
+        active = self._active
+        if active is not None and active.checkpoint_id != checkpoint_id:
+            raise CheckpointConflict(f"checkpoint {active.checkpoint_id} is active", status=409)
+        return self._spent.get(checkpoint_id)
+
+    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
+        if self._check(checkpoint_id) is not None:
+            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
+        active = self._active
+        if active is None:
+            active = self._active = _Active(checkpoint_id, float(deadline_ts))
+        if active.prepared is not None:
+            return active.prepared
+        active.deadline_ts = float(deadline_ts)
+        self._open.clear()
+        started = time.monotonic()
+        while self.in_flight:
+            left = active.deadline_ts - self._clock()
+            if left <= 0:
+                raise CheckpointFailed(
+                    f"checkpoint {checkpoint_id}: {len(self.in_flight)} rollouts still in "
+                    f"flight at the deadline; admission stays closed (prepare again, or abort)",
+                    checkpoint_id=checkpoint_id, blockers={"in_flight": sorted(self.in_flight)})
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                pass
+        active.prepared = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
+                           "drained_s": round(time.monotonic() - started, 6)}
+        return active.prepared
+
+    async def commit(self, checkpoint_id: str, checkpoint_dir: str, gate: Gate) -> dict[str, Any]:
+        recorded = self._check(checkpoint_id)
+        if recorded is not None:
+            committed = recorded.get("committed")
+            if committed and committed["checkpoint_dir"] == checkpoint_dir:
+                return committed
+            raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
+        active = self._active
+        if active is None or active.prepared is None:
+            raise CheckpointNotReady(f"checkpoint {checkpoint_id}: commit before a ready "
+                                     f"prepare", status=409)
+        if active.checkpoint_dir is not None and active.checkpoint_dir != checkpoint_dir:
+            raise ConfigError(f"checkpoint {checkpoint_id} commits to "
+                              f"{active.checkpoint_dir!r}, not {checkpoint_dir!r}")
+        if active.committed is not None:
+            return active.committed
+        if active.committing is None:             # a repeated call joins the one in progress
+            active.checkpoint_dir = checkpoint_dir
+            budget = max(active.deadline_ts - self._clock(), self.commit_min_s)
+            active.committing = asyncio.ensure_future(gate(checkpoint_id, checkpoint_dir,
+                                                           budget))
+        try:
+            report = await asyncio.shield(active.committing)
+        except (CheckpointFailed, GymRejected) as exc:
+            if self._active is active:
+                self._finish(checkpoint_id, {"state": "accepting", "committed": None,
+                                             "failed": str(exc)})
+            raise
+        if active.committed is None:
+            active.committed = {
+                "checkpoint_id": checkpoint_id, "checkpoint_dir": checkpoint_dir,
+                "adopted": report.adopted, "orphans_acked": report.orphans_acked,
+                "retired": report.retired, "elapsed_s": report.elapsed_s,
+                "endpoints": [e.model_dump(mode="json") for e in report.endpoints]}
+            self.committed += 1
+        return active.committed
+
+    def end(self, checkpoint_id: str) -> dict[str, Any]:
+        """Resume or abort: reopen admission; the id is spent. Repeats answer the same."""
+        recorded = self._check(checkpoint_id)
+        if recorded is not None:
+            return recorded
+        active = self._active
+        if active is not None and active.committing is not None and active.committed is None:
+            raise CheckpointConflict(f"checkpoint {checkpoint_id} is committing", status=409)
+        committed = active.committed if active is not None else None
+        return self._finish(checkpoint_id, {"state": "accepting", "committed": committed})
+
+    def _finish(self, checkpoint_id: str, answer: dict[str, Any]) -> dict[str, Any]:
+        answer = {"checkpoint_id": checkpoint_id, **answer}
+        self._spent[checkpoint_id] = answer
+        while len(self._spent) > SPENT_MEMORY:
+            self._spent.popitem(last=False)
+        self._active = None
+        self._open.set()
+        return answer
+
+    def snapshot(self) -> dict[str, Any]:
+        active = self._active
+        return {"admission": "open" if self._open.is_set() else "closed",
+                "checkpoint": None if active is None else {
+                    "checkpoint_id": active.checkpoint_id, "phase": active.phase},
+                "in_flight": len(self.in_flight), "checkpoints_committed": self.committed}
