@@ -7,6 +7,7 @@ tests/test_orchestrator.py drives the same code as Ray actors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -262,3 +263,25 @@ async def test_the_ledger_asking_to_adopt_a_finished_try_gets_it_sealed_and_acke
     assert (out.status, out.adopted, out.attempt_index) == ("sealed", True, 0)
     assert (await w.snapshot()).adopt_requests == 2
     await w.close()
+
+
+async def test_a_real_gym_without_the_receipt_route_still_seals_and_adopts(agent, caplog):
+    from rl_gym_actors.testing.real_gym import RealGymStandIn
+
+    caplog.set_level(logging.INFO, logger="rl_gym_actors.actors.rollout_actor")
+
+    with GymServerThread(agent=agent) as server, RealGymStandIn(server.endpoint) as real:
+        w = RolloutWorker("w-real", [real.endpoint], QUICK, slots=4)
+        ok, lost, slow = await asyncio.gather(
+            w.run_rollout({"reward": 0.5}, "rG-ok"),
+            w.run_rollout({"reward": 0.25, "drop_reply": True}, "rG-lost"),
+            w.run_rollout({"reward": 0.75, "first_try_sleep_s": 30}, "rG-slow"))
+        await w.close()
+        assert (ok.status, ok.adopted, ok.attempt_index) == ("sealed", False, 0)
+        assert (lost.status, lost.adopted, lost.attempt_index, lost.reward) == (
+            "sealed", True, 0, 0.25)
+        assert (slow.status, slow.attempt_index, slow.tries) == ("sealed", 1, 2)
+        assert agent.runs_of("rG-lost") == 1
+        snap = server.participant.snapshot()
+        assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0
+        assert "receipts come from its status" in caplog.text

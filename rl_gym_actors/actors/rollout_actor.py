@@ -34,10 +34,12 @@ from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.events import AttemptState
-from rl_gym_actors.errors import ConfigError, DeadlineExceeded, PoolClosed
+from rl_gym_actors.errors import (ConfigError, DeadlineExceeded, InvalidRequest,
+                                  NotCompleted, PoolClosed, StaleAttempt)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
+from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, CompletionReceipt,
+                                    is_valid_rollout_id)
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class _Live:
     row: dict[str, Any]
     client: GymClient
     first_attempt: int
+    endpoint_index: int
     signals: list[core.Event] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     watchers: list[asyncio.Future] = field(default_factory=list)
@@ -115,6 +118,7 @@ class RolloutWorker:
         self._slots = slots
         self._clock = clock
         self._clients: dict[int, GymClient] = {}
+        self._receipts_from_status: set[int] = set()    # endpoints without the receipt route
         # retire needs a checkpoint id; one that no checkpoint ever uses is never spent
         self._retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
         self._live: dict[str, _Live] = {}
@@ -145,7 +149,7 @@ class RolloutWorker:
         machine = core.RolloutMachine(rollout_id, endpoint=endpoint.url, owner=self.name,
                                       policy=self._policy, first_attempt=first_attempt,
                                       previous_attempt=previous_attempt)
-        live = _Live(machine, row, self._client(endpoint_index), first_attempt)
+        live = _Live(machine, row, self._client(endpoint_index), first_attempt, endpoint_index)
         self._early_abandons = {k for k in self._early_abandons
                                 if k[0] != rollout_id or k[1] >= first_attempt}
         if (rollout_id, first_attempt) in self._early_abandons:
@@ -315,8 +319,7 @@ class RolloutWorker:
         try:
             async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
                 if isinstance(step, core.FetchReceipt):
-                    answer = await client.receipt(rid, step.attempt_index, deadline_ts=deadline)
-                    receipt = answer.completion_receipt
+                    receipt = await self._receipt(live, step.attempt_index, deadline)
                     problem = core.receipt_problem(receipt, rid, step.attempt_index, m.reply)
                     if problem:
                         return core.DigestMismatch(clock(), receipt, problem)
@@ -338,6 +341,28 @@ class RolloutWorker:
             failed = _FAILED_EVENT[type(step)]
             return failed(clock(), core.classify(exc), _detail(exc))
         raise AssertionError(f"not a waiting effect: {step!r}")
+
+    async def _receipt(self, live: _Live, att: int, deadline: float) -> CompletionReceipt:
+        """The key's completion receipt: from the (ext) receipt route, or, on a server without
+        it (a real Gym), from the status lists."""
+        client, rid = live.client, live.machine.rollout_id
+        if live.endpoint_index not in self._receipts_from_status:
+            try:
+                return (await client.receipt(rid, att, deadline_ts=deadline)).completion_receipt
+            except InvalidRequest as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._receipts_from_status.add(live.endpoint_index)
+                logger.info("%s has no receipt route: receipts come from its status",
+                            client.endpoint.label)
+        status = await client.status(self._retire_id, deadline_ts=deadline)
+        for info in (*status.completed_unacknowledged_attempts, *status.executions):
+            if info.key == (rid, att):
+                if info.completion_receipt is not None:
+                    return info.completion_receipt
+                raise NotCompleted(f"({rid}, {att}) is {info.state}", status=409)
+        raise StaleAttempt(f"({rid}, {att}) is no longer completed (released or tombstoned)",
+                           status=409)
 
     # ------------------------------------------------------------ helpers
 
