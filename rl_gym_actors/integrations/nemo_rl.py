@@ -53,12 +53,12 @@ from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim
                                                      RolloutTransportError, StreamTimer,
                                                      check_prefix, failure_for,
                                                      to_nemo_rl_result)
+from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport
 
 logger = logging.getLogger(__name__)
 
-STATUS_CHECKPOINT_ID = "rlga-status"
 EXPIRE_EVERY_S = 10.0
 # Keys of NeMo RL's NemoGymConfig; ignored when our settings sit at the top level of its config.
 NEMO_RL_KEYS = frozenset({
@@ -142,7 +142,6 @@ class GymRolloutEnv:
         prefix = check_prefix(f"{self.cfg.run_id}-{uuid.uuid4().hex[:8]}")
         self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
         self._orch: Any = None
-        self._clients: dict[str, Any] = {}
         self._tokenizer: Any = None
         self._tensor = _tensor_factory(self.cfg.tensors)
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
@@ -189,18 +188,13 @@ class GymRolloutEnv:
             if isinstance(answer, str) and not answer.startswith("rejected"):
                 raise RolloutTransportError(f"Gym server {url} did not answer: {answer}")
 
-    async def _gym_status(self, checkpoint_id: str, timeout_s: float = 10.0
-                          ) -> dict[str, StatusReport | str]:
+    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | str]:
         """Every Gym server's status, or the text of why there is none (``rejected: ...``
         when it answered with a refusal, which still proves it is up)."""
-        from rl_gym_actors.gym.client import GymClient
 
         async def one(endpoint: GymEndpoint) -> StatusReport | str:
-            client = self._clients.get(endpoint.url)
-            if client is None:
-                client = self._clients[endpoint.url] = GymClient(endpoint, limit=1)
             try:
-                return await client.status(checkpoint_id, deadline_ts=time.time() + timeout_s)
+                return await fetch_status(endpoint, checkpoint_id)
             except GymRejected as exc:
                 return f"rejected: {exc}"
             except RlGymError as exc:
@@ -217,9 +211,6 @@ class GymRolloutEnv:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.close()
         orch, self._orch = self._orch, None
         if orch is not None:
             await orch.aclose()
