@@ -250,18 +250,25 @@ class GymRolloutEnv:
             # another stream handed this shared rollout out first: claim the row again
             watch(self._book.reclaim(row, stream, time.time(), rowidx=claim.rowidx), row)
 
+        def emit(item: tuple[Claim, Mapping[str, Any], dict[str, Any]],
+                 timing: dict[str, float] | None) -> tuple[int, dict[str, Any], Any] | None:
+            claim, row, result = item
+            if self._book.deliver(claim.rollout_id, time.time()):
+                self._tasks.pop(claim.rollout_id, None)
+                self.stats.yielded += 1
+                return (claim.rowidx, result, timing)
+            reclaim(claim, row)
+            return None
+
         try:
             for claim, row in zip(claims, rows):
                 watch(claim, row)
             while pending or held is not None:
                 if not pending:
-                    claim, row, result = held
+                    out = emit(held, timer.metrics(time.monotonic() - started))
                     held = None
-                    if self._book.deliver(claim.rollout_id, time.time()):
-                        timing = timer.metrics(time.monotonic() - started)
-                        yield self._handed_over(claim, result, timing)
-                    else:
-                        reclaim(claim, row)
+                    if out is not None:
+                        yield out
                     continue
                 t0 = time.monotonic()
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -287,13 +294,10 @@ class GymRolloutEnv:
                     finally:
                         timer.add("postprocess_results", time.monotonic() - t1)
                     self.stats.adopted += outcome.adopted
-                    if held is not None:
-                        h_claim, h_row, h_result = held
-                        if self._book.deliver(h_claim.rollout_id, time.time()):
-                            yield self._handed_over(h_claim, h_result, None)
-                        else:
-                            reclaim(h_claim, h_row)
+                    out = emit(held, None) if held is not None else None
                     held = (claim, row, result)
+                    if out is not None:
+                        yield out
             finished = True
         finally:
             if not finished:
@@ -302,12 +306,6 @@ class GymRolloutEnv:
         if failures:
             self.stats.failed_rows += len(failures)
             raise failure_for(sorted(failures), len(rows))
-
-    def _handed_over(self, claim: Claim, result: dict[str, Any],
-                     timing: dict[str, float] | None) -> tuple[int, dict[str, Any], Any]:
-        self._tasks.pop(claim.rollout_id, None)
-        self.stats.yielded += 1
-        return (claim.rowidx, result, timing)
 
     def _task_for(self, claim: Claim, row: Mapping[str, Any]) -> asyncio.Task[Outcome]:
         if claim.action is Action.REUSE:
