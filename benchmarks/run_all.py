@@ -1,0 +1,366 @@
+"""Run every benchmark, each in a process of its own, and regenerate benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/run_all.py --quick          # what `make bench` runs
+    .venv/bin/python benchmarks/run_all.py                  # full mode (long)
+    .venv/bin/python benchmarks/run_all.py --report-only    # rewrite RESULTS.md from results/
+
+RESULTS.md gets, per benchmark, the command behind it, a few sentences on what it shows (drawn
+from the numbers just measured), its tables, and a PNG plot when matplotlib (the ``bench`` extra)
+is importable. Full-mode results (``results/<name>_full.json``), when present, are shown too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import common
+from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
+
+BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger"]
+TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
+
+
+# ---------------------------------------------------------------- running
+
+def run_one(name: str, quick: bool) -> dict[str, Any]:
+    cmd = [sys.executable, str(BENCH_DIR / f"{name}.py")] + (["--quick"] if quick else [])
+    log = RESULTS_DIR / f"{name}{'' if quick else '_full'}.log.tmp"
+    t0 = time.perf_counter()
+    common.progress(f"run_all: {name} ...")
+    with open(log, "w") as out:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=TIMEOUT_S["quick" if quick else "full"]).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    took = time.perf_counter() - t0
+    common.progress(f"run_all: {name} {'ok' if rc == 0 else f'FAILED ({rc})'} in {took:.0f}s")
+    tail = "" if rc == 0 else log.read_text()[-3000:]
+    if rc == 0:
+        log.unlink(missing_ok=True)
+    return {"name": name, "rc": rc, "seconds": took, "tail": tail}
+
+
+# ---------------------------------------------------------------- commentary
+
+def _rows(res: dict) -> list[dict]:
+    return res.get("rows", [])
+
+
+def say_throughput(res: dict) -> str:
+    rows = _rows(res)
+    if not rows:
+        return ""
+    zero = [r for r in rows if r["agent_ms"] == 0]
+    slow = [r for r in rows if r["agent_ms"] == max(r["agent_ms"] for r in rows)]
+    b0 = max(zero, key=lambda r: r["ours_per_s"])
+    bs = max(slow, key=lambda r: r["ours_per_s"])
+    cpu = sum(r["cpu_ms_per_rollout"] for r in zero) / len(zero)
+    dcpu = sum(r["direct_cpu_ms_per_rollout"] for r in zero) / len(zero)
+    return (
+        f"With instant agents the orchestrator reaches {b0['ours_per_s']:.0f} rollouts/s "
+        f"({b0['config']}), {b0['ratio']:.2f}x the direct loop's {b0['direct_per_s']:.0f}/s; with "
+        f"{bs['agent_ms']} ms agents it is {bs['ratio']:.2f}x. It is slower than the direct loop "
+        f"because every rollout is also a Ray actor call (row and outcome serialized), "
+        f"attempt reports batched to the ledger actor, and the rollout actor's own event loop: "
+        f"about {cpu:.0f} ms of CPU per rollout over all processes against {dcpu:.1f} ms for the "
+        f"direct loop, on 2 cores shared with the Gym server; the added latency per rollout is "
+        f"{b0['added_p50_ms']:.0f} ms at p50. Many rollouts per actor cost a fraction of the "
+        f"memory of one per actor (actor PSS per slot in the second table) and less CPU.")
+
+
+def say_concurrency(res: dict) -> str:
+    rows = _rows(res)
+    if not rows:
+        return ""
+    big = max(rows, key=lambda r: r["in_flight"])
+    one = [r for r in rows if r["rollouts_per_actor"] == 1]
+    one_s = (f"One rollout per actor costs ~{one[0]['pss_mb_per_rollout']:.0f} MB (PSS) per "
+             f"rollout in flight and ~{one[-1]['pool_start_s']:.0f} s to start "
+             f"{one[-1]['actors']} actors, so it stops at {max(r['in_flight'] for r in one)} "
+             f"here (see the notes); " if one else "")
+    return (
+        f"{one_s}many per actor reach {big['in_flight']} in flight at "
+        f"{big['pss_mb_per_rollout']:.1f} MB per rollout. At {big['in_flight']} in flight a batch "
+        f"of 1 s agents takes {big['batch_s']:.2f} s ({big['vs_ideal']:.1f}x the ideal, "
+        f"{big['vs_direct']:.2f}x the direct loop): the excess is CPU per rollout on a 2-core "
+        f"machine, not waiting.")
+
+
+def say_fault_storm(res: dict) -> str:
+    s = res.get("extra", {}).get("summary")
+    if not s:
+        return ""
+    ours, asis = s
+    return (
+        f"Ours committed {ours[1]} checkpoints and left {ours[2]} attempts un-ACKed and "
+        f"{ours[3]} running, with {ours[7]} rewards counted twice; it adopted {ours[10]} finished "
+        f"tries instead of rerunning them. The as-is policy committed {asis[1]}: its first lost "
+        f"reply blocks every later prepare, it ended with {asis[2]} un-ACKed attempts on Gym, "
+        f"reran {asis[5]} tries and wasted {asis[6]:.0f} agent-seconds (ours {ours[6]:.0f}, spent "
+        f"on first tries cancelled at their deadline and on the abandoned rows).")
+
+
+def say_checkpoint(res: dict) -> str:
+    rows = _rows(res)
+    if not rows:
+        return ""
+    fin = max((r for r in rows if r["kind"] == "finished"), key=lambda r: (r["attempts"],
+                                                                          r["servers"]))
+    run = max((r for r in rows if r["kind"] == "running"), key=lambda r: (r["attempts"],
+                                                                         r["servers"]))
+    none = [r for r in rows if r["kind"] == "none"]
+    return (
+        f"An empty checkpoint costs {none[0]['ours_s'] * 1e3:.0f} ms "
+        f"({none[0]['ratio']:.2f}x the bare prepare/commit/resume). {fin['attempts']:,} finished, "
+        f"un-ACKed attempts over {fin['servers']} server(s) are ACKed as orphans and committed in "
+        f"{fin['ours_s']:.2f} s ({fin['ratio']:.1f}x the hand-written minimum); "
+        f"{run['attempts']:,} running attempts whose owners are gone are retired and committed "
+        f"in {run['ours_s']:.2f} s ({run['ratio']:.1f}x): the gate first closes admission for "
+        f"0.5 s and flushes the owners before it retires what nobody reported, which the minimum "
+        f"skips because it knows there are no owners.")
+
+
+def say_cluster(res: dict) -> str:
+    rows = _rows(res)
+    if not rows:
+        return ""
+    r = rows[0]
+    later = r.get("later_batches", [])
+    lost_next = later[0]["failed"] if later else 0
+    return (
+        f"Killing a node with {r['lost_actors']} rollout actors mid-batch: {r['sealed']} rollouts "
+        f"sealed, {r['failed']} failed with a reason, {r['without_reason']} silently. The "
+        f"checkpoint right after it ACKed {r['orphans_acked']} orphaned finished attempts and "
+        f"retired {r['retired']} still running, and committed {r['checkpoint_s']:.1f} s after it "
+        f"was called ({r['committed_after_kill_s']:.1f} s after the kill): most of that is Ray "
+        f"declaring the node dead, until which the ledger cannot tell the lost owners from slow "
+        f"ones. The next batch still lost {lost_next} rows to the dead actors' slots (the pool "
+        f"replaces an actor on its next failed call); batch {r['first_clean_batch']} ran clean.")
+
+
+def say_ledger(res: dict) -> str:
+    rows = _rows(res)
+    snap = res.get("extra", {}).get("snapshot")
+    if not rows or not snap:
+        return ""
+    one = next(r for r in rows if r["batch_size"] == 1)
+    dflt = next((r for r in rows if r["batch_size"] == 100), rows[-1])
+    return (
+        f"One LedgerActor absorbs {dflt['events_per_s']:,.0f} reports/s in batches of "
+        f"{dflt['batch_size']} (the default batch size) against {one['events_per_s']:,.0f}/s "
+        f"with one call per report: a Ray call costs the same whatever its size, and the fold "
+        f"itself runs at {snap['fold_in_process_events_per_s']:,.0f} events/s in-process. "
+        f"snapshot() with {snap['attempts']:,} attempts costs {snap['snapshot_remote_ms']:.1f} ms "
+        f"through Ray ({snap['snapshot_in_process_ms']:.2f} ms in-process): the book keeps its "
+        f"counters incrementally.")
+
+
+SAY: dict[str, Callable[[dict], str]] = {
+    "throughput": say_throughput, "concurrency": say_concurrency,
+    "fault_storm": say_fault_storm, "checkpoint": say_checkpoint, "cluster": say_cluster,
+    "ledger": say_ledger}
+
+
+# ---------------------------------------------------------------- plots
+
+def _plot(name: str, res: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _rows(res)
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if name == "throughput":
+        configs = sorted({r["config"] for r in rows})
+        agents = sorted({r["agent_ms"] for r in rows})
+        width = 0.8 / (len(configs) + 1)
+        for i, a in enumerate(agents):
+            d = [r["direct_per_s"] for r in rows if r["agent_ms"] == a]
+            ax.bar(i, sum(d) / len(d), width, color="grey",
+                   label="direct loop" if i == 0 else None)
+            for j, c in enumerate(configs):
+                v = [r["ours_per_s"] for r in rows if r["agent_ms"] == a and r["config"] == c]
+                ax.bar(i + (j + 1) * width, v[0] if v else 0, width, color=f"C{j}",
+                       label=f"ours, {c}" if i == 0 else None)
+        ax.set_xticks([i + width * len(configs) / 2 for i in range(len(agents))],
+                      [f"agent {a} ms" for a in agents])
+        ax.set_ylabel("rollouts / s")
+        ax.set_title(f"Throughput at concurrency {rows[0]['concurrency']}")
+    elif name == "concurrency":
+        for j, layout in enumerate(["1 per actor", "many per actor"]):
+            rs = sorted((r for r in rows if (r["rollouts_per_actor"] == 1) == (j == 0)),
+                        key=lambda r: r["in_flight"])
+            if rs:
+                ax.plot([r["in_flight"] for r in rs], [r["batch_s"] for r in rs], "o-",
+                        label=f"ours, {layout}")
+        rs = sorted(rows, key=lambda r: r["in_flight"])
+        ax.plot([r["in_flight"] for r in rs], [r["direct_s"] for r in rs], "s--", color="grey",
+                label="direct loop")
+        ax.axhline(1.0, color="black", lw=0.8, ls=":", label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rollouts in flight")
+        ax.set_ylabel("seconds per batch (1 s agents)")
+        ax.set_title("Batch time against the ideal")
+    elif name == "fault_storm":
+        for j, pol in enumerate(["ours", "as-is"]):
+            rs = [r for r in rows if r["policy"] == pol]
+            ax.plot(range(len(rs)), [r["left_unacked"] for r in rs], "o-", color=f"C{j}",
+                    label=f"{pol}: un-ACKed on Gym")
+            blocked = [i for i, r in enumerate(rs) if not r["committed"]]
+            ax.plot(blocked, [rs[i]["left_unacked"] for i in blocked], "x", color="red",
+                    ms=9, label="checkpoint blocked" if j == 1 else None)
+        labels = [f"{r['path']} {r['fraction']:.0%}" if r["fraction"] else r["path"]
+                  for r in rows if r["policy"] == "ours"]
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("attempts finished, never ACKed")
+        ax.set_title("Fault storm: what each policy leaves on Gym")
+    elif name == "checkpoint":
+        for j, (kind, servers) in enumerate(sorted({(r["kind"], r["servers"]) for r in rows
+                                                    if r["kind"] != "none"})):
+            rs = sorted((r for r in rows if r["kind"] == kind and r["servers"] == servers),
+                        key=lambda r: r["attempts"])
+            ax.plot([r["attempts"] for r in rs], [r["ours_s"] for r in rs], "o-",
+                    color=f"C{j}", label=f"ours, {kind}, {servers} server(s)")
+            ax.plot([r["attempts"] for r in rs], [r["direct_s"] for r in rs], "s:",
+                    color=f"C{j}", alpha=0.6, label=f"minimum, {kind}, {servers} server(s)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("attempts left behind")
+        ax.set_ylabel("seconds to committed")
+        ax.set_title("Checkpoint latency")
+        ax.legend(fontsize=6)
+    elif name == "ledger":
+        rs = sorted(rows, key=lambda r: r["batch_size"])
+        ax.plot([r["batch_size"] for r in rs], [r["events_per_s"] for r in rs], "o-")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("reports per call")
+        ax.set_ylabel("reports absorbed / s")
+        ax.set_title("LedgerActor absorb rate")
+    else:
+        plt.close(fig)
+        return False
+    if name != "checkpoint":
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- RESULTS.md
+
+def _load(stem: str) -> dict | None:
+    path = RESULTS_DIR / f"{stem}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
+    out = [heading, "", f"Command: `{res['command']}` ({res['mode']} mode, "
+                       f"{fmt(res.get('elapsed_s'))} s, {res['started_at']})", ""]
+    load = load_line(res["machine"].get("load_avg"), res.get("load_end"))
+    out += [f"Machine: {machine_line(res['machine'])}" + (f"; {load}" if load else ""), ""]
+    say = SAY.get(res["name"], lambda r: "")(res)
+    if say:
+        out += [say, ""]
+    for t in res.get("tables", []):
+        if t["caption"]:
+            out += [t["caption"], ""]
+        out += [t["markdown"], ""]
+    for note in res.get("notes", []):
+        out.append(f"- {note}")
+    if res.get("notes"):
+        out.append("")
+    if plots:
+        png = RESULTS_DIR / f"{stem}.png"
+        try:
+            if _plot(res["name"], res, png):
+                out += [f"![{stem}](results/{png.name})", ""]
+        except Exception as exc:       # a plot must never cost the report
+            out += [f"(plot failed: {type(exc).__name__}: {exc})", ""]
+    return out
+
+
+def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
+    try:
+        import matplotlib  # noqa: F401
+        plots, plot_note = True, ""
+    except ImportError:
+        plots = False
+        plot_note = ("Plots skipped: matplotlib is not installed (it is in the optional `bench` "
+                     "extra: `pip install -e '.[bench]'`, which `make bench` does).")
+    info = machine_info()
+    lines = [
+        "# Benchmarks", "",
+        "Regenerated by `.venv/bin/python benchmarks/run_all.py --quick` (`make bench`); every "
+        "benchmark also runs alone: `.venv/bin/python benchmarks/<name>.py [--quick]`. Each one "
+        "measures its baseline in the same run and reports ratios; raw numbers are in "
+        "`benchmarks/results/<name>.json` (full mode: `<name>_full.json`).", "",
+        f"Last regenerated {time.strftime('%Y-%m-%d %H:%M')} on: {machine_line(info)}.", "",
+        "Read every absolute number with the machine in mind: 2 cores shared by the Gym "
+        "server, the driver, every Ray process and, while these ran, other engineers' test "
+        "suites (each section gives the load average). The ratios against a baseline measured "
+        "in the same run, interleaved trial by trial, are the robust figures.", ""]
+    if plot_note:
+        lines += [plot_note, ""]
+    failed = [r for r in runs if r["rc"] != 0]
+    for r in failed:
+        lines += [f"**{r['name']} failed in this run** (exit {r['rc']}); its section shows the "
+                  f"previous result, if any. Last output:", "", "```",
+                  r["tail"].strip()[-1500:], "```", ""]
+    titles = {"throughput": "Throughput", "concurrency": "Concurrency",
+              "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
+              "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger"}
+    for name in BENCHMARKS:
+        lines += [f"## {titles[name]}", ""]
+        primary = _load(name if quick else f"{name}_full")
+        secondary = _load(f"{name}_full" if quick else name)
+        if primary is None and secondary is None:
+            lines += ["(no result yet)", ""]
+            continue
+        if primary is not None:
+            lines += _section(primary, name if quick else f"{name}_full", plots,
+                              f"### {'Quick' if quick else 'Full'} mode")
+        if secondary is not None:
+            lines += _section(secondary, f"{name}_full" if quick else name, plots,
+                              f"### {'Full' if quick else 'Quick'} mode")
+    path = BENCH_DIR / "RESULTS.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="quick mode of every benchmark")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
+    parser.add_argument("--report-only", action="store_true",
+                        help="do not run anything; rewrite RESULTS.md from results/")
+    args = parser.parse_args(argv)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    if not args.report_only:
+        for name in args.only or BENCHMARKS:
+            runs.append(run_one(name, args.quick))
+    path = write_report(args.quick, runs)
+    print(f"wrote {path.relative_to(REPO)}")
+    for r in runs:
+        print(f"{r['name']:12s} {'ok' if r['rc'] == 0 else 'FAILED'} {r['seconds']:6.0f}s")
+    return 1 if any(r["rc"] != 0 for r in runs) else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    sys.exit(main())
