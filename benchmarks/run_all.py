@@ -242,7 +242,8 @@ def _plot(name: str, res: dict, path: Path) -> bool:
         ax.legend(fontsize=6)
     elif name == "ledger":
         rs = sorted(rows, key=lambda r: r["batch_size"])
-        ax.plot([r["batch_size"] for r in rs], [r["events_per_s"] for r in rs], "o-")
+        ax.plot([r["batch_size"] for r in rs], [r["events_per_s"] for r in rs], "o-",
+                label=f"{rs[0]['reporters']} reporter actors, one ledger")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("reports per call")
