@@ -118,7 +118,9 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_gym, add_obs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rl-gym-actors", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="rl-gym-actors",
+        description="Keep RL training on Ray from losing track of Gym environment work.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(subparsers)

@@ -69,16 +69,22 @@ class CheckpointFence:
                 f"for its resume", status=409)
         return self._answers.get(operation) if self.active == checkpoint_id else None
 
-    def advance(self, checkpoint_id: str, operation: str, answer: Any = None) -> None:
-        """Move along the table for ``operation`` and record its answer. The caller has fenced
-        the call with :meth:`recorded` first."""
+    def check(self, checkpoint_id: str, operation: str) -> Phase:
+        """The phase ``operation`` would lead to; raises ``CheckpointNotReady`` (a commit) or
+        ``CheckpointConflict`` (anything else) when the table does not allow it."""
         after = _TRANSITIONS.get((operation, self.phase))
-        if after is None or (self.active not in (None, checkpoint_id)):
+        if after is None or self.active not in (None, checkpoint_id):
             if operation == "commit":
                 raise CheckpointNotReady(f"commit of {checkpoint_id!r} needs a ready prepare; "
                                          f"the phase is {self.phase.value}", status=409)
             raise CheckpointConflict(f"{operation} of {checkpoint_id!r} is not allowed while "
                                      f"{self.phase.value}", status=409)
+        return after
+
+    def advance(self, checkpoint_id: str, operation: str, answer: Any = None) -> None:
+        """Move along the table for ``operation`` and record its answer. The caller has fenced
+        the call with :meth:`recorded` first."""
+        after = self.check(checkpoint_id, operation)
         if after is Phase.IDLE:
             self.active = None
             self._answers.clear()

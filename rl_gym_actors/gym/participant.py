@@ -34,7 +34,7 @@ from typing import Any
 from rl_gym_actors.errors import (AckRejected, AdmissionClosed, AgentFailed, DuplicateExecution,
                                   GymError, GymRejected, NotCompleted, StaleAttempt,
                                   UnknownExecution)
-from rl_gym_actors.gym.fence import CheckpointFence, Phase
+from rl_gym_actors.gym.fence import CheckpointFence
 from rl_gym_actors.gym.store import (Execution, Key, MemoryStore, Record, SpentCheckpoint, Store,
                                      StoreFailed, write_checkpoint)
 from rl_gym_actors.protocol import (CompletionReceipt, ExecutionState, StatusReport,
@@ -266,7 +266,7 @@ class ParticipantCore:
             return recorded
         report = self.report()
         if not report["ready_to_commit"]:
-            raise PrepareIncomplete(prepare_incomplete_detail_of(report), status=409, body=report)
+            raise PrepareIncomplete(_incomplete_detail(report), status=409, body=report)
         self.fence.advance(checkpoint_id, "prepared", report)
         return report
 
@@ -275,8 +275,7 @@ class ParticipantCore:
         recorded = self.fence.recorded(checkpoint_id, "commit")
         if recorded is not None:
             return recorded, []
-        if self.fence.phase is not Phase.PREPARED or self.fence.active != checkpoint_id:
-            self.fence.advance(checkpoint_id, "commit")        # raises CheckpointNotReady
+        self.fence.check(checkpoint_id, "commit")
         return None, self.executions()
 
     def finish_commit(self, checkpoint_id: str, answer: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +296,7 @@ class ParticipantCore:
         return answer
 
 
-def prepare_incomplete_detail_of(report: dict[str, Any]) -> str:
+def _incomplete_detail(report: dict[str, Any]) -> str:
     return prepare_incomplete_detail(StatusReport.model_validate(report))
 
 

@@ -40,14 +40,14 @@ from rl_gym_actors.gym.participant import Participant
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
                                     REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckBatchRequest,
-                                    CommitRequest, CompletionReceipt, PhaseRequest, RetireRequest,
+                                    Capabilities, CommitRequest, CompletionReceipt, PhaseRequest,
+                                    RetireRequest,
                                     is_valid_checkpoint_id, is_valid_rollout_id)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 JSON = "application/json"
-PROTOCOL_NAME = "agent-checkpoint/v1"
 FEATURES = ("run-replay", "replayed-header", "acknowledge", "acknowledge-completed", "retire",
             "status", "prepare", "prepare-report", "commit", "resume", "receipt",
             "lenient-status-retire")
@@ -229,8 +229,8 @@ def create_app(participant: Participant, *, token: str,
         authorize(request)
         features = [*FEATURES, *(["durable-store"] if participant.store.durable else []),
                     *(["faults"] if faults is not None else [])]
-        return _json_response({"protocol": PROTOCOL_NAME, "features": features,
-                               **participant.capabilities()})
+        return _json_response(Capabilities(features=features, **participant.capabilities())
+                              .model_dump(mode="json"))
 
     @app.get(CONTROL_PREFIX + "/receipt")
     async def receipt(request: Request) -> Response:

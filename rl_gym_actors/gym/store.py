@@ -324,7 +324,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_line(e: Execution) -> bytes:
+def _checkpoint_line(e: Execution) -> bytes:
     """One execution as a line of the checkpoint's records file."""
     receipt = json.loads(e.receipt) if e.receipt is not None else None
     return canonical_json({"rollout_id": e.rollout_id, "attempt_index": e.attempt_index,
@@ -338,7 +338,7 @@ def write_checkpoint(checkpoint_dir: str | os.PathLike[str], checkpoint_id: str,
     ``{"records": n, "manifest_digest": sha256 of manifest.json}``. Raises OSError."""
     directory = Path(checkpoint_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = [checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
+    lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
     records = b"".join(line + b"\n" for line in lines)
     _write_file(directory / RECORDS_NAME, records)
     manifest = canonical_json({"format": MANIFEST_FORMAT, "checkpoint_id": checkpoint_id,

@@ -13,6 +13,7 @@ and takes a free one only if that port is gone, so read ``.url`` after a restart
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import os
@@ -40,7 +41,7 @@ class GymServerError(RuntimeError):
     """A test server did not start or stop in time."""
 
 
-class _Base:
+class _Base(abc.ABC):
     url: str | None
     token: str | None
 
@@ -57,21 +58,24 @@ class _Base:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout_s: float = START_TIMEOUT_S):  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self, timeout_s: float = START_TIMEOUT_S):
+        """Start, and return once the server accepts requests (or raise GymServerError)."""
 
-    def stop(self) -> int | None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop(self) -> int | None:
+        """Shut down cleanly."""
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> bool:
+        """Whether the server is up."""
 
     def restart(self, timeout_s: float = START_TIMEOUT_S):
         """Stop if still running (cleanly), then start again on the same state dir."""
         if self.running:
             self.stop()
         return self.start(timeout_s)
-
-    @property
-    def running(self) -> bool:  # pragma: no cover - overridden
-        raise NotImplementedError
 
 
 class GymServerProcess(_Base):
@@ -197,7 +201,7 @@ class GymServerThread(_Base):
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
         self.allow_faults = allow_faults
-        self.args = list(args)             # accepted for interface parity; unused in-process
+        self.args = list(args)             # `gym serve` arguments; --max-body-bytes is used
         self.max_body_bytes = max_body_bytes
         self.url: str | None = None
         self.server: Any = None
@@ -244,16 +248,19 @@ class GymServerThread(_Base):
     def _build(self, port: int) -> None:
         from rl_gym_actors.gym.agents import make_agent
         from rl_gym_actors.gym.participant import Participant
-        from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES, GymServer
+        from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
         from rl_gym_actors.testing.faults import FaultInjector
 
+        from rl_gym_actors.cli import build_parser
+
+        cli = build_parser().parse_args(["gym", "serve", *self.args])
         self.faults = FaultInjector() if self.allow_faults else None
         store = open_store(self.state_dir)
         try:
             self.server = GymServer(Participant(make_agent(self.agent), store), token=self.token,
                                     host=HOST, port=port, faults=self.faults,
-                                    max_body_bytes=self.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                                    max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                                     graceful_s=2.0)
         except OSError:
             store.close()

@@ -183,3 +183,9 @@ async def test_the_server_keeps_serving_after_bad_input(wire):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         assert (await wire.request(method, path, data=data, token=None)).status == status
     assert (await wire.run("rOk")).status == 200
+
+
+async def test_the_body_limit_comes_from_the_serve_arguments(wire_for):
+    with GymServerThread(args=["--max-body-bytes", "64"]) as server:
+        got = await wire_for(server).run("rB", blob="x" * 64)
+    assert (got.status, got.code) == (413, "payload_too_large")
