@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -146,6 +147,8 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
     import ray
 
     if not ray.is_initialized():
+        if address and address != "auto":
+            _check_reachable(address, timeout_s)    # ray.init would retry for minutes
         ray.init(address=address or "auto", namespace=LEDGER_NAMESPACE, log_to_driver=False,
                  logging_level="ERROR", configure_logging=False)
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -165,6 +168,17 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
         except Exception as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
     return dict(sorted(found.items()))
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Raise ConnectionError when nothing accepts connections at ``host:port``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return                                     # not host:port: let Ray interpret it
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address}: {exc}") from exc
 
 
 # ---------------------------------------------------------------- commands

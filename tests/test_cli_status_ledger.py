@@ -66,3 +66,27 @@ def test_snapshot_table_flags_a_broken_invariant():
                           rollouts=2, attempts=2, reports=2, owners={}, invariant_ok=False)
     text = snapshot_table("x", snap)
     assert "BROKEN" in text.splitlines()[2] and text.rstrip().endswith("BROKEN")
+
+
+def test_the_command_line_attaches_to_a_running_ray_by_address(ledger, ray_session):
+    import os
+    import subprocess
+    import sys
+
+    address = ray_session.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
+                           address, "--json"], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snap = LedgerSnapshot.model_validate(json.loads(proc.stdout)[ledger])
+    assert snap.endpoints[URL].acked == 1
+
+
+def test_no_ray_to_attach_to_exits_1():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
+                           "127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "cannot attach" in proc.stderr
