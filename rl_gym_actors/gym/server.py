@@ -402,3 +402,19 @@ class GymServer:
         if self._uvicorn is not None:
             self._uvicorn.force_exit = True
             self._uvicorn.should_exit = True
+
+
+async def serve_async(participant: Participant, *, token: str, host: str = "127.0.0.1",
+                      port: int = 0, on_ready: Callable[[str], None] | None = None,
+                      **options: Any) -> None:
+    """Serve ``participant`` until stopped (SIGTERM or Ctrl-C when in the main thread);
+    ``on_ready(url)`` is called once requests are accepted. ``options`` as for
+    :class:`GymServer`."""
+    server = GymServer(participant, token=token, host=host, port=port,
+                       handle_signals=options.pop("handle_signals", True), **options)
+    await server.serve(on_ready=None if on_ready is None else lambda: on_ready(server.url))
+
+
+def serve(participant: Participant, **kwargs: Any) -> None:
+    """The blocking form of :func:`serve_async`."""
+    asyncio.run(serve_async(participant, **kwargs))

@@ -79,7 +79,8 @@ async def test_cli_prints_one_json_line_and_a_generated_token_works(tmp_path, wi
         assert (await wire.status()).status == 200
         assert (await wire.status(token="guess")).code == "unauthorized"
         assert "faults" not in (await wire.capabilities()).json["features"]
-    assert server.returncode == 0
+        server._proc.send_signal(signal.SIGINT)                   # Ctrl-C
+        assert await asyncio.to_thread(server._proc.wait, 10) == 0
 
 
 async def test_cli_reads_the_token_from_the_environment(wire_for):
