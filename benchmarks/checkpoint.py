@@ -32,7 +32,7 @@ from fleet import Fleet, gym_counts, leave_finished, leave_running
 from rl_gym_actors.config import GymEndpoint
 
 QUICK = dict(sizes=[0, 100, 1000], servers=[1, 4], kinds=["finished", "running"],
-             small_trials=3, large_trials=1, large_from=1000)
+             small_trials=3, large_trials=2, large_from=1000)
 FULL = dict(sizes=[0, 100, 1000, 10_000], servers=[1, 4], kinds=["finished", "running"],
             small_trials=3, large_trials=1, large_from=10_000)
 DEADLINE_S = 300.0
