@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -69,10 +72,6 @@ def test_snapshot_table_flags_a_broken_invariant():
 
 
 def test_the_command_line_attaches_to_a_running_ray_by_address(ledger, ray_session):
-    import os
-    import subprocess
-    import sys
-
     address = ray_session.get_runtime_context().gcs_address
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
@@ -84,9 +83,6 @@ def test_the_command_line_attaches_to_a_running_ray_by_address(ledger, ray_sessi
 
 
 def test_no_ray_to_attach_to_exits_1():
-    import subprocess
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
                            "127.0.0.1:9"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "cannot attach" in proc.stderr
