@@ -302,7 +302,11 @@ class GymRolloutEnv:
         finally:
             if not finished:
                 self.stats.cancelled_streams += 1
+                logger.info("stream %d stopped early: its rollouts keep running for a "
+                            "re-dispatch", stream)
             self._book.release(stream)
+        logger.debug("stream %d: %d rows, %d failed, %.3fs", stream, len(rows), len(failures),
+                     time.monotonic() - started)
         if failures:
             self.stats.failed_rows += len(failures)
             raise failure_for(sorted(failures), len(rows))
