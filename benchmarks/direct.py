@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from common import summarize  # noqa: F401  (benchmarks put their directory on sys.path)
+import common  # noqa: F401  (puts the repository on sys.path)
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import ProtocolViolation

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from common import progress  # noqa: F401  (benchmarks put their directory on sys.path)
+import common  # noqa: F401  (puts the repository on sys.path)
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import GymUnavailable

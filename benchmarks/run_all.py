@@ -23,7 +23,8 @@ from typing import Any, Callable
 import common
 from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
 
-BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger"]
+BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
+              "gym_server"]
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
 
@@ -274,7 +275,7 @@ def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
                        f"{fmt(res.get('elapsed_s'))} s, {res['started_at']})", ""]
     load = load_line(res["machine"].get("load_avg"), res.get("load_end"))
     out += [f"Machine: {machine_line(res['machine'])}" + (f"; {load}" if load else ""), ""]
-    say = SAY.get(res["name"], lambda r: "")(res)
+    say = SAY.get(res["name"], lambda r: r.get("extra", {}).get("headline", ""))(res)
     if say:
         out += [say, ""]
     for t in res.get("tables", []):
@@ -324,7 +325,8 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
                   r["tail"].strip()[-1500:], "```", ""]
     titles = {"throughput": "Throughput", "concurrency": "Concurrency",
               "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
-              "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger"}
+              "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
+              "gym_server": "Gym server on its own (written by the server engineer)"}
     for name in BENCHMARKS:
         lines += [f"## {titles[name]}", ""]
         primary = _load(name if quick else f"{name}_full")

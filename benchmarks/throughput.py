@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import common
-from common import MB, Result, bench_main, percentile, progress, ratio
+from common import Result, bench_main, percentile, progress, ratio
 from direct import direct_batch, make_clients
 from fleet import Fleet
 

@@ -63,7 +63,7 @@ class AsIsCheckpoint:
 
     checkpoint_id: str
     committed: bool
-    reports: dict[str, StatusReport]            # endpoint URL -> the prepare answer
+    reports: dict[str, StatusReport | None]     # endpoint URL -> the prepare answer, if any
     seconds: float
 
     @property
@@ -239,6 +239,15 @@ class AsIsRunner:
 
     # ------------------------------------------------------------ checkpoints
 
+    async def _prepare(self, endpoint: GymEndpoint, checkpoint_id: str,
+                       deadline_ts: float) -> StatusReport | None:
+        """The prepare answer, or None when none came by the deadline (not ready either)."""
+        try:
+            return await self.client(endpoint).prepare(checkpoint_id, deadline_ts=deadline_ts)
+        except GymUnavailable as exc:
+            logger.debug("as-is prepare on %s: %s", endpoint.url, exc)
+            return None
+
     async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str | Path, *,
                          prepare_s: float = 1.0) -> AsIsCheckpoint:
         """Prepare every endpoint with a short deadline; all ready: commit and resume; any 409:
@@ -246,10 +255,10 @@ class AsIsRunner:
         t0 = time.perf_counter()
         self.stats.checkpoints_tried += 1
         deadline = time.time() + prepare_s
-        reports = await asyncio.gather(*(
-            self.client(ep).prepare(checkpoint_id, deadline_ts=deadline) for ep in self.endpoints))
+        reports = await asyncio.gather(*(self._prepare(ep, checkpoint_id, deadline)
+                                         for ep in self.endpoints))
         by_url = {ep.url: r for ep, r in zip(self.endpoints, reports)}
-        ready = all(r.ready_to_commit for r in reports)
+        ready = all(r is not None and r.ready_to_commit for r in reports)
         control = time.time() + self.policy.control_s
         if ready:
             for i, ep in enumerate(self.endpoints):
