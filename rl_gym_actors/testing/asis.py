@@ -107,7 +107,10 @@ class AsIsRunner:
         self.concurrency = concurrency
         self.transient_faults = transient_faults
         self.stats = AsIsStats()
-        self._clients = {ep.url: GymClient(ep, limit=max(100, concurrency)) for ep in endpoints}
+        # pools sized to the concurrency, so that the baseline never queues for a connection
+        self._clients = {ep.url: GymClient(ep, limit=max(100, concurrency),
+                                           control_limit=max(16, concurrency))
+                         for ep in endpoints}
 
     async def close(self) -> None:
         for client in self._clients.values():
