@@ -141,7 +141,10 @@ def say_cluster(res: dict) -> str:
         f"sealed, {r['failed']} failed with a reason, {r['without_reason']} silently. The "
         f"checkpoint right after it ACKed {r['orphans_acked']} orphaned finished attempts and "
         f"retired {r['retired']} still running, and committed {r['checkpoint_s']:.1f} s after it "
-        f"was called ({r['committed_after_kill_s']:.1f} s after the kill): most of that is Ray "
+        f"was called ({r['committed_after_kill_s']:.1f} s after the kill"
+        + (f"; a checkpoint on the whole pool takes {r['second_checkpoint_s']:.2f} s"
+           if r.get("second_checkpoint_s") is not None else "")
+        + f"): most of that is Ray "
         f"declaring the node dead, until which the ledger cannot tell the lost owners from slow "
         f"ones. The next batch still lost {lost_next} rows to the dead actors' slots (the pool "
         f"replaces an actor on its next failed call); batch {r['first_clean_batch']} ran clean.")
