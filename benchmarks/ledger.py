@@ -156,7 +156,9 @@ def body(result: Result, args: Any) -> None:
     rows = []
     baseline = None
     for bs in p["batch_sizes"]:
-        rollouts = p["baseline_rollouts"] if bs == 1 else p["rollouts"]
+        # small batches are slow: fewer rollouts keep the trial short (the rate is per event)
+        rollouts = (p["baseline_rollouts"] if bs == 1
+                    else p["rollouts"] // 4 if bs < 100 else p["rollouts"])
         runs = []
         # warm-up round, then timed trials; each round uses fresh rollout ids
         _absorb(ray, ledger, reporters, f"w{bs}", max(rollouts // 10, 10), bs)
