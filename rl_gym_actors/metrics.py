@@ -484,7 +484,10 @@ class RayMetric:
         return {k: str(tags.get(k, "")) for k in self.tag_keys}
 
     def record(self, value: float = 1.0, tags: Mapping[str, str] | None = None) -> None:
-        """inc for a counter, set for a gauge, observe for a histogram."""
+        """inc for a counter (a count of 0 records nothing), set for a gauge, observe for a
+        histogram."""
+        if self.kind == "counter" and value <= 0:
+            return
         if self.kind == "gauge":
             self.local_total = float(value)
         else:

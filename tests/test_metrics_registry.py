@@ -145,6 +145,7 @@ def test_ray_metric_outside_ray_keeps_a_local_tally_only(monkeypatch):
     m = RayMetric("counter", "rlga_test_local_total", "test", ("endpoint",))
     m.inc(tags={"endpoint": "http://x"})
     m.inc(2)
+    m.inc(0)                                      # nothing to count: no call into Ray at all
     assert m.local_total == 3
     assert not m.enabled
     assert "ray" not in sys.modules

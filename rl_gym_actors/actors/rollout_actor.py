@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from pydantic import BaseModel, ConfigDict
 
+from rl_gym_actors import metrics
 from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
@@ -248,9 +249,13 @@ class RolloutWorker:
             elif isinstance(e, core.Seal):
                 self._counts["seals"] += 1
                 self._counts["adoptions"] += int(e.adopted)
+                metrics.SEALS.inc(tags={"endpoint": live.machine.endpoint})
+                if e.adopted:
+                    metrics.ADOPTIONS.inc(tags={"endpoint": live.machine.endpoint})
             elif isinstance(e, core.Finish):
                 self._counts[e.outcome.status] += 1
                 self._counts["tries"] += e.outcome.tries
+                metrics.TRIES.inc(e.outcome.tries, tags={"endpoint": live.machine.endpoint})
                 self._counts["handed_over"] += len(live.machine.handed_over)
             else:
                 step = e
