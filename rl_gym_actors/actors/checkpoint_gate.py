@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
+from rl_gym_actors import metrics
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.events import AttemptState
 from rl_gym_actors.core.ledger import (Action, Book, CheckpointReport, EndpointCheckpoint, Step,
@@ -126,6 +127,7 @@ class CheckpointGate:
             await self._until(deadline_ts, [self._make_ready(t, c, checkpoint_id, prepare_deadline)
                                             for t, c in zip(self._tallies, self._clients)])
             if all(t.ready for t in self._tallies):
+                metrics.CHECKPOINT_PREPARE_SECONDS.observe(self._clock() - start)
                 await self._until(deadline_ts, [
                     self._commit(t, c, checkpoint_id, checkpoint_dir, deadline_ts)
                     for t, c in zip(self._tallies, self._clients)])
@@ -306,9 +308,10 @@ class CheckpointGate:
                 logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
                 continue
             # an owner may have ACKed one since the status was read: the book does not count it
-            tally.orphans_acked += sum(self._book.record_orphan_acked(url, r.rollout_id,
-                                                                      r.attempt_index)
-                                       for r in acked)
+            counted = sum(self._book.record_orphan_acked(url, r.rollout_id, r.attempt_index)
+                          for r in acked)
+            tally.orphans_acked += counted
+            metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
 
     @staticmethod
     async def _ack_one(client: GymClient, receipt: CompletionReceipt, deadline_ts: float,
