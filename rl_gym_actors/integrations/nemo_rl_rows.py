@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,11 +25,9 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
 
 ROWIDX_FIELD = "_rowidx"
-TASK_INDEX_FIELD = "_ng_task_index"
 # Fields that change between RL's dispatches of the same row, so they never enter its digest.
 VOLATILE_FIELDS = frozenset({ROWIDX_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD})
-PREFIX_MAX = 96
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+PREFIX_MAX = 96                     # leaves room for "-<digest>-<n>" within a rollout id
 
 
 # ---------------------------------------------------------------- failures RL understands
@@ -54,8 +51,8 @@ class RolloutDataError(RolloutFailure):
     """Deterministic and row-specific (the agent raised, the row is invalid): a data failure."""
 
 
-_DATA_WORDS = ("agent_failed", "invalid_request", "invalid row", "invalid_row", "data",
-               "unauthorized", "protocol", "digest", "config", "no reward")
+_DATA_WORDS = ("agent_failed", "invalid_request", "invalid row", "unauthorized", "protocol",
+               "digest", "config", "no reward")
 _TIMEOUT_WORDS = ("deadline", "timeout", "timed out")
 
 
@@ -102,9 +99,9 @@ def row_digest(row: Mapping[str, Any], volatile: Iterable[str] = VOLATILE_FIELDS
 
 
 def check_prefix(prefix: str) -> str:
-    if not (isinstance(prefix, str) and len(prefix) <= PREFIX_MAX and _PREFIX_RE.match(prefix)):
-        raise ConfigError(f"rollout id prefix {prefix!r} must match {_PREFIX_RE.pattern} "
-                          f"and have at most {PREFIX_MAX} characters")
+    if not (is_valid_rollout_id(prefix) and len(prefix) <= PREFIX_MAX):
+        raise ConfigError(f"rollout id prefix {prefix!r} must be a valid rollout id of at most "
+                          f"{PREFIX_MAX} characters")
     return prefix
 
 
