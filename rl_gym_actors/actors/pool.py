@@ -26,7 +26,13 @@ from rl_gym_actors.errors import PoolClosed
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0       # at least; a large pool gets more (actor start is ~1 s of CPU here)
+START_S_PER_ACTOR = 2.0
+
+
+def start_timeout_s(size: int) -> float:
+    """How long the pool may take to start ``size`` actors."""
+    return max(START_TIMEOUT_S, START_S_PER_ACTOR * size)
 PING_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 
@@ -109,7 +115,7 @@ class WarmPool:
         self._members = [self._create(i, 0) for i in range(size)]
         try:
             await asyncio.wait_for(asyncio.gather(*(m.handle.ping.remote()
-                                                    for m in self._members)), START_TIMEOUT_S)
+                                                    for m in self._members)), start_timeout_s(size))
         except BaseException:
             await self.close()
             raise

@@ -374,7 +374,9 @@ class RolloutWorker:
     def _client(self, endpoint_index: int) -> GymClient:
         client = self._clients.get(endpoint_index)
         if client is None:
-            client = self._clients[endpoint_index] = GymClient(self._endpoints[endpoint_index])
+            # one /run connection per slot at least, so no try queues for a socket inside its deadline
+            client = self._clients[endpoint_index] = GymClient(
+                self._endpoints[endpoint_index], limit=max(100, self._slots))
         return client
 
     def _check(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int,
