@@ -34,6 +34,8 @@ def start_timeout_s(size: int) -> float:
     """How long the pool may take to start ``size`` actors."""
     return max(START_TIMEOUT_S, START_S_PER_ACTOR * size)
 PING_TIMEOUT_S = 5.0
+PROBE_EVERY_S = 1.0           # an unreachable actor is pinged this often ...
+PROBE_FOR_S = 60.0            # ... for this long, then replaced
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -91,6 +93,7 @@ class WarmPool:
         self._free: asyncio.Queue[int] | None = None
         self._leases: dict[str, str] = {}
         self._replaced = 0
+        self._probes: dict[int, asyncio.Task] = {}
         self._startup_s = 0.0
         self._closed = False
 
@@ -137,6 +140,8 @@ class WarmPool:
         if self._closed:
             return
         self._closed = True
+        for probe in list(self._probes.values()):
+            probe.cancel()
         members, self._members = self._members, []
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*(m.handle.close.remote() for m in members),
@@ -182,14 +187,39 @@ class WarmPool:
             try:
                 await asyncio.wait_for(member.handle.ping.remote(), PING_TIMEOUT_S)
                 return False                     # alive after all
-            except ActorUnavailableError:
+            except (ActorUnavailableError, TimeoutError):
+                # unreachable for now (its node may be going away): keep its slots out of
+                # rotation until it answers again, is declared dead, or PROBE_FOR_S passes
+                self._quarantine(slot.index, member)
                 return False
             except RayActorError:
                 pass
-            except TimeoutError:
-                return False
         await self._replace(slot.index)
         return True
+
+    def _quarantine(self, index: int, member: _Member) -> None:
+        if index in self._probes or self._closed:
+            return
+        member.ready.clear()                     # leasers of its slots wait (see lease)
+        self._probes[index] = asyncio.get_running_loop().create_task(self._probe(index, member))
+
+    async def _probe(self, index: int, member: _Member) -> None:
+        try:
+            give_up = time.monotonic() + PROBE_FOR_S
+            while not self._closed and time.monotonic() < give_up:
+                try:
+                    await asyncio.wait_for(member.handle.ping.remote(), PING_TIMEOUT_S)
+                    member.ready.set()           # reachable again: back in rotation
+                    return
+                except (ActorUnavailableError, TimeoutError):
+                    await asyncio.sleep(PROBE_EVERY_S)
+                except RayActorError:
+                    break                        # declared dead
+            if not self._closed and self._members[index] is member:
+                await self._replace(index)
+        finally:
+            self._probes.pop(index, None)
+            member.ready.set()                   # never leave a waiter on a dropped member
 
     async def _replace(self, index: int) -> None:
         old = self._members[index]
