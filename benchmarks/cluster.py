@@ -226,10 +226,10 @@ def body(result: Result, args: Any) -> None:
         f"{'holds' if led.invariant_ok else 'BROKEN'}; every rollout accounted for: "
         f"{'yes' if ok else 'NO'}.")
     result.notes.append(
-        "The pool replaces a lost actor only when a call on one of its slots fails with "
-        "ActorDiedError; while Ray still reports the dead node's actors as unavailable "
-        "(ActorUnavailableError) it keeps them, so rows leased to those slots fail with a reason "
-        "until then (see the batches after it).")
+        "Rows in flight on the lost node's actors fail with a reason. After that, an actor that "
+        "Ray reports as unavailable (ActorUnavailableError) has its slots taken out of rotation "
+        "until it answers again or is declared dead and replaced, so the batches after the loss "
+        "run on the surviving actors (see the batches after it).")
     result.extra["headline"] = (
         f"node with {row['lost_actors']} of {p['actors']} actors killed mid-batch: "
         f"{row['sealed']} sealed, {row['failed']} failed with a reason, {silent} silent; the "
