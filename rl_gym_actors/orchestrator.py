@@ -42,7 +42,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
-from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActorSnapshot
+from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import ConfigError, PoolClosed, RlGymError
@@ -57,24 +57,10 @@ CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own 
 START_TIMEOUT_S = 120.0
 
 
-class ActorTotals(BaseModel):
+class ActorTotals(RolloutCounters):
     """The rollout actors' counters, summed over the pool."""
 
-    model_config = ConfigDict(frozen=True)
-
     actors: int = 0
-    in_flight: int = 0
-    started: int = 0
-    sealed: int = 0
-    failed: int = 0
-    abandoned: int = 0
-    tries: int = 0
-    seals: int = 0
-    adoptions: int = 0
-    acks: int = 0
-    cancelled: int = 0
-    handed_over: int = 0
-    adopt_requests: int = 0
 
 
 class OrchestratorSnapshot(BaseModel):
@@ -385,9 +371,8 @@ class Orchestrator:
         sums: dict[str, int] = {}
         alive = [a for a in answers if isinstance(a, RolloutActorSnapshot)]
         for snap in alive:
-            for name in ActorTotals.model_fields:
-                if name != "actors":
-                    sums[name] = sums.get(name, 0) + getattr(snap, name)
+            for name in RolloutCounters.model_fields:
+                sums[name] = sums.get(name, 0) + getattr(snap, name)
         return OrchestratorSnapshot(orchestrator_id=self.id, ledger=ledger, pool=pool.snapshot(),
                                     actors=ActorTotals(actors=len(alive), **sums),
                                     known_rollouts=len(self._known),

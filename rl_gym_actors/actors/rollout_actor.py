@@ -49,14 +49,12 @@ DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by t
 FINISHED_MEMORY = 10_000     # finished rollouts remembered for adopt() and late abandons
 
 
-class RolloutActorSnapshot(BaseModel):
-    """A rollout actor's counters: rollouts in flight, tries, seals, adoptions and the rest."""
+class RolloutCounters(BaseModel):
+    """Counters a rollout actor keeps; the orchestrator sums them over the pool."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    slots: int
-    in_flight: int
+    in_flight: int = 0
     started: int = 0
     sealed: int = 0
     failed: int = 0
@@ -68,6 +66,13 @@ class RolloutActorSnapshot(BaseModel):
     cancelled: int = 0
     handed_over: int = 0
     adopt_requests: int = 0
+
+
+class RolloutActorSnapshot(RolloutCounters):
+    """A rollout actor's counters: rollouts in flight, tries, seals, adoptions and the rest."""
+
+    name: str
+    slots: int
     reports_sent: int = 0
     reports_pending: int = 0
 
