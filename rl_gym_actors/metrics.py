@@ -22,6 +22,7 @@ import math
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -73,7 +74,7 @@ def _valid_name(name: str) -> bool:
 
 # ---------------------------------------------------------------- metric kinds
 
-class _Metric:
+class _Metric(ABC):
     kind = "untyped"
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
@@ -97,8 +98,9 @@ class _Metric:
         return [f"# HELP {self.name} {_escape_help(self.help)}", f"# TYPE {self.name} {self.kind}",
                 *self._samples()]
 
-    def _samples(self) -> list[str]:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abstractmethod
+    def _samples(self) -> list[str]:
+        """The sample lines, without HELP and TYPE."""
 
 
 class Counter(_Metric):
