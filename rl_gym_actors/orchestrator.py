@@ -18,7 +18,8 @@ Rows: a row's rollout id is ``_ng_rollout_id`` (minted when absent), ``_ng_attem
 first try's index, ``_ng_endpoint`` (an endpoint name or URL) its endpoint; without it the
 endpoint is chosen by a stable hash of the rollout id. The orchestrator remembers per rollout id
 the last attempt it dispatched: a rollout that comes again after ending without a sealed result
-starts by retiring that attempt (and adopts it if it finished), and one whose abandoned rollout
+starts by retiring that attempt (and adopts it if it finished), as does a row that names try
+k > 0 of a rollout it has not seen (try k-1 is retired first); and one whose abandoned rollout
 had adopted a result gets that result back without running the agent again.
 """
 
@@ -414,6 +415,10 @@ class Orchestrator:
                 item.first_attempt = max(first, known.next_fresh)
                 if not known.settled:
                     item.previous_attempt = known.last_attempt
+            elif first > 0:
+                # the trainer names try k of a rollout we have not seen: try k-1 may have finished
+                # on Gym (a re-dispatch after a restart); retire it first, and adopt it if so
+                item.previous_attempt = first - 1
             items.append(item)
         for item in items:               # every row is valid: hand out the kept results
             if item.ready is not None:

@@ -282,3 +282,19 @@ def test_a_closed_orchestrator_refuses_work():
     with pytest.raises(PoolClosed):
         orch.snapshot()
     orch.close()                       # closing twice is fine
+
+
+def test_named_try_of_an_unseen_rollout_adopts_the_finished_try_before_it(orch, gyms, agent,
+                                                                          tmp_path):
+    """A trainer that restarts names try 1 of a rollout this orchestrator never saw; try 0 had
+    finished on Gym, its reply lost: try 0 is retired, found finished, and adopted (no rerun)."""
+    r = rid(orch, "named-try")
+    url = gyms[endpoint_index_for(r, len(gyms))].url
+    ep = GymEndpoint(url=url, token="test-token")
+    reply = gym_call(ep, "run", {"reward": 0.75}, rollout_id=r, attempt_index=0).reply
+    assert key_state(ep, r, 0) == "completed"
+    (out,) = orch.run_batch([{"_ng_rollout_id": r, "_ng_attempt_index": 1, "reward": 0.1}])
+    assert (out.status, out.attempt_index, out.adopted) == ("sealed", 0, True)
+    assert out.reply == reply and out.reward == 0.75
+    assert agent.runs_of(r) == 1 and key_state(ep, r, 1) == "unknown"
+    settle_and_check(orch, gyms, agent, tmp_path, [out])
