@@ -103,10 +103,8 @@ class _Metric(ABC):
         """The sample lines, without HELP and TYPE."""
 
 
-class Counter(_Metric):
-    """A monotonically increasing count. Names end in ``_total`` by convention."""
-
-    kind = "counter"
+class _ValueMetric(_Metric):
+    """A counter or gauge: one value per label set, or one read from a function at scrape time."""
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
         super().__init__(name, help, labelnames)
@@ -116,14 +114,12 @@ class Counter(_Metric):
             self._values[()] = 0.0
 
     def set_function(self, fn: Callable[[], float]) -> None:
-        """Read the (unlabelled) value from ``fn`` at every scrape; ``fn`` must not go down."""
+        """Read the (unlabelled) value from ``fn`` at every scrape (a counter's must not go down)."""
         if self.labelnames:
-            raise ValueError("set_function needs a counter without labels")
+            raise ValueError(f"set_function needs a {self.kind} without labels")
         self._fn = fn
 
-    def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
-        if amount < 0:
-            raise ValueError("a counter only goes up")
+    def _add(self, amount: float, labels: Mapping[str, str] | None) -> None:
         key = self._key(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
@@ -135,33 +131,32 @@ class Counter(_Metric):
             return self._values.get(self._key(labels), 0.0)
 
     def _samples(self) -> list[str]:
-        return _value_samples(self)
+        if self._fn is not None:
+            try:
+                return [f"{self.name} {_format_value(float(self._fn()))}"]
+            except Exception:  # a broken callback must not break the scrape
+                logger.debug("metric %s callback failed", self.name, exc_info=True)
+                return []
+        with self._lock:
+            items = sorted(self._values.items())
+        return [f"{self.name}{_labels(self.labelnames, k)} {_format_value(v)}" for k, v in items]
 
 
-def _value_samples(metric: Any) -> list[str]:
-    """Samples of a counter or gauge: from its function when it has one, else its values."""
-    if metric._fn is not None:
-        try:
-            return [f"{metric.name} {_format_value(float(metric._fn()))}"]
-        except Exception:  # a broken callback must not break the scrape
-            logger.debug("metric %s callback failed", metric.name, exc_info=True)
-            return []
-    with metric._lock:
-        items = sorted(metric._values.items())
-    return [f"{metric.name}{_labels(metric.labelnames, k)} {_format_value(v)}" for k, v in items]
+class Counter(_ValueMetric):
+    """A monotonically increasing count. Names end in ``_total`` by convention."""
+
+    kind = "counter"
+
+    def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        if amount < 0:
+            raise ValueError("a counter only goes up")
+        self._add(amount, labels)
 
 
-class Gauge(_Metric):
+class Gauge(_ValueMetric):
     """A value that goes up and down; or, with :meth:`set_function`, one read at scrape time."""
 
     kind = "gauge"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labelnames)
-        self._values: dict[LabelValues, float] = {}
-        self._fn: Callable[[], float] | None = None
-        if not self.labelnames:
-            self._values[()] = 0.0
 
     def set(self, value: float, labels: Mapping[str, str] | None = None) -> None:
         key = self._key(labels)
@@ -169,27 +164,10 @@ class Gauge(_Metric):
             self._values[key] = float(value)
 
     def inc(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
+        self._add(amount, labels)
 
     def dec(self, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
-        self.inc(-amount, labels)
-
-    def set_function(self, fn: Callable[[], float]) -> None:
-        """Read the (unlabelled) value from ``fn`` at every scrape."""
-        if self.labelnames:
-            raise ValueError("set_function needs a gauge without labels")
-        self._fn = fn
-
-    def value(self, labels: Mapping[str, str] | None = None) -> float:
-        if self._fn is not None:
-            return float(self._fn())
-        with self._lock:
-            return self._values.get(self._key(labels), 0.0)
-
-    def _samples(self) -> list[str]:
-        return _value_samples(self)
+        self._add(-amount, labels)
 
 
 class Histogram(_Metric):
