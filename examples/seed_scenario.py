@@ -36,10 +36,10 @@ except ImportError:          # run from a checkout that is not installed: use th
                                                if p)    # for Ray's worker processes
 
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy  # noqa: E402
-from rl_gym_actors.errors import (ConnectionLost, NotCompleted, StaleAttempt,  # noqa: E402
-                                  UnknownExecution)
+from rl_gym_actors.errors import ConnectionLost, StaleAttempt  # noqa: E402
 from rl_gym_actors.gym.client import GymClient  # noqa: E402
 from rl_gym_actors.testing.gym_process import GymServerProcess  # noqa: E402
+from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state  # noqa: E402
 
 # The simulated agent's replies, plus ``first_try_sleep_s`` (a slow first try only).
 AGENT = "rl_gym_actors.testing.counting_agent:agent"
@@ -69,17 +69,6 @@ async def _call(endpoint: GymEndpoint, method: str, *args, **kwargs):
 
 def gym(endpoint: GymEndpoint, method: str, *args, **kwargs):
     return asyncio.run(_call(endpoint, method, *args, **kwargs))
-
-
-def key_state(endpoint: GymEndpoint, rollout_id: str, attempt_index: int) -> str:
-    try:
-        return gym(endpoint, "receipt", rollout_id, attempt_index).state
-    except StaleAttempt:
-        return "tombstoned"
-    except NotCompleted:
-        return "running"
-    except UnknownExecution:
-        return "unknown"
 
 
 # ---------------------------------------------------------------- 0. the seven wire steps

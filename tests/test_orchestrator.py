@@ -16,11 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
-from rl_gym_actors.errors import ConfigError, NotCompleted, StaleAttempt, UnknownExecution
+from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
 pytestmark = pytest.mark.ray
 
@@ -59,17 +60,6 @@ def gym_call(endpoint: GymEndpoint, method: str, *args, **kwargs):
         async with GymClient(endpoint) as client:
             return await getattr(client, method)(*args, deadline_ts=time.time() + 10, **kwargs)
     return asyncio.run(go())
-
-
-def key_state(endpoint: GymEndpoint, rollout_id: str, att: int) -> str:
-    try:
-        return gym_call(endpoint, "receipt", rollout_id, att).state
-    except StaleAttempt:
-        return "tombstoned"
-    except UnknownExecution:
-        return "unknown"
-    except NotCompleted:
-        return "running"
 
 
 def settle_and_check(orch, gyms, agent, tmp_path, *batches):

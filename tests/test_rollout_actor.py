@@ -16,10 +16,11 @@ import pytest_asyncio
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.events import AttemptState
-from rl_gym_actors.errors import ConfigError, NotCompleted, StaleAttempt, UnknownExecution
+from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.inspect_gym import key_state
 
 QUICK = TryPolicy(rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0)
 PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0)
@@ -58,19 +59,6 @@ class Sink:
 def worker(gym, policy=QUICK, sink=None, slots=4) -> RolloutWorker:
     return RolloutWorker("w-test", [gym.endpoint], policy, LedgerConfig(flush_interval_s=0.01),
                          send=sink, slots=slots)
-
-
-async def key_state(ctl: GymClient, rid: str, att: int) -> str:
-    """What Gym holds for one key: completed, acknowledged, tombstoned, running or unknown."""
-    try:
-        answer = await ctl.receipt(rid, att, deadline_ts=time.time() + 5)
-        return answer.state
-    except StaleAttempt:
-        return "tombstoned"
-    except UnknownExecution:
-        return "unknown"
-    except NotCompleted:
-        return "running"
 
 
 async def wait_until(predicate, timeout_s: float = 5.0, what: str = "condition") -> None:
