@@ -95,8 +95,8 @@ def _server_truth(endpoint: Any) -> dict[str, int]:
 def _try_states(endpoint: Any, keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     """Each try's state on Gym by its receipt route: acknowledged, completed, running,
     tombstoned or unknown."""
-    from rl_gym_actors.errors import NotCompleted, StaleAttempt, UnknownExecution
     from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.testing.inspect_gym import key_state
 
     async def go() -> dict[tuple[str, int], str]:
         out: dict[tuple[str, int], str] = {}
@@ -104,15 +104,7 @@ def _try_states(endpoint: Any, keys: list[tuple[str, int]]) -> dict[tuple[str, i
         async with GymClient(endpoint, control_limit=32) as client:
             async def one(key: tuple[str, int]) -> None:
                 async with sem:
-                    try:
-                        ans = await client.receipt(*key, deadline_ts=time.time() + 30)
-                        out[key] = ans.state
-                    except NotCompleted:
-                        out[key] = "running"
-                    except StaleAttempt:
-                        out[key] = "tombstoned"
-                    except UnknownExecution:
-                        out[key] = "unknown"
+                    out[key] = await key_state(client, *key, timeout_s=30)
 
             await asyncio.gather(*(one(k) for k in keys))
         return out

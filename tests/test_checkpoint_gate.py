@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
-from rl_gym_actors.errors import CheckpointFailed, NotCompleted, StaleAttempt, UnknownExecution
+from rl_gym_actors.errors import CheckpointFailed, StaleAttempt
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.inspect_gym import key_state
 
 pytestmark = pytest.mark.ray
 
@@ -67,14 +68,7 @@ def make_owner(ray, name: str, endpoint: GymEndpoint, ledger):
 
 
 async def receipt_state(client: GymClient, rid: str, att: int = 0) -> str:
-    try:
-        return (await client.receipt(rid, att, deadline_ts=soon())).state
-    except NotCompleted:
-        return "running"
-    except StaleAttempt:
-        return "tombstoned"
-    except UnknownExecution:
-        return "unknown"
+    return await key_state(client, rid, att)
 
 
 async def completed(client: GymClient, rid: str, att: int = 0) -> None:
