@@ -22,3 +22,20 @@ def ray_session():
                  configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def load_example():
+    """Import ``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, examples / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

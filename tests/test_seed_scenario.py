@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.ray
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "seed_scenario.py"
-
-
-def load_demo():
-    spec = importlib.util.spec_from_file_location("seed_scenario", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_seed_scenario_holds_end_to_end(ray_session):
+def test_the_seed_scenario_holds_end_to_end(ray_session, load_example):
     lines: list[str] = []
-    assert load_demo().run_demo(lines.append), "\n".join(lines)
+    assert load_example("seed_scenario").run_demo(lines.append), "\n".join(lines)
     text = "\n".join(lines)
     assert "NO!" not in text and "all expectations held" in text
     # the seven wire steps, in order

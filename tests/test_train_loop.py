@@ -3,25 +3,17 @@ and across a real SIGKILL of the trainer mid-step no rollout is counted twice.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_loop.py"
-
-
 @pytest.fixture(scope="module")
-def loop():
-    spec = importlib.util.spec_from_file_location("train_loop", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def loop(load_example):
+    return load_example("train_loop")
 
 
 def test_grpo_update_moves_probability_to_the_better_action(loop):
@@ -47,10 +39,10 @@ def test_rows_are_deterministic_per_step_and_name_their_action(loop):
 
 
 @pytest.mark.slow
-def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(tmp_path):
+def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop, tmp_path):
     out = tmp_path / "summary.json"
     env = {**os.environ, "RLGA_PROGRESS": "0"}
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--quick", "--workdir",
+    proc = subprocess.run([sys.executable, loop.__file__, "--quick", "--workdir",
                            str(tmp_path / "work"), "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
