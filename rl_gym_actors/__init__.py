@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # Heavier pieces load on first use so that `import rl_gym_actors` stays cheap (no Ray import).
 _LAZY = {
     "Orchestrator": "rl_gym_actors.orchestrator",
+    "IndexedOutcome": "rl_gym_actors.orchestrator",
     "Outcome": "rl_gym_actors.outcome",
     "GymClient": "rl_gym_actors.gym.client",
 }

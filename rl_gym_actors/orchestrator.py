@@ -6,13 +6,23 @@
                       policy=TryPolicy(rollout_s=60.0, receipt_s=5.0, max_tries=3),
                       pool_size=64, rollouts_per_actor=1) as orch:
         outcomes = orch.run_batch(rows)                 # one outcome per row, in row order
+        for index, outcome in orch.stream(rows):        # each outcome as its rollout ends
+            ...
         report = orch.checkpoint("step-10", "/ckpt/step-10", deadline_s=120.0)
         print(orch.snapshot())
 
 The orchestrator creates the ledger actor and a warm pool of rollout actors. Its own async core
 runs on a private event loop thread, so the sync methods work from a plain driver script and the
-async variants (``arun_batch``, ``acheckpoint``, ``asnapshot``, ``aclose``, ``astart``) from any
-other loop, such as a Ray actor's.
+async variants (``arun_batch``, ``astream``, ``acheckpoint``, ``asnapshot``, ``aclose``,
+``astart``) from any other loop, such as a Ray actor's.
+
+Streams: ``stream(rows)`` / ``astream(rows)`` yield ``(index, outcome)`` (an
+:class:`IndexedOutcome`) as each rollout ends; ``run_batch`` is the collected stream. ``astream``
+also takes an async iterable of rows and dispatches each row as it arrives, so a trainer can keep
+a fixed number in flight across steps. Closing a stream before its end abandons the rest exactly
+as ``fail_fast`` does (each running try is retired, and one that had finished is adopted and its
+result kept for the rollout's next row); an outcome that ended but was not taken is kept the
+same way.
 
 Rows: a row's rollout id is ``_ng_rollout_id`` (minted when absent), ``_ng_attempt_index`` the
 first try's index, ``_ng_endpoint`` (an endpoint name or URL) its endpoint; without it the
@@ -26,14 +36,15 @@ had adopted a result gets that result back without running the agent again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from rl_gym_actors.actors.runtime import LoopThread, ensure_ray  # sets Ray's env before Ray loads
 
@@ -75,6 +86,13 @@ class OrchestratorSnapshot(BaseModel):
     actors: ActorTotals
     known_rollouts: int
     in_flight: int
+
+
+class IndexedOutcome(NamedTuple):
+    """One streamed outcome and the index of its row (its position in the rows fed)."""
+
+    index: int
+    outcome: Outcome
 
 
 @dataclass
@@ -210,6 +228,64 @@ class Orchestrator:
                          fail_fast: bool = False) -> list[Outcome]:
         return await self._async(self._run_batch(rows, fail_fast))
 
+    def stream(self, rows: Iterable[Mapping[str, Any]], *,
+               fail_fast: bool = False) -> Iterator[IndexedOutcome]:
+        """Yield ``(index, outcome)`` for each row as its rollout ends (completion order).
+        Closing the iterator early (``close()``, ``break`` and dropping it, or leaving a ``with
+        contextlib.closing(...)``) abandons the rest as ``fail_fast`` does. Raises ConfigError
+        for malformed rows before anything is dispatched."""
+        self._check_open()
+        rows = _row_list(rows)
+        return self._stream_sync(rows, fail_fast)
+
+    def _stream_sync(self, rows: list, fail_fast: bool) -> Iterator[IndexedOutcome]:
+        stream = self._sync(self._open_stream(rows, fail_fast))
+        ended: list[IndexedOutcome] = []
+        try:
+            while (ended := self._sync(stream.next())) is not None:
+                while ended:
+                    yield ended.pop(0)
+        finally:
+            if self._loop.alive:
+                self._loop.run(stream.stop(ended or ()))
+
+    async def astream(self, rows: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+                      *, fail_fast: bool = False) -> AsyncIterator[IndexedOutcome]:
+        """The async :meth:`stream`. ``rows`` may also be an async iterable: each row is
+        dispatched as it arrives (a malformed one raises ConfigError from the iterator and the
+        rest is abandoned); the stream ends once the rows end and every rollout has. Close it
+        early with ``aclose()`` (or ``contextlib.aclosing``)."""
+        self._check_open()
+        lazy = isinstance(rows, AsyncIterable)
+        stream = await self._async(self._open_stream(None if lazy else _row_list(rows),
+                                                     fail_fast))
+        feeder = asyncio.ensure_future(self._feed(stream, rows)) if lazy else None
+        ended: list[IndexedOutcome] = []
+        try:
+            while (ended := await self._async(stream.next())) is not None:
+                while ended:
+                    yield ended.pop(0)
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await feeder
+            if self._loop.alive:
+                await self._loop.arun(stream.stop(ended or ()))
+
+    async def _feed(self, stream: "_Stream", rows: AsyncIterable[Mapping[str, Any]]) -> None:
+        """On the caller's loop: hand each row of ``rows`` to the stream as it arrives."""
+        error: BaseException | None = None
+        try:
+            async for row in rows:
+                await self._async(stream.add(row))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:    # a bad row or the iterable's own error ends the stream
+            error = exc
+        if self._loop.alive:
+            await self._loop.arun(stream.end_of_rows(error))
+
     def checkpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
                    deadline_s: float = 120.0) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
@@ -277,26 +353,32 @@ class Orchestrator:
         return self._pool
 
     async def _run_batch(self, rows: Iterable[Mapping[str, Any]], fail_fast: bool) -> list[Outcome]:
-        pool = await self._ready()
-        items = self._plan(rows)
-        batch = _Batch(fail_fast)
-        bar = _progress_bar(len(items), self.progress)
-        tasks = []
-        for item in items:
-            task = asyncio.ensure_future(self._row(pool, item, batch, bar))
-            tasks.append(task)
-            if item.ready is None:
-                batch.waiting[item.rollout_id] = task
-        self._in_flight.update(i.rollout_id for i in items if i.ready is None)
+        stream = await self._open_stream(_row_list(rows), fail_fast)
+        outcomes: list[Outcome | None] = [None] * stream.fed
         try:
-            outcomes = await asyncio.gather(*tasks)
+            while (ended := await stream.next()) is not None:
+                for index, outcome in ended:
+                    outcomes[index] = outcome
+        except BaseException:
+            stream.cancel()              # the caller gave up: each running rollout retires its try
+            raise
         finally:
-            self._in_flight.difference_update(i.rollout_id for i in items)
-            if bar is not None:
-                bar.close()
-        if batch.abandons:
-            await asyncio.gather(*batch.abandons, return_exceptions=True)
-        return list(outcomes)
+            await stream.stop(())
+        return outcomes                  # type: ignore[return-value]
+
+    async def _open_stream(self, rows: list[Mapping[str, Any]] | None,
+                           fail_fast: bool) -> "_Stream":
+        """A stream of ``rows`` (all checked before any is dispatched), or an open one (None)
+        that :meth:`_Stream.add` feeds."""
+        pool = await self._ready()
+        if rows is None:
+            return _Stream(self, pool, fail_fast, None)
+        items = self._plan(rows)
+        stream = _Stream(self, pool, fail_fast, _progress_bar(len(items), self.progress))
+        for item in items:
+            stream.dispatch(item)
+        stream.end_of_rows_now()
+        return stream
 
     async def _row(self, pool: WarmPool, item: _Item, batch: _Batch, bar: Any) -> Outcome:
         outcome = item.ready
@@ -338,12 +420,14 @@ class Orchestrator:
                 self._remember(item, outcome)
             finally:
                 batch.running.pop(rid, None)
-        if outcome.status == "failed" and batch.fail_fast and not batch.stopped:
+        if outcome.status == "failed" and batch.fail_fast:
             self._stop(batch)
         return outcome
 
     def _stop(self, batch: _Batch) -> None:
         """fail_fast: abandon what runs; rows still waiting for a slot are never dispatched."""
+        if batch.stopped:
+            return
         batch.stopped = True
         for task in list(batch.waiting.values()):
             task.cancel()
@@ -381,49 +465,55 @@ class Orchestrator:
 
     # ------------------------------------------------------------ rows and memory
 
-    def _plan(self, rows: Iterable[Mapping[str, Any]]) -> list[_Item]:
-        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
-            raise ConfigError("rows must be a list (or other iterable) of row mappings")
-        items: list[_Item] = []
+    def _plan(self, rows: list[Mapping[str, Any]]) -> list[_Item]:
+        """Every row checked (ConfigError names the first bad one) before any is handed out."""
         seen: set[str] = set()
-        for i, row in enumerate(rows):
-            if not isinstance(row, Mapping):
-                raise ConfigError(f"row {i} must be a mapping, got {type(row).__name__}")
-            rid = row.get(ROLLOUT_ID_FIELD)
-            if rid is None:
-                rid = f"rlga-{uuid.uuid4().hex}"
-            if not is_valid_rollout_id(rid):
-                raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
-            if rid in seen or rid in self._in_flight:
-                raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
-            seen.add(rid)
-            first = row.get(ATTEMPT_INDEX_FIELD, 0)
-            if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-                raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int >= 0")
-            gym_row = {k: v for k, v in row.items()
-                       if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
-            try:
-                json.dumps(gym_row, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
-            item = _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), first, None)
-            known = self._known.get(rid)
-            if known is not None:
-                if known.kept is not None:
-                    item.ready = known.kept.model_copy(update=dict(
-                        status="sealed", adopted=True, reason=None, tries=0))
-                item.first_attempt = max(first, known.next_fresh)
-                if not known.settled:
-                    item.previous_attempt = known.last_attempt
-            elif first > 0:
-                # the trainer names try k of a rollout we have not seen: try k-1 may have finished
-                # on Gym (a re-dispatch after a restart); retire it first, and adopt it if so
-                item.previous_attempt = first - 1
-            items.append(item)
+        items = [self._plan_row(i, row, seen) for i, row in enumerate(rows)]
         for item in items:               # every row is valid: hand out the kept results
             if item.ready is not None:
                 self._known[item.rollout_id].kept = None
         return items
+
+    def _plan_row(self, i: int, row: Any, seen: set[str]) -> _Item:
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"row {i} must be a mapping, got {type(row).__name__}")
+        rid = row.get(ROLLOUT_ID_FIELD)
+        if rid is None:
+            rid = f"rlga-{uuid.uuid4().hex}"
+        if not is_valid_rollout_id(rid):
+            raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
+        if rid in seen or rid in self._in_flight:
+            raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
+        seen.add(rid)
+        first = row.get(ATTEMPT_INDEX_FIELD, 0)
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int >= 0")
+        gym_row = {k: v for k, v in row.items()
+                   if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+        try:
+            json.dumps(gym_row, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
+        item = _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), first, None)
+        known = self._known.get(rid)
+        if known is not None:
+            if known.kept is not None:
+                item.ready = known.kept.model_copy(update=dict(
+                    status="sealed", adopted=True, reason=None, tries=0))
+            item.first_attempt = max(first, known.next_fresh)
+            if not known.settled:
+                item.previous_attempt = known.last_attempt
+        elif first > 0:
+            # the trainer names try k of a rollout we have not seen: try k-1 may have finished
+            # on Gym (a re-dispatch after a restart); retire it first, and adopt it if so
+            item.previous_attempt = first - 1
+        return item
+
+    def _keep(self, outcome: Outcome) -> None:
+        """An outcome with a result the trainer never took: its rollout's next row gets it."""
+        known = self._known.get(outcome.rollout_id)
+        if outcome.has_result and known is not None and known.settled:
+            known.kept = outcome
 
     def _endpoint_for(self, row: Mapping[str, Any], rid: str, i: int) -> int:
         wanted = row.get(ENDPOINT_FIELD)
@@ -460,6 +550,109 @@ class Orchestrator:
         return Outcome(rollout_id=item.rollout_id, status="failed",
                        attempt_index=item.first_attempt,
                        endpoint=self.endpoints[item.endpoint_index].url, reason=reason)
+
+
+class _Stream:
+    """One stream on the orchestrator's loop: rows dispatched as they come, outcomes queued as
+    their rollouts end, taken in bunches by :meth:`next`."""
+
+    def __init__(self, orch: Orchestrator, pool: WarmPool, fail_fast: bool, bar: Any) -> None:
+        self._orch, self._pool, self._bar = orch, pool, bar
+        self._batch = _Batch(fail_fast)
+        self._tasks: set[asyncio.Task] = set()
+        self._ended: list[IndexedOutcome] = []
+        self._wake = asyncio.Event()
+        self._rows_done = False
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._cancelled = False
+        self.fed = 0
+
+    def dispatch(self, item: _Item) -> None:
+        orch = self._orch
+        task = asyncio.ensure_future(orch._row(self._pool, item, self._batch, self._bar))
+        self._tasks.add(task)
+        if item.ready is None:
+            self._batch.waiting[item.rollout_id] = task
+            orch._in_flight.add(item.rollout_id)
+        task.add_done_callback(lambda t, item=item: self._on_end(item, t))
+        self.fed += 1
+
+    async def add(self, row: Mapping[str, Any]) -> None:
+        """One more row (checked now; ConfigError when malformed)."""
+        if self._rows_done or self._stopped:
+            raise ConfigError("this stream takes no more rows")
+        item = self._orch._plan_row(self.fed, row, set())
+        if item.ready is not None:
+            self._orch._known[item.rollout_id].kept = None
+        self.dispatch(item)
+
+    def end_of_rows_now(self, error: BaseException | None = None) -> None:
+        self._rows_done = True
+        if error is not None and self._error is None:
+            self._error = error
+        self._wake.set()
+
+    async def end_of_rows(self, error: BaseException | None = None) -> None:
+        self.end_of_rows_now(error)
+
+    def _on_end(self, item: _Item, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._batch.waiting.pop(item.rollout_id, None)
+        if item.ready is None:
+            self._orch._in_flight.discard(item.rollout_id)
+        if task.cancelled():
+            pass
+        elif task.exception() is not None:
+            if self._error is None:
+                self._error = task.exception()
+        else:
+            self._ended.append(IndexedOutcome(item.index, task.result()))
+        self._wake.set()
+
+    async def next(self) -> list[IndexedOutcome] | None:
+        """The outcomes that ended since the last call (waiting for one); None at the end."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                ended, self._ended = self._ended, []
+                return ended
+            if self._rows_done and not self._tasks:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+    def cancel(self) -> None:
+        """The caller gave up: cancel every row (a running rollout retires its try)."""
+        self._cancelled = True
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def stop(self, untaken: Iterable[IndexedOutcome]) -> None:
+        """End the stream: what still runs is abandoned as ``fail_fast`` does; outcomes that
+        ended but were not taken keep their results for their rollouts' next rows."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._rows_done = True
+        if self._tasks and not self._cancelled:
+            self._orch._stop(self._batch)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._batch.abandons:
+            await asyncio.gather(*self._batch.abandons, return_exceptions=True)
+        for _, outcome in (*untaken, *self._ended):
+            self._orch._keep(outcome)
+        self._ended = []
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _row_list(rows: Any) -> list[Mapping[str, Any]]:
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+        raise ConfigError("rows must be a list (or other iterable) of row mappings")
+    return list(rows)
 
 
 def endpoint_index_for(rollout_id: str, n_endpoints: int) -> int:
