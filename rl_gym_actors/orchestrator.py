@@ -58,6 +58,7 @@ from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActorSnapshot, 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import ConfigError, PoolClosed, RlGymError
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
 
@@ -412,10 +413,11 @@ class Orchestrator:
                 await pool.actor_failed(slot, exc)
                 self._remember_lost(item)
                 outcome = self._failed(item, f"rollout actor {slot.name} died: "
-                                             f"{type(exc).__name__}")
+                                             f"{type(exc).__name__}", FailureKind.ACTOR_DIED)
             except RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-                outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}")
+                outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}",
+                                       failure_kind(cause))
             else:
                 self._remember(item, outcome)
             finally:
@@ -499,7 +501,7 @@ class Orchestrator:
         if known is not None:
             if known.kept is not None:
                 item.ready = known.kept.model_copy(update=dict(
-                    status="sealed", adopted=True, reason=None, tries=0))
+                    status="sealed", adopted=True, reason=None, failure=None, tries=0))
             item.first_attempt = max(first, known.next_fresh)
             if not known.settled:
                 item.previous_attempt = known.last_attempt
@@ -546,10 +548,11 @@ class Orchestrator:
         while len(self._known) > MEMORY:
             self._known.popitem(last=False)
 
-    def _failed(self, item: _Item, reason: str) -> Outcome:
+    def _failed(self, item: _Item, reason: str, failure: FailureKind) -> Outcome:
         return Outcome(rollout_id=item.rollout_id, status="failed",
                        attempt_index=item.first_attempt,
-                       endpoint=self.endpoints[item.endpoint_index].url, reason=reason)
+                       endpoint=self.endpoints[item.endpoint_index].url, reason=reason,
+                       failure=failure)
 
 
 class _Stream:
@@ -665,7 +668,8 @@ def endpoint_index_for(rollout_id: str, n_endpoints: int) -> int:
 def _not_dispatched(item: _Item, endpoints: list[GymEndpoint]) -> Outcome:
     return Outcome(rollout_id=item.rollout_id, status="abandoned",
                    endpoint=endpoints[item.endpoint_index].url,
-                   reason="batch stopped (fail_fast) before this row was dispatched")
+                   reason="batch stopped (fail_fast) before this row was dispatched",
+                   failure=FailureKind.ABANDONED)
 
 
 def _endpoints(endpoints: Sequence[GymEndpoint | str]) -> list[GymEndpoint]:

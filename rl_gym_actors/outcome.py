@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import CompletionReceipt
 
 OutcomeStatus = Literal["sealed", "failed", "abandoned"]
@@ -20,7 +21,9 @@ class Outcome(BaseModel):
     ``attempt_index`` is the try the result comes from (or the last try made); ``adopted`` marks
     a result taken from a finished try after retire instead of rerunning it; ``acked`` whether Gym
     released it (when False the ledger releases it at the next checkpoint); ``tries`` counts the
-    fresh ``/run`` dispatches this rollout made.
+    fresh ``/run`` dispatches this rollout made. ``failure`` is the kind of what ``reason``
+    says (None when there is no reason): read it, never the reason's text, to decide what to do
+    (``failure.is_transport``: infrastructure, re-dispatch; ``failure.is_data``: the row's own).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -36,6 +39,7 @@ class Outcome(BaseModel):
     tries: int = 0
     endpoint: str = ""
     reason: str | None = None
+    failure: FailureKind | None = None
 
     @property
     def has_result(self) -> bool:

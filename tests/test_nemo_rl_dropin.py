@@ -120,11 +120,21 @@ def test_rows_stream_back_once_each_as_they_end_with_timing_on_the_last(ray_sess
 
 def test_a_failed_row_never_stops_the_stream_and_a_data_failure_is_raised_at_the_end(
         ray_session, env, gym):
-    rows = [row(0, reward=0.5), row(1, fail=True), row(2, reward=0.25, sleep_s=0.3)]
+    # row 1 is no JSON (NaN): the request is refused, which describes the row (a 4xx)
+    rows = [row(0, reward=0.5), row(1, x=float("nan")), row(2, reward=0.25, sleep_s=0.3)]
     got, error = drain(ray_session, stream(env, rows))
     assert sorted(i for i, _, _ in got) == [0, 2]          # the row after the failure came too
     assert isinstance(error, RolloutDataError) and isinstance(error, RolloutFailure)
     assert not isinstance(error, (ConnectionError, TimeoutError))   # NeMo RL: a data failure
+    assert "row 1" in str(error) and "JSON" in str(error)
+
+
+def test_an_agent_that_failed_on_gym_is_raised_as_infrastructure(ray_session, env, gym):
+    # Gym answers an agent's failure with a 5xx: NeMo RL counts any 5xx as infrastructure
+    rows = [row(0, reward=0.5), row(1, fail=True)]
+    got, error = drain(ray_session, stream(env, rows))
+    assert [i for i, _, _ in got] == [0]
+    assert isinstance(error, RolloutFailure) and isinstance(error, ConnectionError)
     assert "row 1" in str(error) and "agent_failed" in str(error)
 
 

@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.integrations.nemo_rl_rows import (
     Action,
     EntryState,
@@ -161,9 +162,13 @@ def test_running_rollouts_are_never_expired():
 
 
 def test_failure_classes_are_what_nemo_rl_classifies_and_pickle_with_one_argument():
-    assert failure_class("/run failed: agent_failed boom") is RolloutDataError
-    assert failure_class("rollout_s deadline fired while /run was waiting") is RolloutTimeoutError
-    assert failure_class("connection_lost: reset") is RolloutTransportError
+    assert failure_class(FailureKind.REJECTED) is RolloutDataError           # a 4xx
+    assert failure_class(FailureKind.PROTOCOL) is RolloutDataError
+    assert failure_class(FailureKind.INVALID_REPLY) is RolloutDataError
+    assert failure_class(FailureKind.AGENT_FAILED) is RolloutTransportError  # a 5xx
+    assert failure_class(FailureKind.DEADLINE) is RolloutTimeoutError
+    assert failure_class(FailureKind.LOST) is RolloutTransportError
+    assert failure_class(None) is RolloutTransportError
     assert issubclass(RolloutTransportError, ConnectionError)
     assert issubclass(RolloutTimeoutError, TimeoutError)
     assert not issubclass(RolloutDataError, (ConnectionError, TimeoutError))
@@ -173,11 +178,15 @@ def test_failure_classes_are_what_nemo_rl_classifies_and_pickle_with_one_argumen
 
 
 def test_failure_for_lets_a_data_failure_win_and_summarises():
-    infra = failure_for([(1, "connection_lost"), (2, "deadline_exceeded")], 8)
+    lost, late, bad = FailureKind.LOST, FailureKind.DEADLINE, FailureKind.REJECTED
+    infra = failure_for([(1, lost, "connection_lost"), (2, late, "deadline_exceeded")], 8)
     assert isinstance(infra, RolloutTransportError) and "2 of 8" in str(infra)
-    mixed = failure_for([(1, "connection_lost")] + [(i, "agent_failed") for i in range(2, 9)], 9)
+    mixed = failure_for([(1, lost, "lost")] + [(i, bad, "invalid_request") for i in range(2, 9)], 9)
     assert isinstance(mixed, RolloutDataError) and "and 3 more" in str(mixed)
-    assert isinstance(failure_for([(0, "deadline_exceeded")], 1), RolloutTimeoutError)
+    assert isinstance(failure_for([(0, late, "deadline_exceeded")], 1), RolloutTimeoutError)
+    # the reason's words decide nothing: a data word in an infrastructure failure stays infra
+    assert isinstance(failure_for([(0, lost, "invalid_request protocol config")], 1),
+                      RolloutTransportError)
 
 
 def test_plain_reply_is_tokenized_with_the_installed_tokenizer():

@@ -84,7 +84,7 @@ def test_receipt_fetch_timeout_gives_up_and_adopts():
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
     # the client gave up at the step deadline: no repeat, retire at once
-    fx = m.handle(r.ReceiptFailed(3.0, r.Failure.DEADLINE, "slow"))
+    fx = m.handle(r.StepFailed(3.0, r.FailureKind.DEADLINE, "slow"))
     assert last(fx) == r.Retire(0, 7.0)
     assert "receipt fetch failed" in m.reason
     m.handle(r.RetireAnswered(3.1, COMPLETED))
@@ -98,7 +98,7 @@ def test_receipt_connection_lost_is_repeated_within_receipt_s():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    fx = m.handle(r.ReceiptFailed(1.1, r.Failure.LOST))
+    fx = m.handle(r.StepFailed(1.1, r.FailureKind.LOST))
     assert isinstance(last(fx), r.WaitUntil) and 1.1 < last(fx).wake_ts <= 3.0
     assert last(m.handle(r.Woke(last(fx).wake_ts))) == r.FetchReceipt(0, 3.0)
     with pytest.raises(r.IllegalTransition):
@@ -140,7 +140,7 @@ def test_abandon_while_fetching_the_receipt_retires_then_adopts():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    m.handle(r.ReceiptFailed(1.1, r.Failure.LOST))          # asleep before the next fetch
+    m.handle(r.StepFailed(1.1, r.FailureKind.LOST))          # asleep before the next fetch
     assert last(m.handle(r.AbandonRequested(1.2))) == r.Retire(0, 5.2)
     m.handle(r.RetireAnswered(1.3, COMPLETED))
     m.handle(r.ReplayReplied(1.4, REPLY))
@@ -170,7 +170,7 @@ def test_admission_closed_past_admission_wait_gives_up_without_next_try():
     m.handle(r.Start(0.0))
     m.handle(r.RunAdmissionClosed(1.0))
     m.handle(r.Woke(1.05))
-    fx = m.handle(r.RunFailed(6.5, r.Failure.ADMISSION_CLOSED))
+    fx = m.handle(r.RunFailed(6.5, r.FailureKind.ADMISSION_CLOSED))
     assert isinstance(last(fx), r.Retire)
     out = last(m.handle(r.RetireAnswered(6.6, RETIRED))).outcome
     assert out.status == "failed" and "admission" in out.reason and out.tries == 1
@@ -186,7 +186,7 @@ def test_abandon_during_admission_wait_retires():
 def test_stale_on_fresh_try_moves_to_next_try():
     m = machine()
     m.handle(r.Start(0.0))
-    fx = m.handle(r.RunFailed(1.0, r.Failure.STALE, "retired by restore"))
+    fx = m.handle(r.RunFailed(1.0, r.FailureKind.STALE, "retired by restore"))
     assert last(fx) == r.StartRun(1, 11.0)
     assert reports(fx)[0] == (0, AttemptState.TOMBSTONED, False)
 
@@ -196,17 +196,19 @@ def test_agent_failed_every_try_fails_with_reason_kept():
     fx = m.handle(r.Start(0.0))
     for i in range(3):
         assert last(fx) == r.StartRun(i, 10.0 * 0 + 10.0)
-        fx = m.handle(r.RunFailed(0.0, r.Failure.AGENT_FAILED, "boom"))
+        fx = m.handle(r.RunFailed(0.0, r.FailureKind.AGENT_FAILED, "boom"))
     out = last(fx).outcome
     assert out.status == "failed" and out.tries == 3 and "agent_failed: boom" in out.reason
+    assert out.failure is r.FailureKind.AGENT_FAILED and out.failure.is_transport
 
 
 def test_rejected_run_retires_and_fails_without_next_try():
     m = machine()
     m.handle(r.Start(0.0))
-    assert isinstance(last(m.handle(r.RunFailed(0.1, r.Failure.REJECTED, "422"))), r.Retire)
+    assert isinstance(last(m.handle(r.RunFailed(0.1, r.FailureKind.REJECTED, "422"))), r.Retire)
     out = last(m.handle(r.RetireAnswered(0.2, RETIRED))).outcome
     assert out.status == "failed" and out.tries == 1
+    assert out.failure is r.FailureKind.REJECTED and out.failure.is_data
 
 
 def test_redispatch_adopts_a_finished_previous_attempt():
@@ -229,10 +231,10 @@ def test_retire_that_keeps_failing_hands_over_and_stops():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.DeadlineFired(10.0))
-    fx = m.handle(r.RetireFailed(10.1, r.Failure.LOST))
+    fx = m.handle(r.StepFailed(10.1, r.FailureKind.LOST))
     assert isinstance(last(fx), r.WaitUntil)
     assert isinstance(last(m.handle(r.Woke(last(fx).wake_ts))), r.Retire)
-    fx = m.handle(r.RetireFailed(14.0, r.Failure.DEADLINE))
+    fx = m.handle(r.StepFailed(14.0, r.FailureKind.DEADLINE))
     assert reports(fx)[0] == (0, AttemptState.RUNNING, True)
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]
 
@@ -242,7 +244,7 @@ def test_ack_failure_keeps_the_result_and_hands_it_to_the_ledger():
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
     m.handle(r.ReceiptReceived(1.0, receipt()))
-    fx = m.handle(r.AckFailed(1.1, r.Failure.REJECTED, "differs"))
+    fx = m.handle(r.StepFailed(1.1, r.FailureKind.REJECTED, "differs"))
     out = last(fx).outcome
     assert out.status == "sealed" and not out.acked and m.handed_over == [0]
     assert reports(fx) == [(0, AttemptState.SEALED, True)]
@@ -269,16 +271,6 @@ def test_illegal_transition_is_named():
     assert isinstance(info.value, errors.RlGymError)
 
 
-def test_classify_maps_the_error_tree():
-    assert r.classify(errors.AdmissionClosed("x", status=409)) is r.Failure.ADMISSION_CLOSED
-    assert r.classify(errors.StaleAttempt("x", status=409)) is r.Failure.STALE
-    assert r.classify(errors.DeadlineExceeded("x")) is r.Failure.DEADLINE
-    assert r.classify(errors.ConnectionLost("x")) is r.Failure.LOST
-    assert r.classify(errors.Unauthorized("x", status=401)) is r.Failure.REJECTED
-    assert r.classify(errors.ProtocolViolation("x")) is r.Failure.PROTOCOL
-    assert r.classify(RuntimeError("bug")) is r.Failure.REJECTED
-
-
 def test_receipt_problem_checks_key_and_digest():
     assert r.receipt_problem(receipt(), RID, 0, REPLY) is None
     assert "digest" in r.receipt_problem(receipt(), RID, 0, {"id": "r-r7", "reward": 1})
@@ -289,12 +281,12 @@ def test_a_retire_refused_by_a_checkpoint_waits_for_it_up_to_admission_wait_s():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.DeadlineFired(10.0))                       # Retire(0, deadline 14.0)
-    fx = m.handle(r.RetireFailed(13.9, r.Failure.CONFLICT, "checkpoint_conflict"))
+    fx = m.handle(r.StepFailed(13.9, r.FailureKind.CONFLICT, "checkpoint_conflict"))
     wake = last(fx).wake_ts
     fx = m.handle(r.Woke(wake))
     assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts > 14.0   # renewed
-    fx = m.handle(r.RetireFailed(14.9, r.Failure.CONFLICT))
+    fx = m.handle(r.StepFailed(14.9, r.FailureKind.CONFLICT))
     assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts <= 15.0   # admission_wait_s
     m.handle(r.Woke(last(fx).wake_ts))
-    fx = m.handle(r.RetireFailed(15.0, r.Failure.CONFLICT))
+    fx = m.handle(r.StepFailed(15.0, r.FailureKind.CONFLICT))
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]

@@ -43,13 +43,13 @@ class GymModel:
     def post_run(self, att: int) -> tuple[str, object]:
         k = self.keys.get(att)
         if k is not None and k.state in ("acked", "tombstoned"):
-            return "error", r.Failure.STALE
+            return "error", r.FailureKind.STALE
         if k is not None and k.state == "completed":
             return "replayed", k.reply
         if k is not None:
-            return "error", r.Failure.DUPLICATE
+            return "error", r.FailureKind.DUPLICATE
         if not self.admission_open:
-            return "error", r.Failure.ADMISSION_CLOSED
+            return "error", r.FailureKind.ADMISSION_CLOSED
         self.keys[att] = Key("running", generation=1, runs=1)
         return "started", None
 
@@ -142,7 +142,7 @@ class Driver:
         if self.reliable_control and not isinstance(step, r.StartRun):
             return None
         self.now += LOSS_S
-        return failure_event(self.now, r.Failure.LOST, "lost")
+        return failure_event(self.now, r.FailureKind.LOST, "lost")
 
     def run(self) -> None:
         step = self.feed(r.Start(self.now))
@@ -175,16 +175,16 @@ class Driver:
             k = self.gym.keys.get(step.attempt_index)
             if choice == "timeout":
                 self.now = max(now, step.deadline_ts)
-                return self.feed(r.ReceiptFailed(self.now, r.Failure.DEADLINE))
+                return self.feed(r.StepFailed(self.now, r.FailureKind.DEADLINE))
             if choice == "lose":
                 self.now += LOSS_S
-                return self.feed(r.ReceiptFailed(self.now, r.Failure.LOST, "lost"))
+                return self.feed(r.StepFailed(self.now, r.FailureKind.LOST, "lost"))
             if k is None:
-                return self.feed(r.ReceiptFailed(now, r.Failure.UNKNOWN))
+                return self.feed(r.StepFailed(now, r.FailureKind.UNKNOWN))
             if k.state == "tombstoned":
-                return self.feed(r.ReceiptFailed(now, r.Failure.STALE))
+                return self.feed(r.StepFailed(now, r.FailureKind.STALE))
             if k.state == "running":
-                return self.feed(r.ReceiptFailed(now, r.Failure.NOT_COMPLETED))
+                return self.feed(r.StepFailed(now, r.FailureKind.NOT_COMPLETED))
             rec = self.gym.receipt(step.attempt_index)
             # "corrupt": the reply the caller holds was garbled on the way; the receipt is true
             reply = {"garbled": True} if choice == "corrupt" else k.reply
@@ -197,30 +197,30 @@ class Driver:
             choice = self.draw(options + ([] if self.reliable_control else ["conflict"]))
             if choice == "conflict":      # a checkpoint in progress refuses it, unapplied
                 self.now += LOSS_S
-                return self.feed(r.RetireFailed(self.now, r.Failure.CONFLICT))
+                return self.feed(r.StepFailed(self.now, r.FailureKind.CONFLICT))
             if choice != "lose_before" or self.reliable_control:
                 answer = self.gym.retire(step.attempt_index)
-            if choice != "deliver" and (ev := self.lose(r.RetireFailed, step)) is not None:
+            if choice != "deliver" and (ev := self.lose(r.StepFailed, step)) is not None:
                 return self.feed(ev)
             return self.feed(r.RetireAnswered(now, answer))
         if isinstance(step, r.Replay):
             choice = self.draw(["deliver", "lose"])
-            if choice == "lose" and (ev := self.lose(r.ReplayFailed, step)) is not None:
+            if choice == "lose" and (ev := self.lose(r.StepFailed, step)) is not None:
                 return self.feed(ev)
             kind, value = self.gym.post_run(step.attempt_index)
             if kind == "replayed":
                 return self.feed(r.ReplayReplied(now, value))
             assert kind == "error", "a replay must never start the agent"
-            return self.feed(r.ReplayFailed(now, value))
+            return self.feed(r.StepFailed(now, value))
         if isinstance(step, r.Ack):
             choice = self.draw(["deliver", "lose_before", "lose_after"])
             ok = True
             if choice != "lose_before" or self.reliable_control:
                 ok = self.gym.ack(step.receipt)
-            if choice != "deliver" and (ev := self.lose(r.AckFailed, step)) is not None:
+            if choice != "deliver" and (ev := self.lose(r.StepFailed, step)) is not None:
                 return self.feed(ev)
             if not ok:
-                return self.feed(r.AckFailed(now, r.Failure.REJECTED))
+                return self.feed(r.StepFailed(now, r.FailureKind.REJECTED))
             return self.feed(r.AckAnswered(now))
         raise AssertionError(f"unexpected effect {step}")
 
@@ -228,12 +228,12 @@ class Driver:
         att = step.attempt_index
         if self.draw(["arrive", "lost_on_the_way"]) == "lost_on_the_way":
             self.now += LOSS_S
-            return self.feed(r.RunFailed(self.now, r.Failure.LOST))
+            return self.feed(r.RunFailed(self.now, r.FailureKind.LOST))
         kind, value = self.gym.post_run(att)
         if kind == "replayed":
             return self.feed(r.RunReplied(self.now, value, replayed=True))
         if kind == "error":
-            if value is r.Failure.ADMISSION_CLOSED:
+            if value is r.FailureKind.ADMISSION_CLOSED:
                 return self.feed(r.RunAdmissionClosed(self.now))
             return self.feed(r.RunFailed(self.now, value))
         # The agent works; anything may happen before the caller hears back.
@@ -241,10 +241,10 @@ class Driver:
                             "deadline_finished", "retired_by_other"])
         if choice == "agent_fails":
             self.gym.keys[att].state = "tombstoned"
-            return self.feed(r.RunFailed(self.now, r.Failure.AGENT_FAILED, "boom"))
+            return self.feed(r.RunFailed(self.now, r.FailureKind.AGENT_FAILED, "boom"))
         if choice == "retired_by_other":
             self.gym.keys[att].state = "tombstoned"
-            return self.feed(r.RunFailed(self.now, r.Failure.STALE))
+            return self.feed(r.RunFailed(self.now, r.FailureKind.STALE))
         if choice == "deadline_running":
             self.now = step.deadline_ts
             return self.feed(r.DeadlineFired(self.now))
@@ -254,7 +254,7 @@ class Driver:
             return self.feed(r.DeadlineFired(self.now))
         if choice == "finish_reply_lost":
             self.now += LOSS_S
-            return self.feed(r.RunFailed(self.now, r.Failure.LOST))
+            return self.feed(r.RunFailed(self.now, r.FailureKind.LOST))
         # the ledger may ask to adopt it just as the reply lands
         if self.signals_left["adopt"] > 0 and self.draw(["no", "adopt_first"]) == "adopt_first":
             self.signals_left["adopt"] -= 1

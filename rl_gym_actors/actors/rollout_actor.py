@@ -37,6 +37,7 @@ from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.events import AttemptState
 from rl_gym_actors.errors import (ConfigError, DeadlineExceeded, InvalidRequest,
                                   NotCompleted, PoolClosed, StaleAttempt)
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, CompletionReceipt,
@@ -320,8 +321,8 @@ class RolloutWorker:
             except TimeoutError:         # ours or the client's DeadlineExceeded
                 return core.DeadlineFired(clock())
             except Exception as exc:
-                failure = core.classify(exc)
-                if failure is core.Failure.ADMISSION_CLOSED:
+                failure = failure_kind(exc)
+                if failure is FailureKind.ADMISSION_CLOSED:
                     return core.RunAdmissionClosed(clock())
                 return core.RunFailed(clock(), failure, _detail(exc))
             return core.RunReplied(clock(), result.reply, result.replayed)
@@ -348,8 +349,7 @@ class RolloutWorker:
                     await client.acknowledge(step.receipt, deadline_ts=deadline)
                     return core.AckAnswered(clock())
         except Exception as exc:
-            failed = _FAILED_EVENT[type(step)]
-            return failed(clock(), core.classify(exc), _detail(exc))
+            return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
         raise AssertionError(f"not a waiting effect: {step!r}")
 
     async def _receipt(self, live: _Live, att: int, deadline: float) -> CompletionReceipt:
@@ -411,12 +411,6 @@ class RolloutWorker:
     def _sealed_and_acked(m: core.RolloutMachine, att: int) -> bool:
         return (m.sealed is not None and m.sealed.attempt_index == att
                 and m.attempt_state(att) is AttemptState.ACKED and att not in m.handed_over)
-
-
-_FAILED_EVENT: dict[type, Callable[..., core.Event]] = {
-    core.FetchReceipt: core.ReceiptFailed, core.Retire: core.RetireFailed,
-    core.Replay: core.ReplayFailed, core.Ack: core.AckFailed,
-}
 
 
 def _detail(exc: BaseException) -> str:

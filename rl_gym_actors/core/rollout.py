@@ -32,11 +32,11 @@ from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core.events import AttemptReport, AttemptState
 # the machine's vocabulary, also reachable from here: callers use ``rollout.StartRun`` etc.
 from rl_gym_actors.core.rollout_io import (  # noqa: F401
-    BLOCKING, AbandonRequested, Ack, AckAnswered, AckFailed, AdoptRequested, DeadlineFired,
-    DigestMismatch, Effect, Event, Failure, FetchReceipt, Finish, ReceiptFailed, ReceiptReceived,
-    Replay, ReplayFailed, ReplayReplied, Report, Retire, RetireAnswered, RetireFailed,
-    RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, WaitUntil, Woke, classify,
-    receipt_problem)
+    BLOCKING, AbandonRequested, Ack, AckAnswered, AdoptRequested, DeadlineFired, DigestMismatch,
+    Effect, Event, FetchReceipt, Finish, ReceiptReceived, Replay, ReplayReplied, Report, Retire,
+    RetireAnswered, RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, StepFailed,
+    WaitUntil, Woke, receipt_problem)
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
 from rl_gym_actors.protocol import CompletionReceipt
 
@@ -93,6 +93,7 @@ class RolloutMachine:
         self.tries = 0
         self.abandoning = False
         self.reason: str | None = None
+        self.failure: FailureKind | None = None   # the kind of ``reason``
         self.handed_over: list[int] = []
         self.outcome: Outcome | None = None
         self.sealed: Seal | None = None
@@ -152,7 +153,8 @@ class RolloutMachine:
             self.attempt = self.previous_attempt
             self._give_up(ev.now, out, reason=None, next_try=True)
         elif self.abandoning:
-            self._finish("abandoned", out, reason="abandoned before it started")
+            self._finish("abandoned", out, reason="abandoned before it started",
+                         failure=FailureKind.ABANDONED)
         else:
             self._start_try(ev.now, out)
 
@@ -178,16 +180,16 @@ class RolloutMachine:
 
     def _on_run_failed(self, ev: RunFailed, out: list[Effect]) -> None:
         f = ev.failure
-        if f is Failure.ADMISSION_CLOSED:
+        if f is FailureKind.ADMISSION_CLOSED:
             self._on_admission_closed(RunAdmissionClosed(ev.now), out)
-        elif f in (Failure.STALE, Failure.AGENT_FAILED):
+        elif f in (FailureKind.STALE, FailureKind.AGENT_FAILED):
             # Gym already tombstoned the key (someone retired it, or the agent raised).
-            self.reason = f"{f.value}: {ev.detail}" if ev.detail else f.value
+            self._why(f"{f.value}: {ev.detail}" if ev.detail else f.value, f)
             self._report(out, AttemptState.TOMBSTONED)
             self._after_try(ev.now, out)
         else:
             self._give_up(ev.now, out, reason=f"/run failed: {f.value} {ev.detail}".strip(),
-                          next_try=f.may_pass or f is Failure.DUPLICATE)
+                          failure=f, next_try=f.may_pass or f is FailureKind.DUPLICATE)
 
     def _on_admission_closed(self, ev: RunAdmissionClosed, out: list[Effect]) -> None:
         if self._admission_since is None:
@@ -195,25 +197,26 @@ class RolloutMachine:
         limit = self._admission_since + self.policy.admission_wait_s
         if ev.now >= limit:
             self._give_up(ev.now, out, reason="admission stayed closed past admission_wait_s",
-                          next_try=False)
+                          failure=FailureKind.ADMISSION_CLOSED, next_try=False)
             return
         self.phase = Phase.ADMISSION_WAIT
         self._sleep(ev.now, limit, out)
 
     def _on_deadline(self, ev: DeadlineFired, out: list[Effect]) -> None:
         self._give_up(ev.now, out, reason="rollout_s deadline fired while /run was waiting",
-                      next_try=True)
+                      failure=FailureKind.DEADLINE, next_try=True)
 
     def _on_abandon_running(self, ev: AbandonRequested, out: list[Effect]) -> None:
         # also while waiting on admission or on a receipt: the call or wait in flight is dropped
         self._asleep = False
         self.abandoning = True
-        self._give_up(ev.now, out, reason="abandoned", next_try=False)
+        self._give_up(ev.now, out, reason="abandoned", failure=FailureKind.ABANDONED,
+                      next_try=False)
 
     def _on_adopt_running(self, ev: AdoptRequested, out: list[Effect]) -> None:
         # Gym holds the try as completed while our /run still waits: its reply is lost.
         self._give_up(ev.now, out, reason="reply lost: the ledger found the try completed",
-                      next_try=True)
+                      failure=FailureKind.LOST, next_try=True)
 
     def _on_admission_woke(self, ev: Woke, out: list[Effect]) -> None:
         self._dispatch(ev.now, out)
@@ -226,23 +229,24 @@ class RolloutMachine:
         self._begin_step(Phase.ACKING, ev.now, self.policy.control_s, out,
                          lambda d: Ack(ev.receipt, d))
 
-    def _on_receipt_failed(self, ev: ReceiptFailed, out: list[Effect]) -> None:
+    def _on_receipt_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         detail = f"receipt fetch failed: {ev.failure.value} {ev.detail}".strip()
         if self.phase is Phase.RECEIPT:
-            self._give_up(ev.now, out, reason=detail, next_try=True)
+            self._give_up(ev.now, out, reason=detail, failure=ev.failure, next_try=True)
         else:
             self._hand_over(AttemptState.RUNNING, out)
-            self._finish_failed(detail, out)
+            self._finish_failed(detail, ev.failure, out)
 
     def _on_digest_mismatch(self, ev: DigestMismatch, out: list[Effect]) -> None:
         reason = f"digest mismatch: {ev.detail}".strip(": ")
         if self.phase is Phase.RECEIPT:
-            self._give_up(ev.now, out, reason=reason, next_try=True)
+            self._give_up(ev.now, out, reason=reason, failure=FailureKind.PROTOCOL,
+                          next_try=True)
         else:
             # The stored reply itself does not match its receipt: release it without sealing.
-            self.reason = reason
+            self._why(reason, FailureKind.PROTOCOL)
             self._begin_step(Phase.RELEASING, ev.now, self.policy.control_s, out,
                              lambda d: Ack(ev.receipt, d))
 
@@ -262,9 +266,10 @@ class RolloutMachine:
             return
         self.acked = True
         self._finish("abandoned" if self.abandoning else "sealed", out,
-                     reason="abandoned" if self.abandoning else None)
+                     reason="abandoned" if self.abandoning else None,
+                     failure=FailureKind.ABANDONED if self.abandoning else None)
 
-    def _on_ack_failed(self, ev: AckFailed, out: list[Effect]) -> None:
+    def _on_ack_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         if self.phase is Phase.RELEASING:
@@ -274,14 +279,16 @@ class RolloutMachine:
         # Sealed but not released on Gym: the result stands; the ledger ACKs it later.
         self._hand_over(AttemptState.SEALED, out)
         self._finish("abandoned" if self.abandoning else "sealed", out,
-                     reason=f"ACK failed: {ev.failure.value} {ev.detail}".strip())
+                     reason=f"ACK failed: {ev.failure.value} {ev.detail}".strip(),
+                     failure=ev.failure)
 
     # -------------------------------------------------------- retire, then adopt or cancel
 
     def _give_up(self, now: float, out: list[Effect], *, reason: str | None,
-                 next_try: bool) -> None:
+                 next_try: bool, failure: FailureKind | None = None) -> None:
         if reason is not None:
-            self.reason = reason
+            assert failure is not None, "a reason always comes with its kind"
+            self._why(reason, failure)
         self._next_try_allowed = next_try
         self._begin_step(Phase.RETIRING, now, self.policy.control_s, out,
                          lambda d: Retire(self._attempt, d))
@@ -296,20 +303,21 @@ class RolloutMachine:
         self._report(out, AttemptState.TOMBSTONED if answer.tombstoned else AttemptState.ACKED)
         self._after_try(ev.now, out)
 
-    def _on_retire_failed(self, ev: RetireFailed, out: list[Effect]) -> None:
+    def _on_retire_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         # We cannot tell whether the try still runs: do not start another beside it.
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(f"retire failed: {ev.failure.value} {ev.detail}".strip(), out)
+        self._finish_failed(f"retire failed: {ev.failure.value} {ev.detail}".strip(),
+                            ev.failure, out)
 
     def _on_replay_replied(self, ev: ReplayReplied, out: list[Effect]) -> None:
         self._reply = ev.reply
         self._begin_step(Phase.ADOPT_RECEIPT, ev.now, self.policy.control_s, out,
                          lambda d: FetchReceipt(self._attempt, d))
 
-    def _on_replay_failed(self, ev: ReplayFailed, out: list[Effect]) -> None:
-        if ev.failure in (Failure.STALE, Failure.UNKNOWN):
+    def _on_replay_failed(self, ev: StepFailed, out: list[Effect]) -> None:
+        if ev.failure in (FailureKind.STALE, FailureKind.UNKNOWN):
             # Released or tombstoned in between (by the ledger): nothing of it is left to adopt.
             self._report(out, AttemptState.TOMBSTONED)
             self._after_try(ev.now, out)
@@ -317,17 +325,18 @@ class RolloutMachine:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(f"replay failed: {ev.failure.value} {ev.detail}".strip(), out)
+        self._finish_failed(f"replay failed: {ev.failure.value} {ev.detail}".strip(),
+                            ev.failure, out)
 
     def _after_try(self, now: float, out: list[Effect]) -> None:
         """The current try is over without a result: next try, or the end."""
         if self.abandoning:
-            self._finish("abandoned", out, reason="abandoned")
+            self._finish("abandoned", out, reason="abandoned", failure=FailureKind.ABANDONED)
         elif not self._next_try_allowed or self.tries >= self.policy.max_tries:
             reason = self.reason or "no result"
             if self._next_try_allowed:
                 reason = f"{reason} (after {self.tries} of {self.policy.max_tries} tries)"
-            self._finish_failed(reason, out)
+            self._finish_failed(reason, self.failure or FailureKind.INTERNAL, out)
         else:
             self._next_try_allowed = True
             self._start_try(now, out)
@@ -370,13 +379,13 @@ class RolloutMachine:
         self._step = make(self._step_deadline)
         out.append(self._step)
 
-    def _may_repeat(self, failure: Failure, now: float, out: list[Effect]) -> bool:
+    def _may_repeat(self, failure: FailureKind, now: float, out: list[Effect]) -> bool:
         """Schedule the pending step again when the failure may pass and time remains."""
         # Every call of a step carries the step's deadline: once it fired, the step is over.
-        if not failure.may_pass or failure is Failure.DEADLINE:
+        if not failure.may_pass or failure is FailureKind.DEADLINE:
             return False
         limit = self._step_deadline
-        if failure in (Failure.CONFLICT, Failure.ADMISSION_CLOSED):
+        if failure in (FailureKind.CONFLICT, FailureKind.ADMISSION_CLOSED):
             # a checkpoint holds the server: wait for it as a refused /run would
             limit = max(limit, self._step_started + self.policy.admission_wait_s)
         if now >= limit:
@@ -406,13 +415,17 @@ class RolloutMachine:
         self._released.add(self._attempt)
         self._report(out, state, adopted=self._is_adopted, released=True)
 
-    def _finish_failed(self, reason: str, out: list[Effect]) -> None:
-        if self.abandoning:
-            self._finish("abandoned", out, reason=f"abandoned; {reason}")
-        else:
-            self._finish("failed", out, reason=reason)
+    def _why(self, reason: str, failure: FailureKind) -> None:
+        self.reason, self.failure = reason, failure
 
-    def _finish(self, status: OutcomeStatus, out: list[Effect], *, reason: str | None) -> None:
+    def _finish_failed(self, reason: str, failure: FailureKind, out: list[Effect]) -> None:
+        if self.abandoning:
+            self._finish("abandoned", out, reason=f"abandoned; {reason}", failure=failure)
+        else:
+            self._finish("failed", out, reason=reason, failure=failure)
+
+    def _finish(self, status: OutcomeStatus, out: list[Effect], *, reason: str | None,
+                failure: FailureKind | None) -> None:
         self.phase = Phase.DONE
         self._asleep = False
         if self.attempt is not None and self.attempt not in self._released:
@@ -428,7 +441,7 @@ class RolloutMachine:
             reward=reward_of(seal.reply) if seal else None,
             receipt=seal.receipt if seal else None,
             adopted=seal.adopted if seal else False, acked=self.acked, tries=self.tries,
-            endpoint=self.endpoint, reason=reason)
+            endpoint=self.endpoint, reason=reason, failure=failure)
         out.append(Finish(self.outcome))
 
 
@@ -453,19 +466,19 @@ def _table() -> dict[tuple[Phase, type], str]:
         (Phase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_running",
         (Phase.ADMISSION_WAIT, AdoptRequested): "_on_noop",
         (Phase.RECEIPT, ReceiptReceived): "_on_receipt",
-        (Phase.RECEIPT, ReceiptFailed): "_on_receipt_failed",
+        (Phase.RECEIPT, StepFailed): "_on_receipt_failed",
         (Phase.RECEIPT, DigestMismatch): "_on_digest_mismatch",
         (Phase.ADOPT_RECEIPT, ReceiptReceived): "_on_receipt",
-        (Phase.ADOPT_RECEIPT, ReceiptFailed): "_on_receipt_failed",
+        (Phase.ADOPT_RECEIPT, StepFailed): "_on_receipt_failed",
         (Phase.ADOPT_RECEIPT, DigestMismatch): "_on_digest_mismatch",
         (Phase.RETIRING, RetireAnswered): "_on_retire_answered",
-        (Phase.RETIRING, RetireFailed): "_on_retire_failed",
+        (Phase.RETIRING, StepFailed): "_on_retire_failed",
         (Phase.REPLAYING, ReplayReplied): "_on_replay_replied",
-        (Phase.REPLAYING, ReplayFailed): "_on_replay_failed",
+        (Phase.REPLAYING, StepFailed): "_on_replay_failed",
         (Phase.ACKING, AckAnswered): "_on_ack",
-        (Phase.ACKING, AckFailed): "_on_ack_failed",
+        (Phase.ACKING, StepFailed): "_on_ack_failed",
         (Phase.RELEASING, AckAnswered): "_on_ack",
-        (Phase.RELEASING, AckFailed): "_on_ack_failed",
+        (Phase.RELEASING, StepFailed): "_on_ack_failed",
     }
     for phase in _STEP_PHASES:
         t[(phase, Woke)] = "_on_woke"

@@ -1,70 +1,19 @@
 """What goes in and out of one rollout's state machine (core/rollout.py).
 
 Pure data. Events carry the time they happened (``now``, Unix seconds); effects that wait carry
-an absolute deadline. :func:`classify` sorts an exception from a Gym call into a
-:class:`Failure`; :func:`receipt_problem` checks a receipt against the reply it should prove.
+an absolute deadline. A failed call's event carries its :class:`~rl_gym_actors.failures.FailureKind`;
+:func:`receipt_problem` checks a receipt against the reply it should prove.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-from rl_gym_actors import errors
 from rl_gym_actors.core.events import AttemptReport
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
-
-
-class Failure(str, Enum):
-    """Why a call failed, sorted into what the machine does about it."""
-
-    LOST = "connection_lost"           # refused, reset, plain 5xx, server error
-    DEADLINE = "deadline_exceeded"
-    STALE = "stale_attempt"
-    DUPLICATE = "duplicate_execution"
-    AGENT_FAILED = "agent_failed"
-    ADMISSION_CLOSED = "agent_admission_closed"
-    CONFLICT = "checkpoint_conflict"
-    NOT_COMPLETED = "not_completed"
-    UNKNOWN = "unknown_execution"
-    PROTOCOL = "protocol_violation"
-    REJECTED = "rejected"              # any other refusal: repeating it will not help
-
-    @property
-    def may_pass(self) -> bool:
-        """Whether repeating the same idempotent call later may succeed."""
-        return self in _MAY_PASS
-
-
-_MAY_PASS = {Failure.LOST, Failure.DEADLINE, Failure.ADMISSION_CLOSED, Failure.CONFLICT,
-             Failure.NOT_COMPLETED, Failure.PROTOCOL}
-
-_FAILURE_BY_ERROR: list[tuple[type[BaseException], Failure]] = [
-    (errors.AdmissionClosed, Failure.ADMISSION_CLOSED),
-    (errors.StaleAttempt, Failure.STALE),
-    (errors.DuplicateExecution, Failure.DUPLICATE),
-    (errors.AgentFailed, Failure.AGENT_FAILED),
-    (errors.CheckpointConflict, Failure.CONFLICT),
-    (errors.NotCompleted, Failure.NOT_COMPLETED),
-    (errors.UnknownExecution, Failure.UNKNOWN),
-    (errors.DeadlineExceeded, Failure.DEADLINE),
-    (TimeoutError, Failure.DEADLINE),
-    (errors.GymUnavailable, Failure.LOST),
-    (errors.ProtocolViolation, Failure.PROTOCOL),
-]
-
-
-def classify(exc: BaseException) -> Failure:
-    """The failure kind of an exception raised by a Gym call."""
-    server_error = getattr(errors, "GymServerError", None)
-    if server_error is not None and isinstance(exc, server_error):
-        return Failure.LOST
-    for cls, failure in _FAILURE_BY_ERROR:
-        if isinstance(exc, cls):
-            return failure
-    return Failure.REJECTED
 
 
 def receipt_problem(receipt: CompletionReceipt, rollout_id: str, attempt_index: int,
@@ -95,7 +44,7 @@ class RunReplied:
 @dataclass(frozen=True, slots=True)
 class RunFailed:
     now: float
-    failure: Failure
+    failure: FailureKind
     detail: str = ""
 
 
@@ -116,9 +65,12 @@ class ReceiptReceived:
 
 
 @dataclass(frozen=True, slots=True)
-class ReceiptFailed:
+class StepFailed:
+    """The pending control call (receipt fetch, retire, replay or ACK) failed; the phase says
+    which one it was."""
+
     now: float
-    failure: Failure
+    failure: FailureKind
     detail: str = ""
 
 
@@ -136,35 +88,14 @@ class RetireAnswered:
 
 
 @dataclass(frozen=True, slots=True)
-class RetireFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class ReplayReplied:
     now: float
     reply: Any
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class AckAnswered:
     now: float
-
-
-@dataclass(frozen=True, slots=True)
-class AckFailed:
-    now: float
-    failure: Failure
-    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +118,8 @@ class Woke:
 
 
 Event = (Start | RunReplied | RunFailed | RunAdmissionClosed | DeadlineFired | ReceiptReceived
-         | ReceiptFailed | DigestMismatch | RetireAnswered | RetireFailed | ReplayReplied
-         | ReplayFailed | AckAnswered | AckFailed | AbandonRequested | AdoptRequested | Woke)
+         | StepFailed | DigestMismatch | RetireAnswered | ReplayReplied | AckAnswered
+         | AbandonRequested | AdoptRequested | Woke)
 
 
 # ---------------------------------------------------------------- effects (out)

@@ -32,7 +32,8 @@ from typing import TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.stop import stop_base
 
-from rl_gym_actors.errors import (ConfigError, ConnectionLost, DeadlineExceeded, GymServerError)
+from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.failures import FailureKind, failure_kind
 
 logger = logging.getLogger(__name__)
 
@@ -136,17 +137,24 @@ def check_deadline(deadline_ts: float) -> float:
     return float(deadline_ts)
 
 
+# the failure kinds each kind of call retries on
+_RETRIED: dict[RetryOn, frozenset[FailureKind]] = {
+    RetryOn.NOTHING: frozenset(),
+    RetryOn.TRANSPORT: frozenset({FailureKind.LOST}),
+    RetryOn.IDEMPOTENT: frozenset({FailureKind.LOST, FailureKind.SERVER_ERROR,
+                                   FailureKind.DEADLINE}),
+}
+
+
 def is_retryable(exc: BaseException, kind: RetryOn, *, deadline_ts: float, now: float) -> bool:
     """Whether ``exc`` from one try of a call of ``kind`` may be retried (pure)."""
-    if kind is RetryOn.NOTHING or not isinstance(exc, Exception):
+    if not isinstance(exc, Exception):
         return False                      # cancellation and other BaseExceptions: never
-    if isinstance(exc, ConnectionLost):
-        return True
-    if kind is RetryOn.TRANSPORT:
+    failure = failure_kind(exc)
+    if failure not in _RETRIED[kind]:
         return False
-    if isinstance(exc, DeadlineExceeded):
-        return now < deadline_ts          # one try's timeout, not the call's deadline
-    return isinstance(exc, GymServerError)
+    # a try's own timeout may be retried; the call's deadline passing ends the call
+    return failure is not FailureKind.DEADLINE or now < deadline_ts
 
 
 class _StopBeforeDeadline(stop_base):

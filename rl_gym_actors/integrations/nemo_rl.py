@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.errors import ConfigError, GymRejected, RlGymError
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
@@ -236,7 +237,7 @@ class GymRolloutEnv:
         self._maybe_expire()
         claims = self._book.claim(rows, stream, time.time())      # RolloutDataError: bad rows
         pending: dict[asyncio.Task[Outcome], tuple[Claim, Mapping[str, Any]]] = {}
-        failures: list[tuple[int, str]] = []
+        failures: list[tuple[int, FailureKind | None, str]] = []
         # One converted result is held back, so that the stream's last yield carries the timing.
         # It is delivered (marked handed out) only as it is yielded: a stream cancelled while
         # holding it leaves it for RL's re-dispatch.
@@ -277,7 +278,8 @@ class GymRolloutEnv:
                     claim, row = pending.pop(task)
                     outcome = task.result()
                     if not outcome.has_result:
-                        failures.append((claim.rowidx, outcome.reason or outcome.status))
+                        failures.append((claim.rowidx, outcome.failure,
+                                         outcome.reason or outcome.status))
                         continue
                     if not self._book.available(claim.rollout_id):
                         reclaim(claim, row)
@@ -288,8 +290,8 @@ class GymRolloutEnv:
                                                    tensor=self._tensor)
                     except Exception as exc:
                         # the result stays held: converting again on re-dispatch needs no rerun
-                        failures.append((claim.rowidx, f"invalid row or reply: "
-                                                       f"{type(exc).__name__}: {exc}"))
+                        failures.append((claim.rowidx, FailureKind.INVALID_REPLY,
+                                         f"invalid row or reply: {type(exc).__name__}: {exc}"))
                         continue
                     finally:
                         timer.add("postprocess_results", time.monotonic() - t1)
@@ -344,7 +346,7 @@ class GymRolloutEnv:
         except Exception as exc:
             logger.info("rollout %s raised: %s", rid, exc)
             outcome = Outcome(rollout_id=rid, status="failed",
-                              reason=f"{type(exc).__name__}: {exc}")
+                              reason=f"{type(exc).__name__}: {exc}", failure=failure_kind(exc))
         self._book.settle(rid, ok=outcome.has_result, attempt_index=outcome.attempt_index,
                           now=time.time())
         if not outcome.has_result:

@@ -4,7 +4,8 @@ Nothing here imports Ray or NeMo RL, and nothing reads a clock it was not handed
 
 - Failures cross Ray as exceptions with one string argument. NeMo RL re-dispatches what it
   classifies as infrastructure (``TimeoutError``, ``ConnectionError`` and their subclasses) and
-  counts anything else against a prompt's small data budget; :func:`failure_for` picks the class.
+  counts anything else against a prompt's small data budget; :func:`failure_for` picks the class
+  from the outcomes' :class:`~rl_gym_actors.failures.FailureKind` (``is_data`` or not).
 - :class:`RolloutBook` gives every row a rollout id and remembers what became of it, so that RL's
   re-dispatch of a row whose earlier try finished is answered with that result (adopted) and
   not rerun, and so that no result is ever handed to RL twice.
@@ -22,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
 
 ROWIDX_FIELD = "_rowidx"
@@ -51,37 +53,32 @@ class RolloutDataError(RolloutFailure):
     """Deterministic and row-specific (the agent raised, the row is invalid): a data failure."""
 
 
-_DATA_WORDS = ("agent_failed", "invalid_request", "invalid row", "unauthorized", "protocol",
-               "digest", "config", "no reward")
-_TIMEOUT_WORDS = ("deadline", "timeout", "timed out")
-
-
-def failure_class(reason: str | None) -> type[RolloutFailure]:
-    """The RL-facing class for an outcome's ``reason``: data when the reason names a
-    deterministic cause, timeout when it names a deadline, transport otherwise."""
-    text = (reason or "").lower()
-    if any(word in text for word in _DATA_WORDS):
+def failure_class(kind: FailureKind | None) -> type[RolloutFailure]:
+    """The RL-facing class for an outcome's failure kind: data when the kind describes the row,
+    timeout when a deadline ran out, transport otherwise (also for no kind at all)."""
+    if kind is not None and kind.is_data:
         return RolloutDataError
-    if any(word in text for word in _TIMEOUT_WORDS):
+    if kind is not None and kind.is_timeout:
         return RolloutTimeoutError
     return RolloutTransportError
 
 
-def failure_for(failures: Sequence[tuple[int, str]], total: int) -> RolloutFailure:
-    """One exception for a stream's failed rows ``[(rowidx, reason), ...]``.
+def failure_for(failures: Sequence[tuple[int, FailureKind | None, str]],
+                total: int) -> RolloutFailure:
+    """One exception for a stream's failed rows ``[(rowidx, kind, reason), ...]``.
 
     A data failure wins: repeating the batch would fail the same way on that row, so calling
     the whole stream infrastructure would spend RL's re-dispatch budget for nothing. Among
     infrastructure failures a transport error wins over a timeout (both are re-dispatched).
     """
-    classes = [failure_class(reason) for _, reason in failures]
+    classes = [failure_class(kind) for _, kind, _ in failures]
     if RolloutDataError in classes:
         cls: type[RolloutFailure] = RolloutDataError
     elif RolloutTransportError in classes:
         cls = RolloutTransportError
     else:
         cls = RolloutTimeoutError
-    shown = "; ".join(f"row {idx}: {reason}" for idx, reason in failures[:5])
+    shown = "; ".join(f"row {idx}: {reason}" for idx, _, reason in failures[:5])
     more = f"; and {len(failures) - 5} more" if len(failures) > 5 else ""
     return cls(f"{len(failures)} of {total} rollouts failed: {shown}{more}")
 
