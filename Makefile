@@ -1,5 +1,7 @@
 # One command sets up and runs the demo; one sets up and runs the tests.
-PY ?= python3.11
+# PY: the first Python present among 3.11, 3.13, 3.12 (python3.X on PATH, else pyenv's);
+# e.g. `make test PY=python3.13 VENV=.venv313` for another one (a venv per Python).
+PY ?= $(shell .ci/find-python 3.11 3.13 3.12)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -10,6 +12,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 .PHONY: setup demo test bench clean
 
 $(STAMP): pyproject.toml
+	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,examples]'

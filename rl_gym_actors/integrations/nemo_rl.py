@@ -366,8 +366,11 @@ class GymRolloutEnv:
     async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
         """Close admission and wait (until ``deadline_ts``) for every rollout in flight to end."""
         self._require_spinup()
-        answer = await self._steps.prepare(checkpoint_id, deadline_ts)
-        return {**answer, "held_results": sum(t.done() for t in self._tasks.values())}
+        # held_results is counted as the drain ends and recorded with the answer: counted live
+        # on a repeat it would differ (a stream hands results out meanwhile; how soon after the
+        # drain depends on the event loop: earlier on 3.12+, whose wait_for adds no task)
+        return await self._steps.prepare(checkpoint_id, deadline_ts, facts=lambda: {
+            "held_results": sum(t.done() for t in self._tasks.values())})
 
     async def commit_checkpoint(self, checkpoint_id: str, checkpoint_dir: str) -> dict[str, Any]:
         """Run the ledger's gate into ``checkpoint_dir`` (after a ready prepare)."""

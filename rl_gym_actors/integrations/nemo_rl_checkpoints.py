@@ -106,7 +106,10 @@ class CheckpointSteps:
             raise CheckpointConflict(f"checkpoint {active.checkpoint_id} is active", status=409)
         return self._spent.get(checkpoint_id)
 
-    async def prepare(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
+    async def prepare(self, checkpoint_id: str, deadline_ts: float,
+                      facts: Callable[[], dict[str, Any]] = dict) -> dict[str, Any]:
+        """Close admission and drain. The answer (with ``facts()`` taken the moment the
+        drain ends) is recorded: a repeat answers exactly the same, whatever changed since."""
         if self._check(checkpoint_id) is not None:
             raise StaleCheckpoint(f"checkpoint {checkpoint_id} is spent", status=409)
         active = self._active
@@ -130,7 +133,7 @@ class CheckpointSteps:
             except TimeoutError:
                 pass
         active.prepared = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
-                           "drained_s": round(time.monotonic() - started, 6)}
+                           "drained_s": round(time.monotonic() - started, 6), **facts()}
         return active.prepared
 
     async def commit(self, checkpoint_id: str, checkpoint_dir: str, gate: Gate) -> dict[str, Any]:
