@@ -15,6 +15,7 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
 
 pytestmark = pytest.mark.ray
 
@@ -44,9 +45,11 @@ def gym():
 
 @pytest.fixture(scope="module")
 def env(ray_session, gym):
-    actor = NemoGymDropIn.remote({
-        "rl_gym_actors": {"endpoints": [{"url": gym.url, "token": gym.token}], "policy": POLICY,
-                          "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t"}})
+    # the config as NeMo RL builds it from the user's env.nemo_gym
+    actor = NemoGymDropIn.remote(build_nemo_gym_config({"nemo_gym": {"rl_gym_actors": {
+        "endpoints": [{"url": gym.url, "token": gym.token}], "policy": POLICY,
+        "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t"}}},
+        ["http://127.0.0.1:9/v1"], "policy-model"))
     ray_session.get(actor._spinup.remote())
     ray_session.get(actor.set_tokenizer.remote(stand_in_tokenizer()))
     yield actor
@@ -62,12 +65,16 @@ def stream(env, rows, prefix="gym"):
     return env.run_rollouts.options(num_returns="streaming").remote(rows, prefix)
 
 
-def drain(ray, gen):
-    """Read a stream as NeMo RL does; return the yields and the exception that ended it."""
+def drain(ray, gen, keep_agent_ref=False):
+    """Read a stream as NeMo RL does; return the yields and the exception that ended it. The
+    yields are 4-tuples (the default protocol); ``(rowidx, result, timing)`` is returned
+    unless ``keep_agent_ref``."""
     got, error = [], None
     try:
         for ref in gen:
-            got.append(ray.get(ref))
+            item = ray.get(ref)
+            assert len(item) == 4 and isinstance(item[1], dict) and item[1]["name"]
+            got.append(item if keep_agent_ref else (item[0], item[2], item[3]))
     except Exception as exc:          # the stream's own failure, raised after its last yield
         error = exc
     return got, error
@@ -272,3 +279,24 @@ def test_health_and_status_see_the_ledger_the_pool_and_gym(ray_session, env, gym
     assert status["orchestrator"]["ledger"]["invariant_ok"]
     assert status["orchestrator"]["pool"]["size"] == 2
     assert status["gym"][gym.url]["state"] == "accepting"
+
+
+def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(ray_session,
+                                                                              env, gym):
+    rows = [row(0, reward=0.25, agent_ref={"name": "math_agent"}), row(1, reward=0.5)]
+    got, error = drain(ray_session, stream(env, rows), keep_agent_ref=True)
+    assert error is None
+    assert {i: ref for i, ref, _, _ in got} == {0: {"name": "math_agent"},
+                                                 1: {"name": "rl_gym_actors"}}
+    old = NemoGymDropIn.remote({"rl_gym_actors": {
+        "endpoints": [{"url": gym.url, "token": gym.token}], "stream_tuple": 3,
+        "pool": {"size": 1, "rollouts_per_actor": 2}}})
+    try:
+        ray_session.get(old._spinup.remote())
+        ray_session.get(old.set_tokenizer.remote(stand_in_tokenizer()))
+        items = [ray_session.get(ref) for ref in stream(old, rows)]
+        assert sorted((len(item), item[0]) for item in items) == [(3, 0), (3, 1)]
+        assert {item[0]: item[1]["full_result"]["reward"] for item in items} == {0: 0.25, 1: 0.5}
+    finally:
+        ray_session.get(old.shutdown.remote())
+        ray_session.kill(old)

@@ -37,18 +37,19 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
-from rl_gym_actors.errors import ConfigError, GymRejected, RlGymError
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
+from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
@@ -61,58 +62,6 @@ from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, Status
 logger = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 10.0
-# Keys of NeMo RL's NemoGymConfig; ignored when our settings sit at the top level of its config.
-NEMO_RL_KEYS = frozenset({
-    "model_name", "base_urls", "initial_global_config_dict", "port_range_low", "port_range_high",
-    "invalid_tool_call_patterns", "thinking_tags", "require_routed_experts",
-    "routed_experts_dtype", "use_fastokens", "tokenizer_config", "pad_dynamic_image_shapes",
-    "token_capture"})
-
-
-class DropInConfig(BaseModel):
-    """Settings of the drop-in. NeMo RL hands its env config over; ours sits under the key
-    ``rl_gym_actors`` or at its top level (NeMo RL's own keys are then ignored).
-
-    ``run_id`` prefixes derived rollout ids (a per-actor suffix keeps two incarnations apart);
-    ``hold_s`` / ``max_held`` bound how long and how many results of cancelled streams are kept
-    for a re-dispatch; ``commit_min_s`` is the least time a commit's gate gets; ``tensors``
-    picks the token containers (``auto``: ``torch.tensor`` when torch is importable).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    endpoints: Annotated[list[GymEndpoint], Field(min_length=1)]
-    policy: TryPolicy = TryPolicy()
-    pool: PoolConfig = PoolConfig()
-    ledger: LedgerConfig = LedgerConfig()
-    run_id: str = "nrl"
-    orchestrator_id: str | None = None
-    hold_s: Annotated[float, Field(gt=0)] = 1800.0
-    max_held: Annotated[int, Field(ge=1)] = 100_000
-    commit_min_s: Annotated[float, Field(gt=0)] = 30.0
-    tensors: Literal["auto", "list"] = "auto"
-
-    @field_validator("endpoints", mode="before")
-    @classmethod
-    def _urls(cls, value: Any) -> Any:
-        if isinstance(value, (str, GymEndpoint, Mapping)):
-            value = [value]
-        return [{"url": v} if isinstance(v, str) else v for v in value]
-
-    @classmethod
-    def from_any(cls, cfg: "DropInConfig | Mapping[str, Any]") -> "DropInConfig":
-        if isinstance(cfg, DropInConfig):
-            return cfg
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f"config must be a mapping, not {type(cfg).__name__}")
-        if "rl_gym_actors" in cfg:
-            cfg = cfg["rl_gym_actors"]
-        else:
-            cfg = {k: v for k, v in cfg.items() if k not in NEMO_RL_KEYS}
-        try:
-            return cls.model_validate(cfg)
-        except ValueError as exc:
-            raise ConfigError(f"invalid drop-in config: {exc}") from None
 
 
 def _tensor_factory(kind: str) -> Callable[[list], Any]:
@@ -150,6 +99,7 @@ class GymRolloutEnv:
         self._steps = CheckpointSteps(admission_wait_s=self.cfg.policy.admission_wait_s,
                                       commit_min_s=self.cfg.commit_min_s)
         self._last_expire = 0.0
+        self._agent_name = self.cfg.default_agent_name()
         self.stats = DropInStats()
 
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
@@ -220,10 +170,12 @@ class GymRolloutEnv:
 
     async def run_rollouts(self, rows: Sequence[Mapping[str, Any]], timer_prefix: str,
                            deduplicate_multimodal_data: bool = False
-                           ) -> AsyncIterator[tuple[int, dict[str, Any], dict[str, float] | None]]:
-        """Yield ``(rowidx, result, timing_or_None)`` per successful row as rows end; raise a
-        :class:`~.nemo_rl_rows.RolloutFailure` at the end if any row failed. Rows without
-        media ignore ``deduplicate_multimodal_data``."""
+                           ) -> AsyncIterator[tuple[Any, ...]]:
+        """Yield ``(rowidx, agent_ref, result, timing_or_None)`` per successful row as rows
+        end (``(rowidx, result, timing_or_None)`` with ``stream_tuple: 3``); raise a
+        :class:`~.nemo_rl_rows.RolloutFailure` at the end if any row failed. ``agent_ref`` is
+        the row's own, else ``{"name": <agent name>}``. Rows without media ignore
+        ``deduplicate_multimodal_data``."""
         self._require_spinup()
         if not rows:
             raise ValueError("a rollout batch must not be empty")
@@ -252,12 +204,14 @@ class GymRolloutEnv:
             watch(self._book.reclaim(row, stream, time.time(), rowidx=claim.rowidx), row)
 
         def emit(item: tuple[Claim, Mapping[str, Any], dict[str, Any]],
-                 timing: dict[str, float] | None) -> tuple[int, dict[str, Any], Any] | None:
+                 timing: dict[str, float] | None) -> tuple[Any, ...] | None:
             claim, row, result = item
             if self._book.deliver(claim.rollout_id, time.time()):
                 self._tasks.pop(claim.rollout_id, None)
                 self.stats.yielded += 1
-                return (claim.rowidx, result, timing)
+                if self.cfg.stream_tuple == 3:
+                    return (claim.rowidx, result, timing)
+                return (claim.rowidx, self._agent_ref(row), result, timing)
             reclaim(claim, row)
             return None
 
@@ -312,6 +266,10 @@ class GymRolloutEnv:
         if failures:
             self.stats.failed_rows += len(failures)
             raise failure_for(sorted(failures), len(rows))
+
+    def _agent_ref(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        ref = row.get("agent_ref")
+        return dict(ref) if isinstance(ref, Mapping) else {"name": self._agent_name}
 
     def _task_for(self, claim: Claim, row: Mapping[str, Any]) -> asyncio.Task[Outcome]:
         if claim.action is Action.REUSE:
@@ -394,7 +352,7 @@ class GymRolloutEnv:
         every Gym server's status (or why there is none)."""
         steps = self._steps.snapshot()
         out: dict[str, Any] = {
-            "spun_up": self._orch is not None, **steps,
+            "spun_up": self._orch is not None, "python": sys.executable, **steps,
             "held_results": sum(t.done() for t in self._tasks.values()),
             "stats": asdict(self.stats), "book": asdict(self._book.stats),
         }

@@ -1,0 +1,70 @@
+"""A stand-in for NeMo RL's module ``nemo_rl.environments.nemo_gym``, for tests and examples
+where NeMo RL itself cannot be installed (it needs GPUs, vLLM and Python 3.13.14+).
+
+Written from what NeMo RL's module does, not from its code: ``spinup_nemo_gym_actor`` moves
+the detection knobs out of the user's ``env.nemo_gym`` to the top level of a ``NemoGymConfig``
+(everything else stays under ``initial_global_config_dict``), builds a runtime environment for
+NeMo Gym's own venv, then creates the actor through the module-level name ``NemoGym`` (looked up
+at call time: the seam :func:`rl_gym_actors.integrations.nemo_rl_select.use_in_nemo_rl` uses),
+spins it up and installs the tokenizer. Its own ``NemoGym`` only records that it was made.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import ray
+
+# where NeMo RL would point NeMo Gym's actor: a venv of its own (here: this interpreter)
+NEMO_GYM_VENV_PYTHON = sys.executable
+TOP_LEVEL_KNOBS = ("invalid_tool_call_patterns", "thinking_tags", "tokenizer_config")
+
+
+@ray.remote(num_cpus=0)
+class NemoGym:
+    """NeMo RL's own Gym actor, reduced to saying that it is the one that was created."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+
+    def kind(self) -> str:
+        return "nemo_rl.NemoGym"
+
+    def _spinup(self) -> None:
+        return None
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        return None
+
+
+def build_nemo_gym_config(env_configs: dict[str, Any], base_urls: list[str], model_name: str,
+                          *, enable_router_replay: bool = False,
+                          routed_experts_dtype: str = "int16",
+                          use_fastokens: bool = False) -> dict[str, Any]:
+    nemo_gym = dict(env_configs["nemo_gym"])
+    top = {key: nemo_gym.pop(key, None) for key in TOP_LEVEL_KNOBS}
+    return {"model_name": model_name, "base_urls": list(base_urls), **top,
+            "require_routed_experts": enable_router_replay,
+            "routed_experts_dtype": routed_experts_dtype, "use_fastokens": use_fastokens,
+            "initial_global_config_dict": nemo_gym}
+
+
+def spinup_nemo_gym_actor(env_configs: dict[str, Any], base_urls: list[str], model_name: str,
+                          *, tokenizer: Any, enable_router_replay: bool = False,
+                          routed_experts_dtype: str = "int16",
+                          use_fastokens: bool = False) -> Any:
+    cfg = build_nemo_gym_config(env_configs, base_urls, model_name,
+                                enable_router_replay=enable_router_replay,
+                                routed_experts_dtype=routed_experts_dtype,
+                                use_fastokens=use_fastokens)
+    options = {"runtime_env": {
+        "py_executable": NEMO_GYM_VENV_PYTHON,
+        "env_vars": {"VIRTUAL_ENV": os.path.dirname(os.path.dirname(NEMO_GYM_VENV_PYTHON)),
+                     "UV_PROJECT_ENVIRONMENT": "nemo-gym-venv",
+                     "RL_GYM_STAND_IN": "1"}}}
+    actor = NemoGym.options(**options).remote(cfg)
+    ray.get(actor._spinup.remote())
+    ray.get(actor.set_tokenizer.remote(tokenizer))
+    return actor
