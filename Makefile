@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/seed_scenario.py
+	$(BIN)/python examples/lost_replies.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -1,8 +1,8 @@
 """Fault storm: the same batches with a fraction of tries losing their reply, through this project's
-orchestrator and through the "as-is" policy (the seed's "this PR"), with a checkpoint after every
-batch.
+orchestrator and through the "as-is" policy (:mod:`rl_gym_actors.testing.asis`), with a
+checkpoint after every batch.
 
-A reply is lost by each of the seed's three paths and by a dropped connection:
+A reply is lost on each of three paths and by a dropped connection:
 
 - ``deadline``: the first try works past ``rollout_s`` (``first_try_sleep_s`` 3 s, ``rollout_s``
   2 s; later tries are quick);

@@ -30,7 +30,7 @@ IN_FLIGHT_SINGLE = 100     # and when it sends one call per report (the baseline
 
 
 def _reports(owner: str, endpoint: str, prefix: str, n: int) -> list[Any]:
-    from rl_gym_actors.core.events import AttemptReport, AttemptState
+    from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 
     out = []
     for i in range(n):
@@ -104,7 +104,7 @@ def _absorb(ray: Any, ledger: Any, reporters: list[Any], prefix: str, rollouts: 
 def _snapshot_cost(ray: Any, LedgerActor: Any, endpoint: Any, attempts: int,
                    trials: int) -> dict[str, Any]:
     from rl_gym_actors.core.book import Book
-    from rl_gym_actors.core.events import AttemptReport, AttemptState
+    from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 
     owners = [f"rlga-rollout-bench-{i}" for i in range(64)]
     reports = [AttemptReport(f"snap-{i}", 0, endpoint.url,

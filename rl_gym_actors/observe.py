@@ -24,14 +24,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.ledger import LedgerSnapshot
 from rl_gym_actors.errors import ConfigError, GymError, GymUnavailable, RlGymError
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 
 STATUS_CHECKPOINT_ID = "rlga-status"
-LEDGER_PREFIX = "rlga-ledger-"
-LEDGER_NAMESPACE = "rl_gym_actors"
 
 
 # ---------------------------------------------------------------- tables
@@ -149,16 +148,16 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
     if not ray.is_initialized():
         if address and address != "auto":
             _check_reachable(address, timeout_s)    # ray.init would retry for minutes
-        ray.init(address=address or "auto", namespace=LEDGER_NAMESPACE, log_to_driver=False,
+        ray.init(address=address or "auto", namespace=RAY_NAMESPACE, log_to_driver=False,
                  logging_level="ERROR", configure_logging=False)
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a.get("namespace") == LEDGER_NAMESPACE
+                   if a.get("namespace") == RAY_NAMESPACE
                    and a.get("name", "").startswith(LEDGER_PREFIX))
     found: dict[str, Any] = {}
     refs = {}
     for name in names:
         try:
-            refs[name] = ray.get_actor(name, namespace=LEDGER_NAMESPACE).snapshot.remote()
+            refs[name] = ray.get_actor(name, namespace=RAY_NAMESPACE).snapshot.remote()
         except Exception as exc:          # gone between listing and lookup
             found[name] = f"{type(exc).__name__}: {exc}"
     deadline = time.monotonic() + timeout_s

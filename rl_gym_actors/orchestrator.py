@@ -46,7 +46,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Ma
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from rl_gym_actors.actors.runtime import LoopThread, ensure_ray  # sets Ray's env before Ray loads
+# runtime sets Ray's env before Ray loads
+from rl_gym_actors.actors.runtime import RAY_NAMESPACE, LoopThread, ensure_ray
 
 import ray  # noqa: E402  (after runtime: loopback environment first)
 from pydantic import BaseModel, ConfigDict
@@ -54,7 +55,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
-from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActorSnapshot, RolloutCounters
+from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import ConfigError, PoolClosed, RlGymError
@@ -320,7 +321,7 @@ class Orchestrator:
             if self._pool is not None:
                 return
             ensure_ray()
-            ledger = LedgerActor.options(name=ledger_name(self.id), namespace=NAMESPACE,
+            ledger = LedgerActor.options(name=ledger_name(self.id), namespace=RAY_NAMESPACE,
                                          num_cpus=0, max_restarts=0).remote(
                 self.endpoints, self.policy, self.ledger_config)
             try:

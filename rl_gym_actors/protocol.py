@@ -31,6 +31,7 @@ CheckpointId = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1
                                                 max_length=CHECKPOINT_ID_MAX)]
 AttemptIndex = Annotated[int, Field(ge=0)]
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+ExecutionKey = tuple[str, int]     # (rollout_id, attempt_index): one execution on a Gym server
 
 
 def is_valid_rollout_id(value: object) -> bool:

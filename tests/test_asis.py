@@ -1,4 +1,4 @@
-"""The as-is baseline (rl_gym_actors.testing.asis) shows the seed's flaw on a real server:
+"""The as-is baseline (rl_gym_actors.testing.asis) on a real server shows why it is only a baseline:
 one lost reply leaves an un-ACKed attempt that blocks every later prepare."""
 
 from __future__ import annotations

@@ -50,10 +50,11 @@ async def gym(name: str | None = None):
 
 
 def make_ledger(ray, endpoints: list[GymEndpoint], **config):
-    from rl_gym_actors.actors.ledger_actor import NAMESPACE, LedgerActor, ledger_name
+    from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
+    from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 
     return LedgerActor.options(name=ledger_name(f"gate-{next(_ids)}"),
-                               namespace=NAMESPACE).remote(
+                               namespace=RAY_NAMESPACE).remote(
         endpoints, TryPolicy(control_s=5.0), LedgerConfig(**config))
 
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
-from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.core.ledger import LedgerSnapshot
 from rl_gym_actors.observe import ledger_command, snapshot_table
 
@@ -24,10 +24,11 @@ URL = "http://127.0.0.1:9"          # never contacted: the ledger only folds rep
 
 @pytest.fixture
 def ledger(ray_session):
-    from rl_gym_actors.actors.ledger_actor import NAMESPACE, LedgerActor, ledger_name
+    from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
+    from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 
     name = ledger_name(f"cli-{uuid.uuid4().hex[:8]}")
-    actor = LedgerActor.options(name=name, namespace=NAMESPACE).remote(
+    actor = LedgerActor.options(name=name, namespace=RAY_NAMESPACE).remote(
         [GymEndpoint(url=URL)], TryPolicy(), LedgerConfig())
     ray_session.get(actor.report.remote([
         AttemptReport("r1", 0, URL, AttemptState.ACKED, "owner-a"),

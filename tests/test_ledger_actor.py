@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
-from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.core.ledger import Book
 from rl_gym_actors.errors import ConfigError
 
@@ -21,9 +21,10 @@ STATES = list(AttemptState)
 
 @pytest.fixture(scope="module")
 def ledger(ray_session):
-    from rl_gym_actors.actors.ledger_actor import NAMESPACE, LedgerActor
+    from rl_gym_actors.actors.ledger_actor import LedgerActor
+    from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 
-    actor = LedgerActor.options(name="rlga-ledger-test-actor", namespace=NAMESPACE).remote(
+    actor = LedgerActor.options(name="rlga-ledger-test-actor", namespace=RAY_NAMESPACE).remote(
         [EP], TryPolicy(), LedgerConfig())
     yield actor
     ray_session.kill(actor)

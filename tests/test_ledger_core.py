@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rl_gym_actors.core.events import AttemptReport, AttemptState
-from rl_gym_actors.core.ledger import Action, Book, LedgerSnapshot, orphan_step, plan_endpoint
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
+from rl_gym_actors.core.ledger import (Book, LedgerSnapshot, PrepareAction, orphan_step,
+                                       plan_endpoint)
 from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, StatusReport
 
 EPS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
@@ -227,24 +228,24 @@ def test_plan_covers_every_attempt_and_never_takes_a_live_current_try(reports, l
         if state == "completed":
             assert step is not None, "a completed un-ACKed attempt is never left alone"
             if held_by_live_owner(rid, att):
-                assert step.action is Action.ADOPT and step.owner == ref["owner"][(rid, att)]
+                assert step.action is PrepareAction.ADOPT and step.owner == ref["owner"][(rid, att)]
             else:
-                assert step.action is Action.ORPHAN_ACK
+                assert step.action is PrepareAction.ORPHAN_ACK
             assert (step.receipt is not None) == with_receipt
         elif state in ("running", "parked"):
             assert step is not None
             if held_by_live_owner(rid, att):
-                assert step.action is Action.WAIT and step.owner in live
+                assert step.action is PrepareAction.WAIT and step.owner in live
             elif known or retire_unknown:
-                assert step.action is Action.RETIRE, "an unowned run is never waited on"
+                assert step.action is PrepareAction.RETIRE, "an unowned run is never waited on"
             else:
-                assert step.action is Action.WAIT and step.owner is None
+                assert step.action is PrepareAction.WAIT and step.owner is None
         else:
             assert step is None
     for step in steps:
-        if step.action is Action.ADOPT:
+        if step.action is PrepareAction.ADOPT:
             assert ref["current"][step.rollout_id] == step.attempt_index
-        if step.action is Action.RETIRE:
+        if step.action is PrepareAction.RETIRE:
             assert not held_by_live_owner(step.rollout_id, step.attempt_index)
 
 
@@ -260,19 +261,19 @@ def test_seed_scenario_plan():
     status = status_of({("rD", 0): ("completed", True, True), ("rD", 1): ("running", True, False),
                         ("rT", 0): ("running", True, False)})
     steps = {s.key: s for s in plan_endpoint(status, book, ep, {"o-a"})}
-    assert steps[("rD", 0)].action is Action.ORPHAN_ACK
+    assert steps[("rD", 0)].action is PrepareAction.ORPHAN_ACK
     assert steps[("rD", 0)].receipt == receipt_for("rD", 0)
-    assert steps[("rD", 1)].action is Action.WAIT
-    assert steps[("rT", 0)].action is Action.RETIRE and not steps[("rT", 0)].known
+    assert steps[("rD", 1)].action is PrepareAction.WAIT
+    assert steps[("rT", 0)].action is PrepareAction.RETIRE and not steps[("rT", 0)].known
     # the owner dies: its current try is forgotten too
     steps = {s.key: s for s in plan_endpoint(status, book, ep, set())}
-    assert steps[("rD", 1)].action is Action.RETIRE
+    assert steps[("rD", 1)].action is PrepareAction.RETIRE
     # a refused adoption becomes an orphan ACK, keeping the receipt it was given
     adopt = plan_endpoint(status_of({("rD", 1): ("completed", True, True)}), book, ep,
                           {"o-a"})[0]
-    assert adopt.action is Action.ADOPT
+    assert adopt.action is PrepareAction.ADOPT
     orphan = orphan_step(adopt, receipt_for("rD", 1))
-    assert orphan.action is Action.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
+    assert orphan.action is PrepareAction.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
 
 
 def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():

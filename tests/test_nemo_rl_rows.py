@@ -9,7 +9,7 @@ import pytest
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.integrations.nemo_rl_rows import (
-    Action,
+    ClaimAction,
     EntryState,
     RolloutBook,
     RolloutDataError,
@@ -55,7 +55,7 @@ def test_identical_rows_get_distinct_valid_ids_and_start_at_try_zero():
     claims = book.claim(rows({"p": 1}, {"p": 1}, {"p": 2}), stream=1, now=0.0)
     ids = [c.rollout_id for c in claims]
     assert len(set(ids)) == 3 and all(is_valid_rollout_id(i) for i in ids)
-    assert all(c.action is Action.START and c.attempt_index == 0 for c in claims)
+    assert all(c.action is ClaimAction.START and c.attempt_index == 0 for c in claims)
     assert all(i.startswith("run-a-") for i in ids)
 
 
@@ -71,9 +71,10 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
 
     again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
     assert [c.rollout_id for c in again[:3]] == [done, running, failed]
-    assert [c.action for c in again[:3]] == [Action.REUSE, Action.REUSE, Action.START]
+    assert [c.action for c in again[:3]] == [ClaimAction.REUSE, ClaimAction.REUSE,
+                                             ClaimAction.START]
     assert again[2].attempt_index == 2            # the failed rollout's next try
-    assert again[3].rollout_id not in first and again[3].action is Action.START
+    assert again[3].rollout_id not in first and again[3].action is ClaimAction.START
     assert again[3].rollout_id != delivered
     assert book.stats.reused == 2
 
@@ -84,15 +85,15 @@ def test_free_rollouts_are_preferred_and_a_watched_one_is_shared_not_rerun():
     book.settle(a.rollout_id, ok=False, attempt_index=0, now=0.0)
     book.release(1)
     (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)     # the free, failed one: next try
-    assert (b.rollout_id, b.action, b.attempt_index) == (a.rollout_id, Action.START, 1)
+    assert (b.rollout_id, b.action, b.attempt_index) == (a.rollout_id, ClaimAction.START, 1)
     (c,) = book.claim(rows({"p": 1}), stream=3, now=0.0)     # watched by stream 2: shared
-    assert (c.rollout_id, c.action) == (a.rollout_id, Action.REUSE)
+    assert (c.rollout_id, c.action) == (a.rollout_id, ClaimAction.REUSE)
     book.settle(a.rollout_id, ok=True, attempt_index=1, now=1.0)
     assert book.available(a.rollout_id)
     assert book.deliver(a.rollout_id, now=1.0)               # stream 3 hands it out first
     assert not book.deliver(a.rollout_id, now=1.0) and book.stats.lost_races == 1
     d = book.reclaim({"_rowidx": 0, "p": 1}, stream=2, now=1.0)
-    assert d.rollout_id != a.rollout_id and d.action is Action.START
+    assert d.rollout_id != a.rollout_id and d.action is ClaimAction.START
     assert book.state(a.rollout_id) is EntryState.DELIVERED
 
 
@@ -103,8 +104,8 @@ def test_a_stream_never_watches_one_rollout_for_two_rows_and_release_frees_its_r
     book.settle(a.rollout_id, ok=True, attempt_index=0, now=0.0)
     book.release(1)                                          # cancelled before it yielded
     first, second = book.claim(rows({"p": 1}, {"p": 1}), stream=2, now=0.0)
-    assert (first.rollout_id, first.action) == (a.rollout_id, Action.REUSE)   # finished first
-    assert (second.rollout_id, second.action) == (b.rollout_id, Action.REUSE)
+    assert (first.rollout_id, first.action) == (a.rollout_id, ClaimAction.REUSE)   # finished first
+    assert (second.rollout_id, second.action) == (b.rollout_id, ClaimAction.REUSE)
 
 
 def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
@@ -115,7 +116,7 @@ def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
     book.settle("rD", ok=False, attempt_index=4, now=0.0)
     book.release(1)
     (claim,) = book.claim([{**row, "_ng_attempt_index": 0}], stream=2, now=0.0)
-    assert claim.action is Action.START and claim.attempt_index == 5
+    assert claim.action is ClaimAction.START and claim.attempt_index == 5
 
 
 @pytest.mark.parametrize("bad", [

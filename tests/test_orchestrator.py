@@ -1,6 +1,6 @@
 """The orchestrator end to end: a real local Ray, two real Gym servers on loopback.
 
-Every loss path of the seed and its repair, with one rollout per actor and with two. After each
+Every way a reply gets lost and its repair, with one rollout per actor and with two. After each
 test a checkpoint must commit on both endpoints, Gym must hold nothing running and nothing
 completed-un-ACKed, no rollout may have two sealed results and the agent must not have run a
 sealed key twice.

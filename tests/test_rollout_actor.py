@@ -1,6 +1,6 @@
 """The rollout actor's body (RolloutWorker) in-process against the real Gym server on loopback.
 
-Each loss path of the seed and its repair, with the agent counting its own runs. No Ray here:
+Each way a reply gets lost and its repair, with the agent counting its own runs. No Ray here:
 tests/test_orchestrator.py drives the same code as Ray actors.
 """
 
@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
-from rl_gym_actors.core.events import AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.counting_agent import CountingAgent

@@ -1,4 +1,4 @@
-"""core/rollout.py path by path: each loss of the seed and its repair, with a fake clock."""
+"""core/rollout.py path by path: each way a reply gets lost and its repair, with a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from rl_gym_actors import errors
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core import rollout as r
-from rl_gym_actors.core.events import AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
 POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=4.0,
@@ -160,7 +160,7 @@ def test_admission_closed_waits_and_resends_the_same_key():
     m = machine()
     m.handle(r.Start(0.0))
     fx = m.handle(r.RunAdmissionClosed(1.0))
-    assert m.phase is r.Phase.ADMISSION_WAIT and isinstance(last(fx), r.WaitUntil)
+    assert m.phase is r.RolloutPhase.ADMISSION_WAIT and isinstance(last(fx), r.WaitUntil)
     assert last(m.handle(r.Woke(last(fx).wake_ts))) == r.StartRun(0, last(fx).wake_ts + 10.0)
     assert m.tries == 1
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core import rollout as r
-from rl_gym_actors.core.events import AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
 POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=3, control_s=2.0,
@@ -26,7 +26,7 @@ LOSS_S = 0.4          # time a lost answer costs
 
 
 @dataclass
-class Key:
+class FakeKeyState:
     state: str                       # running, completed, acked, tombstoned
     reply: dict | None = None
     generation: int = 0
@@ -37,7 +37,7 @@ class Key:
 class GymModel:
     """Gym's per-key rules from PROTOCOL.md, as plain data."""
 
-    keys: dict[int, Key] = field(default_factory=dict)
+    keys: dict[int, FakeKeyState] = field(default_factory=dict)
     admission_open: bool = True
 
     def post_run(self, att: int) -> tuple[str, object]:
@@ -50,7 +50,7 @@ class GymModel:
             return "error", r.FailureKind.DUPLICATE
         if not self.admission_open:
             return "error", r.FailureKind.ADMISSION_CLOSED
-        self.keys[att] = Key("running", generation=1, runs=1)
+        self.keys[att] = FakeKeyState("running", generation=1, runs=1)
         return "started", None
 
     def complete(self, att: int) -> None:
@@ -64,7 +64,7 @@ class GymModel:
     def retire(self, att: int) -> RetireAnswer:
         k = self.keys.get(att)
         if k is None:
-            self.keys[att] = Key("tombstoned")
+            self.keys[att] = FakeKeyState("tombstoned")
             return RetireAnswer(retired=False, tombstoned=True)
         if k.state == "running":
             k.state = "tombstoned"
@@ -169,7 +169,7 @@ class Driver:
             return self.perform_run(step)
         if isinstance(step, r.FetchReceipt):
             options = ["deliver", "lose", "timeout", "corrupt"]
-            if self.reliable_control and self.m.phase is r.Phase.ADOPT_RECEIPT:
+            if self.reliable_control and self.m.phase is r.RolloutPhase.ADOPT_RECEIPT:
                 options = ["deliver", "corrupt"]
             choice = self.draw(options)
             k = self.gym.keys.get(step.attempt_index)
@@ -309,7 +309,7 @@ def test_any_interleaving_ends_with_one_result_and_nothing_left_behind(data, pre
     d = Driver(data, m, reliable_control=False)
     if previous is not None and data.draw(st.booleans()):
         # the earlier dispatch got as far as Gym finishing it
-        d.gym.keys[previous] = Key("running", generation=1, runs=1)
+        d.gym.keys[previous] = FakeKeyState("running", generation=1, runs=1)
         d.gym.complete(previous)
     d.run()
     check_end(d, reliable_control=False)

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 from rl_gym_actors import metrics
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
-from rl_gym_actors.core.events import AttemptState
-from rl_gym_actors.core.ledger import (Action, Book, CheckpointReport, EndpointCheckpoint, Step,
-                                       blockers, orphan_step, plan_endpoint)
+from rl_gym_actors.core.attempt_reports import AttemptState
+from rl_gym_actors.core.ledger import (Book, CheckpointReport, EndpointCheckpoint, PrepareAction,
+                                       Step, blockers, orphan_step, plan_endpoint)
 from rl_gym_actors.errors import (AckRejected, CheckpointFailed, DeadlineExceeded, GymError,
                                   GymUnavailable, RlGymError, StaleAttempt)
 from rl_gym_actors.gym.client import GymClient
@@ -188,7 +188,7 @@ class CheckpointGate:
             round_start = self._clock()
             steps = plan_endpoint(status, self._book, url, self._owners.live(),
                                   retire_unknown=retire_unknown)
-            deferred = any(s.action is Action.WAIT and s.owner is None for s in steps)
+            deferred = any(s.action is PrepareAction.WAIT and s.owner is None for s in steps)
             await self._act(tally, client, cid, steps, deadline_ts)
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
@@ -237,7 +237,7 @@ class CheckpointGate:
     async def _act(self, tally: _Tally, client: GymClient, cid: str, steps: list[Step],
                    deadline_ts: float) -> None:
         limit = asyncio.Semaphore(CONCURRENCY)
-        orphans = [s for s in steps if s.action is Action.ORPHAN_ACK]
+        orphans = [s for s in steps if s.action is PrepareAction.ORPHAN_ACK]
 
         async def adopt(step: Step) -> None:
             async with limit:
@@ -266,8 +266,8 @@ class CheckpointGate:
                 self._book.record_retired(tally.endpoint.url, step.rollout_id,
                                           step.attempt_index)
 
-        await asyncio.gather(*(adopt(s) for s in steps if s.action is Action.ADOPT),
-                             *(retire(s) for s in steps if s.action is Action.RETIRE))
+        await asyncio.gather(*(adopt(s) for s in steps if s.action is PrepareAction.ADOPT),
+                             *(retire(s) for s in steps if s.action is PrepareAction.RETIRE))
         if orphans:
             await self._ack_orphans(tally, client, orphans, deadline_ts, limit)
 

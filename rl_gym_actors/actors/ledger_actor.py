@@ -1,10 +1,10 @@
 """The ledger actor: one per orchestrator, the single writer of the book, and the checkpoint gate.
 
 Created by the orchestrator as ``LedgerActor.options(name=ledger_name(oid),
-namespace=NAMESPACE).remote(endpoints, policy, config)``. Rollout actors send their
-:class:`~rl_gym_actors.core.events.AttemptReport` batches to :meth:`LedgerActor.report`; the pool
-registers them with :meth:`LedgerActor.register_owners`; the trainer's checkpoint comes through
-:meth:`LedgerActor.checkpoint` (see :mod:`rl_gym_actors.actors.checkpoint_gate`).
+namespace=RAY_NAMESPACE).remote(endpoints, policy, config)``. Rollout actors send their
+:class:`~rl_gym_actors.core.attempt_reports.AttemptReport` batches to
+:meth:`LedgerActor.report`; the pool registers them with :meth:`LedgerActor.register_owners`;
+the trainer's checkpoint comes through :meth:`LedgerActor.checkpoint` (see :mod:`rl_gym_actors.actors.checkpoint_gate`).
 
 Owner liveness: an ``ActorDiedError`` (any ``RayActorError`` but ``ActorUnavailableError``) from
 an owner means it is gone and everything it held is forgotten; ``ActorUnavailableError`` or no
@@ -24,8 +24,9 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
+from rl_gym_actors.actors.runtime import LEDGER_PREFIX
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
-from rl_gym_actors.core.events import AttemptReport
+from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.client import GymClient
@@ -33,12 +34,10 @@ from rl_gym_actors.protocol import is_valid_checkpoint_id
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "rl_gym_actors"
-
 
 def ledger_name(orchestrator_id: str) -> str:
     """The ledger actor's name for one orchestrator."""
-    return f"rlga-ledger-{orchestrator_id}"
+    return f"{LEDGER_PREFIX}{orchestrator_id}"
 
 
 class RayOwners:

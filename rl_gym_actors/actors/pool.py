@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from rl_gym_actors.actors.rollout_actor import NAMESPACE, RolloutActor
+from rl_gym_actors.actors.rollout_actor import RolloutActor
+from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.errors import PoolClosed
 
@@ -101,7 +102,7 @@ class WarmPool:
 
     def _create(self, index: int, generation: int) -> _Member:
         name = actor_name(self.orchestrator_id, index, generation)
-        options: dict = dict(name=name, namespace=NAMESPACE, num_cpus=self._config.num_cpus,
+        options: dict = dict(name=name, namespace=RAY_NAMESPACE, num_cpus=self._config.num_cpus,
                              max_restarts=0, max_task_retries=0)
         if self._config.spread:
             options["scheduling_strategy"] = "SPREAD"

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from rl_gym_actors.core.events import AttemptReport
+from rl_gym_actors.core.attempt_reports import AttemptReport
 
 logger = logging.getLogger(__name__)
 

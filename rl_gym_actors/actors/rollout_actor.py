@@ -3,7 +3,8 @@
 One actor is created once by the warm pool and kept; it owns up to ``rollouts_per_actor``
 rollouts at a time, one :class:`~rl_gym_actors.core.rollout.RolloutMachine` each, with one
 :class:`~rl_gym_actors.gym.client.GymClient` per endpoint shared by its rollouts. Every attempt
-transition goes to the ledger as an :class:`~rl_gym_actors.core.events.AttemptReport`, batched.
+transition goes to the ledger as an
+:class:`~rl_gym_actors.core.attempt_reports.AttemptReport`, batched.
 
 One writer per rollout: only the rollout's own driver coroutine feeds its machine. ``abandon``
 and ``adopt`` (from the orchestrator and the ledger) only queue a signal and wake the driver,
@@ -34,7 +35,7 @@ from rl_gym_actors import metrics
 from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
-from rl_gym_actors.core.events import AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import (ConfigError, DeadlineExceeded, InvalidRequest,
                                   NotCompleted, PoolClosed, StaleAttempt)
 from rl_gym_actors.failures import FailureKind, failure_kind
@@ -45,7 +46,6 @@ from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, Compl
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "rl_gym_actors"
 DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by this much
 FINISHED_MEMORY = 10_000     # finished rollouts remembered for adopt() and late abandons
 

@@ -17,6 +17,8 @@ import time
 from rl_gym_actors.errors import ConfigError
 
 LOOPBACK = "127.0.0.1"
+RAY_NAMESPACE = "rl_gym_actors"     # the Ray namespace of every named actor this library starts
+LEDGER_PREFIX = "rlga-ledger-"      # a ledger actor's name: this prefix, then its orchestrator's id
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 for _name, _value in RAY_ENV.items():

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 
-# A total order on states: the rank from events.py, with acked above tombstoned on the tie.
+# A total order on states: the rank from attempt_reports.py, with acked above tombstoned on the tie.
 _ORDER = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1,
           AttemptState.TOMBSTONED: 2, AttemptState.ACKED: 3}
 _BUCKET = {AttemptState.RUNNING: "running", AttemptState.SEALED: "completed_unacked",

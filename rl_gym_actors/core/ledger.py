@@ -2,8 +2,8 @@
 
 - :mod:`rl_gym_actors.core.book`: :class:`Book` folds :class:`AttemptReport` records in any order
   and keeps per endpoint counters; :class:`LedgerSnapshot` is its frozen view.
-- :mod:`rl_gym_actors.core.gate`: :func:`plan_endpoint` decides ADOPT / ORPHAN_ACK / RETIRE / WAIT
-  per attempt from one endpoint's status.
+- :mod:`rl_gym_actors.core.prepare_plan`: :func:`plan_endpoint` decides ADOPT / ORPHAN_ACK /
+  RETIRE / WAIT per attempt from one endpoint's status.
 - here: :class:`CheckpointReport`, what a committed checkpoint did on every endpoint.
 
 The ledger actor (``rl_gym_actors.actors.ledger_actor``) performs what these decide.
@@ -14,7 +14,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.core.book import AttemptView, Book, EndpointSnapshot, LedgerSnapshot
-from rl_gym_actors.core.gate import Action, Step, blockers, orphan_step, plan_endpoint
+from rl_gym_actors.core.prepare_plan import (PrepareAction, Step, blockers, orphan_step,
+                                             plan_endpoint)
 from rl_gym_actors.protocol import CommitAnswer
 
 
@@ -58,6 +59,6 @@ class CheckpointReport(BaseModel):
         return sum(e.retired for e in self.endpoints)
 
 
-__all__ = ["Action", "AttemptView", "Book", "CheckpointReport", "EndpointCheckpoint",
-           "EndpointSnapshot", "LedgerSnapshot", "Step", "blockers", "orphan_step",
+__all__ = ["AttemptView", "Book", "CheckpointReport", "EndpointCheckpoint",
+           "EndpointSnapshot", "LedgerSnapshot", "PrepareAction", "Step", "blockers", "orphan_step",
            "plan_endpoint"]

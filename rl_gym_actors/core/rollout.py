@@ -29,9 +29,9 @@ from typing import Any
 
 from rl_gym_actors import errors
 from rl_gym_actors.config import TryPolicy
-from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 # the machine's vocabulary, also reachable from here: callers use ``rollout.StartRun`` etc.
-from rl_gym_actors.core.rollout_io import (  # noqa: F401
+from rl_gym_actors.core.rollout_events import (  # noqa: F401
     BLOCKING, AbandonRequested, Ack, AckAnswered, AdoptRequested, DeadlineFired, DigestMismatch,
     Effect, Event, FetchReceipt, Finish, ReceiptReceived, Replay, ReplayReplied, Report, Retire,
     RetireAnswered, RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, StepFailed,
@@ -53,7 +53,7 @@ class IllegalTransition(errors.RlGymError):
         super().__init__(message)
 
 
-class Phase(str, Enum):
+class RolloutPhase(str, Enum):
     """Where one rollout stands. Every phase but NEW and DONE waits on exactly one effect."""
 
     NEW = "new"
@@ -88,7 +88,7 @@ class RolloutMachine:
         self.owner = owner
         self.policy = policy
         self.previous_attempt = previous_attempt
-        self.phase = Phase.NEW
+        self.phase = RolloutPhase.NEW
         self.attempt: int | None = None          # the current try
         self.tries = 0
         self.abandoning = False
@@ -118,7 +118,7 @@ class RolloutMachine:
 
     @property
     def done(self) -> bool:
-        return self.phase is Phase.DONE
+        return self.phase is RolloutPhase.DONE
 
     @property
     def reply(self) -> Any:
@@ -168,14 +168,14 @@ class RolloutMachine:
         self._dispatch(now, out)
 
     def _dispatch(self, now: float, out: list[Effect]) -> None:
-        self.phase = Phase.RUNNING
+        self.phase = RolloutPhase.RUNNING
         out.append(StartRun(self._attempt, now + self.policy.rollout_s))
 
     # -------------------------------------------------------- RUNNING
 
     def _on_run_replied(self, ev: RunReplied, out: list[Effect]) -> None:
         self._reply, self._replayed = ev.reply, ev.replayed
-        self._begin_step(Phase.RECEIPT, ev.now, self.policy.receipt_s, out,
+        self._begin_step(RolloutPhase.RECEIPT, ev.now, self.policy.receipt_s, out,
                          lambda d: FetchReceipt(self._attempt, d))
 
     def _on_run_failed(self, ev: RunFailed, out: list[Effect]) -> None:
@@ -199,7 +199,7 @@ class RolloutMachine:
             self._give_up(ev.now, out, reason="admission stayed closed past admission_wait_s",
                           failure=FailureKind.ADMISSION_CLOSED, next_try=False)
             return
-        self.phase = Phase.ADMISSION_WAIT
+        self.phase = RolloutPhase.ADMISSION_WAIT
         self._sleep(ev.now, limit, out)
 
     def _on_deadline(self, ev: DeadlineFired, out: list[Effect]) -> None:
@@ -224,16 +224,16 @@ class RolloutMachine:
     # -------------------------------------------------------- receipts and sealing
 
     def _on_receipt(self, ev: ReceiptReceived, out: list[Effect]) -> None:
-        adopted = self._replayed or self.phase is Phase.ADOPT_RECEIPT
+        adopted = self._replayed or self.phase is RolloutPhase.ADOPT_RECEIPT
         self._seal(ev.receipt, adopted, out)
-        self._begin_step(Phase.ACKING, ev.now, self.policy.control_s, out,
+        self._begin_step(RolloutPhase.ACKING, ev.now, self.policy.control_s, out,
                          lambda d: Ack(ev.receipt, d))
 
     def _on_receipt_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         detail = f"receipt fetch failed: {ev.failure.value} {ev.detail}".strip()
-        if self.phase is Phase.RECEIPT:
+        if self.phase is RolloutPhase.RECEIPT:
             self._give_up(ev.now, out, reason=detail, failure=ev.failure, next_try=True)
         else:
             self._hand_over(AttemptState.RUNNING, out)
@@ -241,13 +241,13 @@ class RolloutMachine:
 
     def _on_digest_mismatch(self, ev: DigestMismatch, out: list[Effect]) -> None:
         reason = f"digest mismatch: {ev.detail}".strip(": ")
-        if self.phase is Phase.RECEIPT:
+        if self.phase is RolloutPhase.RECEIPT:
             self._give_up(ev.now, out, reason=reason, failure=FailureKind.PROTOCOL,
                           next_try=True)
         else:
             # The stored reply itself does not match its receipt: release it without sealing.
             self._why(reason, FailureKind.PROTOCOL)
-            self._begin_step(Phase.RELEASING, ev.now, self.policy.control_s, out,
+            self._begin_step(RolloutPhase.RELEASING, ev.now, self.policy.control_s, out,
                              lambda d: Ack(ev.receipt, d))
 
     def _seal(self, receipt: CompletionReceipt, adopted: bool, out: list[Effect]) -> None:
@@ -261,7 +261,7 @@ class RolloutMachine:
 
     def _on_ack(self, ev: AckAnswered, out: list[Effect]) -> None:
         self._report(out, AttemptState.ACKED, adopted=self._is_adopted)
-        if self.phase is Phase.RELEASING:
+        if self.phase is RolloutPhase.RELEASING:
             self._after_try(ev.now, out)
             return
         self.acked = True
@@ -272,7 +272,7 @@ class RolloutMachine:
     def _on_ack_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
-        if self.phase is Phase.RELEASING:
+        if self.phase is RolloutPhase.RELEASING:
             self._hand_over(AttemptState.RUNNING, out)
             self._after_try(ev.now, out)
             return
@@ -290,13 +290,13 @@ class RolloutMachine:
             assert failure is not None, "a reason always comes with its kind"
             self._why(reason, failure)
         self._next_try_allowed = next_try
-        self._begin_step(Phase.RETIRING, now, self.policy.control_s, out,
+        self._begin_step(RolloutPhase.RETIRING, now, self.policy.control_s, out,
                          lambda d: Retire(self._attempt, d))
 
     def _on_retire_answered(self, ev: RetireAnswered, out: list[Effect]) -> None:
         answer = ev.answer
         if answer.completed_unacknowledged:
-            self._begin_step(Phase.REPLAYING, ev.now, self.policy.control_s, out,
+            self._begin_step(RolloutPhase.REPLAYING, ev.now, self.policy.control_s, out,
                              lambda d: Replay(self._attempt, d))
             return
         # Tombstoned now (cancelled) or already; neither means ACKed by someone else.
@@ -313,7 +313,7 @@ class RolloutMachine:
 
     def _on_replay_replied(self, ev: ReplayReplied, out: list[Effect]) -> None:
         self._reply = ev.reply
-        self._begin_step(Phase.ADOPT_RECEIPT, ev.now, self.policy.control_s, out,
+        self._begin_step(RolloutPhase.ADOPT_RECEIPT, ev.now, self.policy.control_s, out,
                          lambda d: FetchReceipt(self._attempt, d))
 
     def _on_replay_failed(self, ev: StepFailed, out: list[Effect]) -> None:
@@ -369,7 +369,7 @@ class RolloutMachine:
     def _is_adopted(self) -> bool:
         return self.sealed is not None and self.sealed.adopted
 
-    def _begin_step(self, phase: Phase, now: float, budget_s: float, out: list[Effect],
+    def _begin_step(self, phase: RolloutPhase, now: float, budget_s: float, out: list[Effect],
                     make: Callable[[float], Effect]) -> None:
         self.phase = phase
         self._step_started, self._budget_s, self._make = now, budget_s, make
@@ -426,7 +426,7 @@ class RolloutMachine:
 
     def _finish(self, status: OutcomeStatus, out: list[Effect], *, reason: str | None,
                 failure: FailureKind | None) -> None:
-        self.phase = Phase.DONE
+        self.phase = RolloutPhase.DONE
         self._asleep = False
         if self.attempt is not None and self.attempt not in self._released:
             state = self._reported.get(self.attempt)
@@ -447,45 +447,45 @@ class RolloutMachine:
 
 # ---------------------------------------------------------------- the transition table
 
-_STEP_PHASES = (Phase.RECEIPT, Phase.RETIRING, Phase.REPLAYING, Phase.ADOPT_RECEIPT,
-                Phase.ACKING, Phase.RELEASING)
+_STEP_PHASES = (RolloutPhase.RECEIPT, RolloutPhase.RETIRING, RolloutPhase.REPLAYING,
+                RolloutPhase.ADOPT_RECEIPT, RolloutPhase.ACKING, RolloutPhase.RELEASING)
 
 
-def _table() -> dict[tuple[Phase, type], str]:
-    t: dict[tuple[Phase, type], str] = {
-        (Phase.NEW, Start): "_on_start",
-        (Phase.NEW, AbandonRequested): "_on_abandon_flag",
-        (Phase.NEW, AdoptRequested): "_on_noop",
-        (Phase.RUNNING, RunReplied): "_on_run_replied",
-        (Phase.RUNNING, RunFailed): "_on_run_failed",
-        (Phase.RUNNING, RunAdmissionClosed): "_on_admission_closed",
-        (Phase.RUNNING, DeadlineFired): "_on_deadline",
-        (Phase.RUNNING, AbandonRequested): "_on_abandon_running",
-        (Phase.RUNNING, AdoptRequested): "_on_adopt_running",
-        (Phase.ADMISSION_WAIT, Woke): "_on_admission_woke",
-        (Phase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_running",
-        (Phase.ADMISSION_WAIT, AdoptRequested): "_on_noop",
-        (Phase.RECEIPT, ReceiptReceived): "_on_receipt",
-        (Phase.RECEIPT, StepFailed): "_on_receipt_failed",
-        (Phase.RECEIPT, DigestMismatch): "_on_digest_mismatch",
-        (Phase.ADOPT_RECEIPT, ReceiptReceived): "_on_receipt",
-        (Phase.ADOPT_RECEIPT, StepFailed): "_on_receipt_failed",
-        (Phase.ADOPT_RECEIPT, DigestMismatch): "_on_digest_mismatch",
-        (Phase.RETIRING, RetireAnswered): "_on_retire_answered",
-        (Phase.RETIRING, StepFailed): "_on_retire_failed",
-        (Phase.REPLAYING, ReplayReplied): "_on_replay_replied",
-        (Phase.REPLAYING, StepFailed): "_on_replay_failed",
-        (Phase.ACKING, AckAnswered): "_on_ack",
-        (Phase.ACKING, StepFailed): "_on_ack_failed",
-        (Phase.RELEASING, AckAnswered): "_on_ack",
-        (Phase.RELEASING, StepFailed): "_on_ack_failed",
+def _table() -> dict[tuple[RolloutPhase, type], str]:
+    t: dict[tuple[RolloutPhase, type], str] = {
+        (RolloutPhase.NEW, Start): "_on_start",
+        (RolloutPhase.NEW, AbandonRequested): "_on_abandon_flag",
+        (RolloutPhase.NEW, AdoptRequested): "_on_noop",
+        (RolloutPhase.RUNNING, RunReplied): "_on_run_replied",
+        (RolloutPhase.RUNNING, RunFailed): "_on_run_failed",
+        (RolloutPhase.RUNNING, RunAdmissionClosed): "_on_admission_closed",
+        (RolloutPhase.RUNNING, DeadlineFired): "_on_deadline",
+        (RolloutPhase.RUNNING, AbandonRequested): "_on_abandon_running",
+        (RolloutPhase.RUNNING, AdoptRequested): "_on_adopt_running",
+        (RolloutPhase.ADMISSION_WAIT, Woke): "_on_admission_woke",
+        (RolloutPhase.ADMISSION_WAIT, AbandonRequested): "_on_abandon_running",
+        (RolloutPhase.ADMISSION_WAIT, AdoptRequested): "_on_noop",
+        (RolloutPhase.RECEIPT, ReceiptReceived): "_on_receipt",
+        (RolloutPhase.RECEIPT, StepFailed): "_on_receipt_failed",
+        (RolloutPhase.RECEIPT, DigestMismatch): "_on_digest_mismatch",
+        (RolloutPhase.ADOPT_RECEIPT, ReceiptReceived): "_on_receipt",
+        (RolloutPhase.ADOPT_RECEIPT, StepFailed): "_on_receipt_failed",
+        (RolloutPhase.ADOPT_RECEIPT, DigestMismatch): "_on_digest_mismatch",
+        (RolloutPhase.RETIRING, RetireAnswered): "_on_retire_answered",
+        (RolloutPhase.RETIRING, StepFailed): "_on_retire_failed",
+        (RolloutPhase.REPLAYING, ReplayReplied): "_on_replay_replied",
+        (RolloutPhase.REPLAYING, StepFailed): "_on_replay_failed",
+        (RolloutPhase.ACKING, AckAnswered): "_on_ack",
+        (RolloutPhase.ACKING, StepFailed): "_on_ack_failed",
+        (RolloutPhase.RELEASING, AckAnswered): "_on_ack",
+        (RolloutPhase.RELEASING, StepFailed): "_on_ack_failed",
     }
     for phase in _STEP_PHASES:
         t[(phase, Woke)] = "_on_woke"
         t[(phase, AbandonRequested)] = "_on_abandon_flag"
         t[(phase, AdoptRequested)] = "_on_noop"
     # the reply is in hand but its receipt is not: give up at once (retire, then adopt)
-    t[(Phase.RECEIPT, AbandonRequested)] = "_on_abandon_running"
+    t[(RolloutPhase.RECEIPT, AbandonRequested)] = "_on_abandon_running"
     return t
 
 

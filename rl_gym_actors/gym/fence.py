@@ -21,7 +21,7 @@ from typing import Any
 from rl_gym_actors.errors import CheckpointConflict, CheckpointNotReady, StaleCheckpoint
 
 
-class Phase(str, Enum):
+class CheckpointPhase(str, Enum):
     IDLE = "idle"
     PREPARING = "preparing"
     PREPARED = "prepared"
@@ -29,12 +29,12 @@ class Phase(str, Enum):
 
 
 # (operation, phase before) -> phase after; a pair not in the table is an illegal transition
-_TRANSITIONS: dict[tuple[str, Phase], Phase] = {
-    ("prepare", Phase.IDLE): Phase.PREPARING,
-    ("prepare", Phase.PREPARING): Phase.PREPARING,
-    ("prepared", Phase.PREPARING): Phase.PREPARED,
-    ("commit", Phase.PREPARED): Phase.COMMITTED,
-    **{("resume", p): Phase.IDLE for p in Phase},
+_TRANSITIONS: dict[tuple[str, CheckpointPhase], CheckpointPhase] = {
+    ("prepare", CheckpointPhase.IDLE): CheckpointPhase.PREPARING,
+    ("prepare", CheckpointPhase.PREPARING): CheckpointPhase.PREPARING,
+    ("prepared", CheckpointPhase.PREPARING): CheckpointPhase.PREPARED,
+    ("commit", CheckpointPhase.PREPARED): CheckpointPhase.COMMITTED,
+    **{("resume", p): CheckpointPhase.IDLE for p in CheckpointPhase},
 }
 
 
@@ -42,14 +42,14 @@ class CheckpointFence:
     """The phase machine of one participant. ``spent`` maps spent ids to resume's answer bytes."""
 
     def __init__(self, spent: dict[str, bytes] | None = None) -> None:
-        self.phase = Phase.IDLE
+        self.phase = CheckpointPhase.IDLE
         self.active: str | None = None
         self.spent: dict[str, bytes] = dict(spent or {})
         self._answers: dict[str, Any] = {}       # operation -> recorded answer, for `active`
 
     @property
     def admission_open(self) -> bool:
-        return self.phase is Phase.IDLE
+        return self.phase is CheckpointPhase.IDLE
 
     def check_lenient(self, checkpoint_id: str | None) -> None:
         """``status`` and ``retire``: any id not spent, in every phase."""
@@ -69,7 +69,7 @@ class CheckpointFence:
                 f"for its resume", status=409)
         return self._answers.get(operation) if self.active == checkpoint_id else None
 
-    def check(self, checkpoint_id: str, operation: str) -> Phase:
+    def check(self, checkpoint_id: str, operation: str) -> CheckpointPhase:
         """The phase ``operation`` would lead to; raises ``CheckpointNotReady`` (a commit) or
         ``CheckpointConflict`` (anything else) when the table does not allow it."""
         after = _TRANSITIONS.get((operation, self.phase))
@@ -85,7 +85,7 @@ class CheckpointFence:
         """Move along the table for ``operation`` and record its answer. The caller has fenced
         the call with :meth:`recorded` first."""
         after = self.check(checkpoint_id, operation)
-        if after is Phase.IDLE:
+        if after is CheckpointPhase.IDLE:
             self.active = None
             self._answers.clear()
             self.spent[checkpoint_id] = json.dumps(answer, separators=(",", ":")).encode()

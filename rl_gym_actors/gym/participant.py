@@ -35,9 +35,9 @@ from rl_gym_actors.errors import (AckRejected, AdmissionClosed, AgentFailed, Dup
                                   GymError, GymRejected, NotCompleted, StaleAttempt,
                                   UnknownExecution)
 from rl_gym_actors.gym.fence import CheckpointFence
-from rl_gym_actors.gym.store import (Execution, Key, MemoryStore, Record, SpentCheckpoint, Store,
+from rl_gym_actors.gym.store import (Execution, MemoryStore, Record, SpentCheckpoint, Store,
                                      StoreFailed, write_checkpoint)
-from rl_gym_actors.protocol import (CompletionReceipt, ExecutionState, StatusReport,
+from rl_gym_actors.protocol import (CompletionReceipt, ExecutionKey, ExecutionState, StatusReport,
                                     canonical_json, prepare_incomplete_detail)
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Start:
     generation: int
 
 
-def _label(key: Key) -> str:
+def _label(key: ExecutionKey) -> str:
     return f"({key[0]!r}, {key[1]})"
 
 
@@ -83,8 +83,8 @@ class ParticipantCore:
 
     def __init__(self, executions: Iterable[Execution] = (),
                  spent: dict[str, bytes] | None = None) -> None:
-        self._all: dict[Key, Execution] = {}
-        self._active: dict[Key, Execution] = {}
+        self._all: dict[ExecutionKey, Execution] = {}
+        self._active: dict[ExecutionKey, Execution] = {}
         self._counts: Counter[ExecutionState] = Counter()
         self._records: list[Record] = []
         self.fence = CheckpointFence(spent)
@@ -112,7 +112,7 @@ class ParticipantCore:
         records, self._records = self._records, []
         return records
 
-    def get(self, key: Key) -> Execution | None:
+    def get(self, key: ExecutionKey) -> Execution | None:
         return self._all.get(key)
 
     def executions(self) -> list[Execution]:
@@ -128,7 +128,7 @@ class ParticipantCore:
 
     # ------------------------------------------------------------ data plane
 
-    def begin_run(self, key: Key) -> Replay | Start:
+    def begin_run(self, key: ExecutionKey) -> Replay | Start:
         """Decide a ``/run``, in PROTOCOL.md's order."""
         e = self._all.get(key)
         if e is not None:
@@ -144,22 +144,22 @@ class ParticipantCore:
         self.agent_starts += 1
         return Start(generation=1)
 
-    def is_running(self, key: Key, generation: int) -> bool:
+    def is_running(self, key: ExecutionKey, generation: int) -> bool:
         e = self._all.get(key)
         return e is not None and e.state is S.RUNNING and e.generation == generation
 
-    def finish_run(self, key: Key, generation: int, reply: bytes, receipt: bytes) -> None:
+    def finish_run(self, key: ExecutionKey, generation: int, reply: bytes, receipt: bytes) -> None:
         """The agent returned: keep the reply. Raises ``StaleAttempt`` if retired meanwhile."""
         if not self.is_running(key, generation):
             raise StaleAttempt(f"execution {_label(key)} was retired while it ran", status=409)
         self._put(replace(self._all[key], state=S.COMPLETED, reply=reply, receipt=receipt))
 
-    def fail_run(self, key: Key, generation: int) -> None:
+    def fail_run(self, key: ExecutionKey, generation: int) -> None:
         """The agent raised: tombstone the key (unless retire already did)."""
         if self.is_running(key, generation):
             self._put(replace(self._all[key], state=S.TOMBSTONED))
 
-    def receipt(self, key: Key) -> bytes:
+    def receipt(self, key: ExecutionKey) -> bytes:
         """The (ext) receipt answer, as bytes: byte-identical for as long as the key is kept."""
         e = self._all.get(key)
         if e is None:
@@ -204,7 +204,7 @@ class ParticipantCore:
                 self._put(replace(e, state=S.ACKNOWLEDGED, reply=None))
         return {"acknowledged": [r.model_dump(mode="json") for r in receipts]}
 
-    def retire(self, checkpoint_id: str | None, key: Key) -> tuple[dict[str, bool], bool]:
+    def retire(self, checkpoint_id: str | None, key: ExecutionKey) -> tuple[dict[str, bool], bool]:
         """The retire answer, and whether a running agent call must be cancelled."""
         self.fence.check_lenient(checkpoint_id)
         e = self._all.get(key)
@@ -300,7 +300,7 @@ def _incomplete_detail(report: dict[str, Any]) -> str:
     return prepare_incomplete_detail(StatusReport.model_validate(report))
 
 
-def encode_reply(key: Key, generation: int, reply: Any) -> tuple[bytes, bytes]:
+def encode_reply(key: ExecutionKey, generation: int, reply: Any) -> tuple[bytes, bytes]:
     """The exact reply bytes to send and keep, and the receipt's canonical bytes.
 
     The digest is taken from the reply as the caller will parse it (the bytes round-tripped), so
@@ -333,7 +333,7 @@ class Participant:
         self.core = ParticipantCore(loaded.executions, loaded.spent)
         self.recovered = loaded.recovered
         self._clock = clock
-        self._runs: dict[Key, asyncio.Task] = {}
+        self._runs: dict[ExecutionKey, asyncio.Task] = {}
         self._changed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._closing = False
@@ -351,7 +351,7 @@ class Participant:
 
     # ------------------------------------------------------------ data plane
 
-    async def run(self, key: Key, row: dict[str, Any]) -> RunAnswer:
+    async def run(self, key: ExecutionKey, row: dict[str, Any]) -> RunAnswer:
         """``/run``: the stored reply of a completed key, else the agent's reply."""
         if self._closing:
             raise ServerUnavailable("the server is shutting down", status=503)
@@ -370,12 +370,12 @@ class Participant:
                 raise self._cancelled(key) from None
             raise
 
-    def _cancelled(self, key: Key) -> GymError:
+    def _cancelled(self, key: ExecutionKey) -> GymError:
         if self._closing:
             return ServerUnavailable("the server shut down during the run", status=503)
         return StaleAttempt(f"execution {_label(key)} was retired while it ran", status=409)
 
-    async def _execute(self, key: Key, generation: int, row: dict[str, Any]) -> RunAnswer:
+    async def _execute(self, key: ExecutionKey, generation: int, row: dict[str, Any]) -> RunAnswer:
         try:
             await self._durable()        # a started key is tombstoned after a crash: record it
             try:
@@ -398,7 +398,7 @@ class Participant:
                 del self._runs[key]
             self._notify()
 
-    def receipt(self, key: Key) -> Awaitable[bytes]:
+    def receipt(self, key: ExecutionKey) -> Awaitable[bytes]:
         return self._answer(self.core.receipt, key)
 
     async def _answer(self, decide: Callable[..., Any], *args: Any) -> Any:
@@ -417,7 +417,7 @@ class Participant:
     def status(self, checkpoint_id: str | None) -> Awaitable[dict[str, Any]]:
         return self._answer(self.core.status, checkpoint_id)
 
-    async def retire(self, checkpoint_id: str, key: Key) -> dict[str, bool]:
+    async def retire(self, checkpoint_id: str, key: ExecutionKey) -> dict[str, bool]:
         answer, cancel = self.core.retire(checkpoint_id, key)
         task = self._runs.pop(key, None) if cancel else None
         if task is not None:

@@ -41,7 +41,7 @@ from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
                                     REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckBatchRequest,
                                     Capabilities, CommitRequest, CompletionReceipt, PhaseRequest,
-                                    RetireRequest,
+                                    ExecutionKey, RetireRequest,
                                     is_valid_checkpoint_id, is_valid_rollout_id)
 
 logger = logging.getLogger(__name__)
@@ -53,15 +53,14 @@ FEATURES = ("run-replay", "replayed-header", "acknowledge", "acknowledge-complet
             "lenient-status-retire")
 
 M = TypeVar("M", bound=BaseModel)
-Key = tuple[str, int]
 
 
 class FaultHooks(Protocol):
     """What the server asks a fault injector (see :mod:`rl_gym_actors.testing.faults`)."""
 
-    def observe_run(self, key: Key, row: Mapping[str, Any]) -> None: ...
-    def drop_reply(self, key: Key) -> bool: ...
-    def receipt_delay(self, key: Key) -> float: ...
+    def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None: ...
+    def drop_reply(self, key: ExecutionKey) -> bool: ...
+    def receipt_delay(self, key: ExecutionKey) -> float: ...
 
 
 # ---------------------------------------------------------------- answers
@@ -133,7 +132,7 @@ def _parse(model: type[M], raw: bytes) -> M:
     return parsed
 
 
-def _run_key(row: Any) -> Key:
+def _run_key(row: Any) -> ExecutionKey:
     if not isinstance(row, dict):
         raise InvalidRequest("a /run body must be a JSON object", status=422)
     rollout_id = row.get(ROLLOUT_ID_FIELD)
@@ -147,7 +146,7 @@ def _run_key(row: Any) -> Key:
     return (rollout_id, attempt)
 
 
-def _query_key(request: Request) -> Key:
+def _query_key(request: Request) -> ExecutionKey:
     q = request.query_params
     rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
     if not is_valid_rollout_id(rollout_id):

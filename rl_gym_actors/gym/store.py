@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol, Union
 
-from rl_gym_actors.protocol import ExecutionState, canonical_json
+from rl_gym_actors.protocol import ExecutionKey, ExecutionState, canonical_json
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,6 @@ DB_NAME = "gym-participant.sqlite3"
 RECORDS_NAME = "gym-participant-records.jsonl"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
-
-Key = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +58,7 @@ class Execution:
     receipt: bytes | None = None     # canonical JSON of the receipt, kept once completed
 
     @property
-    def key(self) -> Key:
+    def key(self) -> ExecutionKey:
         return (self.rollout_id, self.attempt_index)
 
 

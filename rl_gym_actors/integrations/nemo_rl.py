@@ -51,7 +51,7 @@ from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
-from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Action, Claim, RolloutBook,
+from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimAction, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
                                                      check_prefix, failure_for,
                                                      to_nemo_rl_result)
@@ -272,7 +272,7 @@ class GymRolloutEnv:
         return dict(ref) if isinstance(ref, Mapping) else {"name": self._agent_name}
 
     def _task_for(self, claim: Claim, row: Mapping[str, Any]) -> asyncio.Task[Outcome]:
-        if claim.action is Action.REUSE:
+        if claim.action is ClaimAction.REUSE:
             task = self._tasks.get(claim.rollout_id)
             if task is not None:
                 return task

@@ -109,7 +109,7 @@ class EntryState(str, Enum):
     DELIVERED = "delivered"    # handed to RL: never handed out again
 
 
-class Action(str, Enum):
+class ClaimAction(str, Enum):
     START = "start"            # dispatch a new rollout at ``attempt_index``
     REUSE = "reuse"            # a task for this rollout exists (running or finished): await it
 
@@ -120,7 +120,7 @@ class Claim:
 
     rowidx: int
     rollout_id: str
-    action: Action
+    action: ClaimAction
     attempt_index: int = 0
 
 
@@ -210,11 +210,11 @@ class RolloutBook:
         index = _rowidx(row) if rowidx is None else rowidx
         if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
             self.stats.reused += 1
-            return Claim(index, entry.rollout_id, Action.REUSE, entry.next_attempt)
+            return Claim(index, entry.rollout_id, ClaimAction.REUSE, entry.next_attempt)
         entry.state = EntryState.RUNNING
         entry.next_attempt = max(entry.next_attempt, attempt or 0)
         self.stats.started += 1
-        return Claim(index, entry.rollout_id, Action.START, entry.next_attempt)
+        return Claim(index, entry.rollout_id, ClaimAction.START, entry.next_attempt)
 
     def _by_digest_entry(self, digest: str, stream: int, now: float) -> _Entry:
         best: _Entry | None = None

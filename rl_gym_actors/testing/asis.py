@@ -1,4 +1,4 @@
-"""The "as-is" policy: how RL behaves with the PR the seed calls "this PR", as a baseline.
+"""The "as-is" policy: RL that ACKs what it receives and never retires a try, as a baseline.
 
 It ACKs every finished run whose reply it receives, and nothing else. When it gives up on a try
 (its ``rollout_s`` deadline fired, the connection broke, the receipt fetch failed, or the batch

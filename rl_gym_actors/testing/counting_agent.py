@@ -15,9 +15,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
-
-Key = tuple[str, int]
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ExecutionKey
 
 
 class CountingAgent:
@@ -25,9 +23,9 @@ class CountingAgent:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.starts: Counter[Key] = Counter()
-        self.finished: set[Key] = set()
-        self.cancelled: set[Key] = set()
+        self.starts: Counter[ExecutionKey] = Counter()
+        self.finished: set[ExecutionKey] = set()
+        self.cancelled: set[ExecutionKey] = set()
 
     def runs_of(self, rollout_id: str) -> int:
         """How many times the agent started any try of this rollout."""

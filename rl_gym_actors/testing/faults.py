@@ -19,14 +19,14 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from rl_gym_actors.protocol import ExecutionKey
+
 DROP_REPLY = "drop_reply"
 RECEIPT_DELAY_S = "receipt_delay_s"
 FAULT_FIELDS = (DROP_REPLY, RECEIPT_DELAY_S)
 
 # what uvicorn logs when an app ends a response early, as a dropped reply does on purpose
 _INCOMPLETE_MESSAGE = "ASGI callable returned without completing response."
-
-Key = tuple[str, int]
 
 
 def with_faults(row: Mapping[str, Any], *, drop_reply: bool = False,
@@ -61,14 +61,14 @@ class FaultInjector:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[Key] = set()
-        self._drop: set[Key] = set()
-        self._delay: dict[Key, float] = {}
+        self._seen: set[ExecutionKey] = set()
+        self._drop: set[ExecutionKey] = set()
+        self._delay: dict[ExecutionKey, float] = {}
         self.dropped = 0
         self.delayed = 0
         logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)   # added once only
 
-    def observe_run(self, key: Key, row: Mapping[str, Any]) -> None:
+    def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None:
         """Called with every ``/run`` row before it is decided; the first row of a key counts."""
         with self._lock:
             if key in self._seen:
@@ -80,7 +80,7 @@ class FaultInjector:
             if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
                 self._delay[key] = float(delay)
 
-    def drop_reply(self, key: Key) -> bool:
+    def drop_reply(self, key: ExecutionKey) -> bool:
         """True once, for the first (not replayed) answer of a key planned to drop."""
         with self._lock:
             if key in self._drop:
@@ -89,7 +89,7 @@ class FaultInjector:
                 return True
             return False
 
-    def receipt_delay(self, key: Key) -> float:
+    def receipt_delay(self, key: ExecutionKey) -> float:
         """The delay of the key's first receipt request, then 0."""
         with self._lock:
             delay = self._delay.pop(key, 0.0)

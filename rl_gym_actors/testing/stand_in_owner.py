@@ -19,7 +19,7 @@ import ray
 from ray.actor import ActorHandle
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.events import AttemptReport, AttemptState
+from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.errors import GymUnavailable, ProtocolViolation, StaleAttempt
 from rl_gym_actors.gym.client import GymClient
 

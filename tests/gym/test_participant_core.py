@@ -7,7 +7,7 @@ import pytest
 from rl_gym_actors.errors import (AckRejected, AdmissionClosed, CheckpointConflict,
                                   CheckpointNotReady, DuplicateExecution, NotCompleted,
                                   StaleAttempt, StaleCheckpoint, UnknownExecution)
-from rl_gym_actors.gym.fence import CheckpointFence, Phase
+from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
 from rl_gym_actors.gym.participant import (ParticipantCore, PrepareIncomplete, Replay, Start,
                                            encode_reply)
 from rl_gym_actors.gym.store import Execution, SpentCheckpoint
@@ -122,14 +122,15 @@ def test_fence_walks_its_phases():
     fence = CheckpointFence()
     assert fence.recorded("c1", "prepare") is None
     fence.advance("c1", "prepare")
-    assert (fence.phase, fence.active, fence.admission_open) == (Phase.PREPARING, "c1", False)
+    assert (fence.phase, fence.active, fence.admission_open) == (
+        CheckpointPhase.PREPARING, "c1", False)
     fence.advance("c1", "prepare")                          # a 409'd prepare, called again
     fence.advance("c1", "prepared", {"ready": True})
     assert fence.recorded("c1", "prepare") == {"ready": True}
     fence.advance("c1", "commit", {"records": 0})
     assert fence.recorded("c1", "commit") == {"records": 0}
     fence.advance("c1", "resume", {"state": "accepting"})
-    assert (fence.phase, fence.active, fence.admission_open) == (Phase.IDLE, None, True)
+    assert (fence.phase, fence.active, fence.admission_open) == (CheckpointPhase.IDLE, None, True)
     assert fence.recorded("c1", "resume") == {"state": "accepting"}
     for op in ("prepare", "commit", "status"):
         with pytest.raises(StaleCheckpoint):

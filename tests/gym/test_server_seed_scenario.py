@@ -1,4 +1,4 @@
-"""The seed's scenario, as PROTOCOL.md says it must read on the wire, in its seven steps."""
+"""The lost-reply scenario, as PROTOCOL.md says it must read on the wire, in its seven steps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The demo (``make demo``) plays the seed's scenario and checks every step itself."""
+"""The demo (``make demo``) plays each way a /run reply gets lost and checks every step itself."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 pytestmark = pytest.mark.ray
 
-def test_the_seed_scenario_holds_end_to_end(ray_session, load_example):
+def test_the_demo_holds_end_to_end(ray_session, load_example):
     lines: list[str] = []
-    assert load_example("seed_scenario").run_demo(lines.append), "\n".join(lines)
+    assert load_example("lost_replies").run_demo(lines.append), "\n".join(lines)
     text = "\n".join(lines)
     assert "NO!" not in text and "all expectations held" in text
     # the seven wire steps, in order

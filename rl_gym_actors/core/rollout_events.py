@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rl_gym_actors.core.events import AttemptReport
+from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest

@@ -32,7 +32,7 @@ _RUNNING = frozenset({ExecutionState.RUNNING.value, ExecutionState.PARKED.value}
 _COMPLETED = ExecutionState.COMPLETED.value
 
 
-class Action(str, Enum):
+class PrepareAction(str, Enum):
     ADOPT = "adopt"
     ORPHAN_ACK = "orphan_ack"
     RETIRE = "retire"
@@ -45,7 +45,7 @@ class Step:
     ``receipt`` for an ADOPT or ORPHAN_ACK whose receipt the status carried (a refused ADOPT is
     ACKed with it); ``known`` says whether the book has heard of the attempt."""
 
-    action: Action
+    action: PrepareAction
     rollout_id: str
     attempt_index: int
     owner: str | None = None
@@ -83,22 +83,22 @@ def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: 
         known = book.attempt(rid, att) is not None
         if info.state == _COMPLETED:
             if owner is not None:
-                steps.append(Step(Action.ADOPT, rid, att, owner=owner,
+                steps.append(Step(PrepareAction.ADOPT, rid, att, owner=owner,
                                   receipt=info.completion_receipt, known=known))
             else:
-                steps.append(Step(Action.ORPHAN_ACK, rid, att, receipt=info.completion_receipt,
-                                  known=known))
+                steps.append(Step(PrepareAction.ORPHAN_ACK, rid, att,
+                                  receipt=info.completion_receipt, known=known))
         elif owner is not None or (not known and not retire_unknown):
-            steps.append(Step(Action.WAIT, rid, att, owner=owner, known=known))
+            steps.append(Step(PrepareAction.WAIT, rid, att, owner=owner, known=known))
         else:
-            steps.append(Step(Action.RETIRE, rid, att, known=known))
+            steps.append(Step(PrepareAction.RETIRE, rid, att, known=known))
     return steps
 
 
 def orphan_step(step: Step, receipt: CompletionReceipt | None = None) -> Step:
     """The ORPHAN_ACK that replaces an ADOPT the owner refused or a RETIRE Gym refused because
     the attempt had completed."""
-    return Step(Action.ORPHAN_ACK, step.rollout_id, step.attempt_index,
+    return Step(PrepareAction.ORPHAN_ACK, step.rollout_id, step.attempt_index,
                 receipt=receipt or step.receipt, known=step.known)
 
 

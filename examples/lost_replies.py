@@ -1,9 +1,9 @@
-"""The seed's scenario, played for real: each way a /run reply gets lost, and its repair.
+"""Each way a /run reply gets lost, and its repair, played for real.
 
 Starts a local Gym server (a subprocess on 127.0.0.1, simulated agent, faults allowed) and a
 local Ray (loopback only), then:
 
-  0. replays the seed's seven wire steps against the server with the plain Gym client;
+  0. replays the protocol's seven-step example against the server with the plain Gym client;
   1. a reply dropped after Gym finished the run      -> adopted at attempt 0, agent ran once;
   2. a deadline that fires while the agent works     -> try 0 retired and cancelled, try 1 runs;
   3. a receipt fetch that times out                  -> given up, retired, adopted;
@@ -12,7 +12,7 @@ local Ray (loopback only), then:
   5. a checkpoint that commits, and the ledger's snapshot.
 
 Every step checks what it shows; the exit status is 0 only when all of them held.
-Run it with ``make demo`` (or ``.venv/bin/python examples/seed_scenario.py [-v]``).
+Run it with ``make demo`` (or ``.venv/bin/python examples/lost_replies.py [-v]``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def gym(endpoint: GymEndpoint, method: str, *args, **kwargs):
 
 async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
     say = check.say
-    say("== 0. The seed's seven wire steps, against the Gym server ==")
+    say("== 0. The protocol's seven-step example, against the Gym server ==")
     async with GymClient(endpoint) as c:
         soon = lambda: time.time() + 10  # noqa: E731
         try:
