@@ -48,7 +48,8 @@ def env(ray_session, gym):
     # the config as NeMo RL builds it from the user's env.nemo_gym
     actor = NemoGymDropIn.remote(build_nemo_gym_config({"nemo_gym": {"rl_gym_actors": {
         "endpoints": [{"url": gym.url, "token": gym.token}], "policy": POLICY,
-        "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t"}}},
+        "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t",
+        "untrained_replies": "tokenize"}}},
         ["http://127.0.0.1:9/v1"], "policy-model"))
     ray_session.get(actor._spinup.remote())
     ray_session.get(actor.set_tokenizer.remote(stand_in_tokenizer()))
@@ -290,6 +291,7 @@ def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(ra
                                                  1: {"name": "rl_gym_actors"}}
     old = NemoGymDropIn.remote({"rl_gym_actors": {
         "endpoints": [{"url": gym.url, "token": gym.token}], "stream_tuple": 3,
+        "untrained_replies": "tokenize",
         "pool": {"size": 1, "rollouts_per_actor": 2}}})
     try:
         ray_session.get(old._spinup.remote())

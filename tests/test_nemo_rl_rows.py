@@ -19,7 +19,6 @@ from rl_gym_actors.integrations.nemo_rl_rows import (
     failure_class,
     failure_for,
     row_digest,
-    to_nemo_rl_result,
 )
 from rl_gym_actors.protocol import is_valid_rollout_id
 
@@ -188,46 +187,6 @@ def test_failure_for_lets_a_data_failure_win_and_summarises():
     # the reason's words decide nothing: a data word in an infrastructure failure stays infra
     assert isinstance(failure_for([(0, lost, "invalid_request protocol config")], 1),
                       RolloutTransportError)
-
-
-def test_plain_reply_is_tokenized_with_the_installed_tokenizer():
-    row = {"_rowidx": 0, "responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
-    out = to_nemo_rl_result(row, {"id": "r-1", "reward": 1, "output_text": "ok"},
-                            StandInTokenizer())
-    user, assistant = out["message_log"]
-    assert user["token_ids"] == StandInTokenizer().encode("<user>hi")
-    assert assistant["token_ids"] == [ord("o"), ord("k")]
-    assert assistant["generation_logprobs"] == [0.0, 0.0]
-    assert out["input_message_log"] == [user]
-    assert out["full_result"] == {"id": "r-1", "reward": 1.0, "output_text": "ok"}
-    assert isinstance(out["full_result"]["reward"], float)
-
-
-def test_token_reply_is_split_turn_by_turn_and_checked_for_contiguity():
-    reply = {"reward": 0.5, "response": {"output": [
-        {"type": "message", "prompt_token_ids": [1, 2], "generation_token_ids": [104, 105],
-         "generation_log_probs": [-0.1, -0.2]},
-        {"type": "function_call_output", "output": "tool says"},
-        {"type": "message", "prompt_token_ids": [1, 2, 104, 105, 7], "generation_token_ids": [33],
-         "generation_log_probs": [-0.3]},
-    ]}}
-    out = to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer(), tensor=tuple)
-    log = out["message_log"]
-    assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
-    assert log[0]["token_ids"] == (1, 2) and log[2]["token_ids"] == (7,)
-    assert log[1]["content"] == "hi" and log[3]["generation_logprobs"] == (-0.3,)
-    assert "generation_token_ids" not in out["full_result"]["response"]["output"][0]
-    assert "generation_token_ids" in reply["response"]["output"][0]   # the reply is not mutated
-
-    reply["response"]["output"][2]["prompt_token_ids"] = [9, 9, 9]
-    with pytest.raises(RolloutDataError, match="non-contiguous"):
-        to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer())
-
-
-@pytest.mark.parametrize("reply", [{"id": "x"}, {"reward": "high"}, {"reward": True}, ["r"]])
-def test_reply_without_a_numeric_reward_is_a_data_failure(reply):
-    with pytest.raises(RolloutDataError):
-        to_nemo_rl_result({"_rowidx": 0}, reply, StandInTokenizer())
 
 
 def test_stream_timer_reports_the_postprocess_share():

@@ -68,7 +68,7 @@ def test_one_line_and_the_config_section_make_nemo_rls_spinup_create_the_drop_in
     with GymServerThread(token="t") as gym:
         env_configs = {"nemo_gym": {"rl_gym_actors": {
             "endpoints": [{"url": gym.url, "token": gym.token, "name": "math"}],
-            "pool": {"size": 1, "rollouts_per_actor": 2}}}}
+            "pool": {"size": 1, "rollouts_per_actor": 2}, "untrained_replies": "tokenize"}}}
         actor = nemo_gym_module.spinup_nemo_gym_actor(env_configs, ["http://127.0.0.1:9/v1"],
                                                       "policy", tokenizer=stand_in_tokenizer())
         try:

@@ -40,7 +40,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,8 +53,10 @@ from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimAction, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
-                                                     check_prefix, failure_for,
-                                                     to_nemo_rl_result)
+                                                     RolloutDataError, check_prefix,
+                                                     failure_for)
+from rl_gym_actors.integrations.nemo_rl_results import (list_tensor, to_nemo_rl_result,
+                                                        torch_tensor)
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport
@@ -62,16 +64,6 @@ from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, Status
 logger = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 10.0
-
-
-def _tensor_factory(kind: str) -> Callable[[list], Any]:
-    if kind == "auto":
-        try:
-            import torch
-        except ImportError:
-            return list
-        return torch.tensor
-    return list
 
 
 @dataclass(slots=True)
@@ -93,7 +85,7 @@ class GymRolloutEnv:
         self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
         self._orch: Any = None
         self._tokenizer: Any = None
-        self._tensor = _tensor_factory(self.cfg.tensors)
+        self._tensor = (torch_tensor() if self.cfg.tensors == "auto" else None) or list_tensor
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self._stream_ids = itertools.count(1)
         self._steps = CheckpointSteps(admission_wait_s=self.cfg.policy.admission_wait_s,
@@ -190,6 +182,7 @@ class GymRolloutEnv:
         claims = self._book.claim(rows, stream, time.time())      # RolloutDataError: bad rows
         pending: dict[asyncio.Task[Outcome], tuple[Claim, Mapping[str, Any]]] = {}
         failures: list[tuple[int, FailureKind | None, str]] = []
+        raise_as: type[RolloutDataError] | None = None
         # One converted result is held back, so that the stream's last yield carries the timing.
         # It is delivered (marked handed out) only as it is yielded: a stream cancelled while
         # holding it leaves it for RL's re-dispatch.
@@ -240,9 +233,15 @@ class GymRolloutEnv:
                         continue
                     t1 = time.monotonic()
                     try:
-                        result = to_nemo_rl_result(row, outcome.reply, self._tokenizer,
-                                                   tensor=self._tensor)
+                        result = to_nemo_rl_result(
+                            row, outcome.reply, self._tokenizer, settings=self.cfg.nemo,
+                            tensor=self._tensor, untrained=self.cfg.untrained_replies)
+                        if outcome.receipt is not None:
+                            result["gym_completion_receipt"] = outcome.receipt.model_dump(
+                                mode="json", exclude_none=True)
                     except Exception as exc:
+                        if isinstance(exc, RolloutDataError) and raise_as is None:
+                            raise_as = type(exc)     # NeMo RL's ValueError / RuntimeError
                         # the result stays held: converting again on re-dispatch needs no rerun
                         failures.append((claim.rowidx, FailureKind.INVALID_REPLY,
                                          f"invalid row or reply: {type(exc).__name__}: {exc}"))
@@ -265,7 +264,10 @@ class GymRolloutEnv:
                      time.monotonic() - started)
         if failures:
             self.stats.failed_rows += len(failures)
-            raise failure_for(sorted(failures), len(rows))
+            failure = failure_for(sorted(failures), len(rows))
+            if raise_as is not None and isinstance(failure, RolloutDataError):
+                failure = raise_as(str(failure))
+            raise failure
 
     def _agent_ref(self, row: Mapping[str, Any]) -> dict[str, Any]:
         ref = row.get("agent_ref")

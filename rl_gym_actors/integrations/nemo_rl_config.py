@@ -69,8 +69,10 @@ class DropInConfig(_Settings):
     rollout ids (a per-actor suffix keeps two incarnations apart); ``hold_s`` / ``max_held``
     bound how long and how many results of cancelled streams are kept for a re-dispatch;
     ``commit_min_s`` is the least time a commit's gate gets; ``tensors`` picks the token
-    containers (``auto``: ``torch.tensor`` when torch is importable). ``nemo`` is filled from
-    NeMo RL's own keys.
+    containers (``auto``: ``torch.tensor`` when torch is importable). ``untrained_replies``:
+    a reply without token ids is a data failure (``error``, as in NeMo RL) or is tokenized
+    with logprobs 0.0 (``tokenize``: agents that sample no policy, e.g. in tests). ``nemo`` is
+    filled from NeMo RL's own keys.
     """
 
     endpoints: list[GymEndpoint] = []
@@ -86,6 +88,7 @@ class DropInConfig(_Settings):
     max_held: Annotated[int, Field(ge=1)] = 100_000
     commit_min_s: Annotated[float, Field(gt=0)] = 30.0
     tensors: Literal["auto", "list"] = "auto"
+    untrained_replies: Literal["error", "tokenize"] = "error"
     nemo: NemoRLSettings = NemoRLSettings()
 
     @field_validator("endpoints", mode="before")

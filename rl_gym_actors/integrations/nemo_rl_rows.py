@@ -9,15 +9,15 @@ Nothing here imports Ray or NeMo RL, and nothing reads a clock it was not handed
 - :class:`RolloutBook` gives every row a rollout id and remembers what became of it, so that RL's
   re-dispatch of a row whose earlier try finished is answered with that result (adopted) and
   not rerun, and so that no result is ever handed to RL twice.
-- :func:`to_nemo_rl_result` turns a Gym reply into ``{"message_log", "input_message_log",
-  "full_result"}`` with the tokenizer RL installed.
+- :class:`StreamTimer` sums a stream's phases into RL's timing metrics. (A reply becomes a
+  result in :mod:`rl_gym_actors.integrations.nemo_rl_results`.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -317,129 +317,6 @@ def _explicit_identity(row: Mapping[str, Any]) -> tuple[str | None, int | None]:
                                 or attempt < 0):
         raise RolloutDataError(f"invalid {ATTEMPT_INDEX_FIELD} {attempt!r}")
     return rid, attempt
-
-
-# ---------------------------------------------------------------- message logs
-
-def _reward(reply: Any) -> float:
-    if not isinstance(reply, Mapping):
-        raise RolloutDataError(f"Gym reply is not an object: {type(reply).__name__}")
-    value = reply.get("reward")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RolloutDataError(f"Gym reply has no reward: {value!r}")
-    return float(value)
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_text_of(part.get("text", "")) if isinstance(part, Mapping) else
-                       str(part) for part in content)
-    return "" if content is None else str(content)
-
-
-def _input_messages(row: Mapping[str, Any], reply: Mapping[str, Any]) -> list[dict[str, str]]:
-    params = row.get("responses_create_params")
-    if not isinstance(params, Mapping):
-        params = reply.get("responses_create_params") if isinstance(
-            reply.get("responses_create_params"), Mapping) else {}
-    raw = params.get("input", row.get("prompt", ""))
-    if isinstance(raw, str):
-        return [{"role": "user", "content": raw}]
-    return [{"role": str(m.get("role", "user")), "content": _text_of(m.get("content"))}
-            for m in raw if isinstance(m, Mapping)]
-
-
-def _encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    apply = getattr(tokenizer, "apply_chat_template", None)
-    if callable(apply):
-        return list(apply(messages, tokenize=True))
-    return list(tokenizer.encode("".join(m["content"] for m in messages)))
-
-
-def _output_text(reply: Mapping[str, Any]) -> str:
-    response = reply.get("response")
-    if isinstance(response, Mapping):
-        texts = [_text_of(item.get("content")) for item in response.get("output") or []
-                 if isinstance(item, Mapping) and item.get("type", "message") == "message"]
-        if any(texts):
-            return "".join(texts)
-        if isinstance(response.get("output_text"), str):
-            return response["output_text"]
-    value = reply.get("output_text", reply.get("text", ""))
-    return value if isinstance(value, str) else ""
-
-
-def _token_items(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    response = reply.get("response")
-    if not isinstance(response, Mapping):
-        return []
-    return [item for item in response.get("output") or []
-            if isinstance(item, Mapping) and item.get("generation_token_ids")]
-
-
-def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
-                      tensor: Callable[[list], Any] = list) -> dict[str, Any]:
-    """RL's result for one row: ``message_log`` (alternating user / assistant messages with
-    ``token_ids``; assistant ones with ``generation_logprobs``), ``input_message_log`` (the
-    first message) and ``full_result`` (Gym's reply, ``reward`` as a float).
-
-    A reply whose output items carry token ids (``prompt_token_ids``, ``generation_token_ids``,
-    ``generation_log_probs``, as NeMo Gym returns them for training) is split turn by turn; each
-    turn's prompt must extend everything seen so far, or the row is a data failure. A reply
-    without token ids (a plain agent) is tokenized here: the row's input messages through the
-    tokenizer's chat template, the reply's output text through ``encode``. ``tensor`` builds the
-    token containers (``torch.tensor`` under NeMo RL; plain lists by default).
-    """
-    reward = _reward(reply)
-    full_result = dict(reply)
-    full_result["reward"] = reward
-    messages: list[dict[str, Any]] = []
-    items = _token_items(reply)
-    if items:
-        seen: list[int] = []
-        decoded: list[tuple[dict[str, Any], list[int], list[int]]] = []
-        for item in items:
-            prompt = list(item.get("prompt_token_ids") or [])
-            generated = list(item["generation_token_ids"])
-            logprobs = list(item.get("generation_log_probs") or [0.0] * len(generated))
-            if prompt[:len(seen)] != seen:
-                raise RolloutDataError("non-contiguous turns: a prompt does not extend the "
-                                       "tokens seen so far (tokenization or truncated history)")
-            user = {"role": "user", "content": "", "token_ids": tensor(prompt[len(seen):])}
-            assistant = {"role": "assistant", "content": "", "token_ids": tensor(generated),
-                         "generation_logprobs": tensor(logprobs)}
-            messages += [user, assistant]
-            seen = prompt + generated
-            decoded.append((assistant, prompt, generated))
-        batch_decode = getattr(tokenizer, "batch_decode", None)
-        if callable(batch_decode):
-            for (assistant, _, _), text in zip(decoded, batch_decode([g for *_, g in decoded])):
-                assistant["content"] = text
-        full_result = _strip_token_fields(full_result)
-    else:
-        prompt_ids = _encode_messages(tokenizer, _input_messages(row, reply))
-        text = _output_text(reply)
-        generated = list(tokenizer.encode(text)) if text else []
-        messages = [
-            {"role": "user", "content": "", "token_ids": tensor(prompt_ids)},
-            {"role": "assistant", "content": text, "token_ids": tensor(generated),
-             "generation_logprobs": tensor([0.0] * len(generated))},
-        ]
-    return {"message_log": messages, "input_message_log": messages[:1],
-            "full_result": full_result}
-
-
-def _strip_token_fields(reply: dict[str, Any]) -> dict[str, Any]:
-    """The reply without the bulky token arrays (they now live in the message log)."""
-    response = reply.get("response")
-    if not isinstance(response, Mapping):
-        return reply
-    drop = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-    output = [{k: v for k, v in item.items() if k not in drop} if isinstance(item, Mapping)
-              else item for item in response.get("output") or []]
-    return {**reply, "response": {**response, "output": output}}
 
 
 @dataclass(slots=True)
