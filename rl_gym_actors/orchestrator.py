@@ -53,6 +53,7 @@ import ray  # noqa: E402  (after runtime: loopback environment first)
 from pydantic import BaseModel, ConfigDict
 from ray.exceptions import RayActorError, RayTaskError
 
+from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
@@ -156,6 +157,7 @@ class Orchestrator:
         self._pool: WarmPool | None = None
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._in_flight: set[str] = set()
+        self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
         if start:
@@ -403,8 +405,8 @@ class Orchestrator:
                 return _not_dispatched(item, self.endpoints)
             batch.running[rid] = (slot.handle, item.first_attempt)
             try:
-                outcome = await slot.handle.run_rollout.remote(
-                    item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt)
+                outcome = await self._chunks.run(slot.handle, (
+                    item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt))
             except asyncio.CancelledError:
                 # the caller gave up on the batch: the rollout retires its try on its own
                 slot.handle.abandon.remote(rid, item.first_attempt)
@@ -415,8 +417,9 @@ class Orchestrator:
                 self._remember_lost(item)
                 outcome = self._failed(item, f"rollout actor {slot.name} died: "
                                              f"{type(exc).__name__}", FailureKind.ACTOR_DIED)
-            except RayTaskError as exc:
-                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            except (RayTaskError, RlGymError) as exc:
+                cause = exc.cause if isinstance(exc, RayTaskError) and isinstance(
+                    exc.cause, BaseException) else exc
                 outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}",
                                        failure_kind(cause))
             else:

@@ -122,6 +122,8 @@ async def test_astream_bad_row_raises_config_error_and_abandons_the_rest(orch, g
                                                                          tmp_path):
     async def rows():
         yield {"_ng_rollout_id": "bad-feed-slow", "sleep_s": 30}
+        await asyncio.to_thread(wait_for, lambda: agent.starts[("bad-feed-slow", 0)] == 1,
+                                what="the first row's agent to start")
         yield {"_ng_rollout_id": "not a valid id!"}
 
     with pytest.raises(ConfigError):
@@ -140,3 +142,13 @@ def test_stream_of_bad_rows_raises_before_dispatch(orch, agent):
         list(orch.stream([{"_ng_rollout_id": "ok-row"}, {"_ng_rollout_id": "bad row!"}]))
     assert agent.runs_of("ok-row") == 0
     assert list(orch.stream([])) == []
+
+
+def test_rows_leased_together_travel_in_one_ray_call_per_actor(orch, gym, tmp_path):
+    chunks = orch._chunks
+    calls, rows = chunks.calls, chunks.rows
+    outs = orch.run_batch([{"_ng_rollout_id": f"chunk-{i}", "sleep_s": 0.2} for i in range(4)])
+    assert all(o.status == "sealed" for o in outs)
+    # 4 slots on 2 actors, all leased in one turn of the loop: one streaming call per actor
+    assert (chunks.calls - calls, chunks.rows - rows) == (2, 4)
+    settled(orch, gym, tmp_path)

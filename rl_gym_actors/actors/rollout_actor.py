@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,6 +176,34 @@ class RolloutWorker:
             self._finished.move_to_end(rollout_id)
             while len(self._finished) > FINISHED_MEMORY:
                 self._finished.popitem(last=False)
+
+    async def run_chunk(self, items: Sequence[tuple]) -> AsyncIterator[list[tuple[int, Any]]]:
+        """Several rollouts in one call: each item is :meth:`run_rollout`'s arguments. Yields
+        ``[(position, outcome or the exception it raised), ...]`` as they end, bunching those
+        that ended together (a Ray streaming generator: one call carries many rollouts, each
+        outcome comes back as soon as its rollout ends). Each rollout is its own, as with
+        ``run_rollout``: its tries, its abandon and adopt."""
+        ended: list[tuple[int, Any]] = []
+        wake = asyncio.Event()
+
+        def on_end(pos: int, task: asyncio.Task) -> None:
+            if task.cancelled():
+                ended.append((pos, PoolClosed(f"rollout actor {self.name}: rollout cancelled")))
+            else:
+                ended.append((pos, task.exception() or task.result()))
+            wake.set()
+
+        for pos, args in enumerate(items):
+            task = asyncio.ensure_future(self.run_rollout(*args))
+            task.add_done_callback(functools.partial(on_end, pos))
+        left = len(items)
+        while left:
+            await wake.wait()
+            wake.clear()
+            out = ended[:]
+            del ended[:]
+            left -= len(out)
+            yield out
 
     async def abandon(self, rollout_id: str, first_attempt: int | None = None) -> None:
         """Stop a rollout: it retires its current try, adopts it if it had finished, and ends

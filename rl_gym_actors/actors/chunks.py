@@ -1,0 +1,78 @@
+"""Rows to rollout actors in chunks: one Ray call per actor per turn of the event loop.
+
+The orchestrator leases a slot per row as before and awaits :meth:`ChunkSender.run` for the
+row's outcome. Rows leased on the same actor within one turn of the loop leave as one
+``run_chunk`` call, a Ray streaming generator that hands back each outcome as soon as its
+rollout ends (bunched when several end together). A failure of the call itself (the actor died)
+fails each of its rows that had not ended with that error, exactly as a call per row would; a
+row whose waiter was cancelled is skipped when its outcome arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from rl_gym_actors.errors import PoolClosed
+
+logger = logging.getLogger(__name__)
+
+
+class ChunkSender:
+    """Collects rows per actor during one loop turn and sends them as one streaming call."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[Any, list[tuple[tuple, asyncio.Future]]]] = {}
+        self._scheduled = False
+        self._calls: set[asyncio.Task] = set()
+        self.calls = 0
+        self.rows = 0
+
+    def run(self, handle: Any, args: tuple) -> asyncio.Future:
+        """The future outcome of ``handle.run_rollout(*args)``, sent with this turn's chunk."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        entry = self._pending.get(id(handle))
+        if entry is None:
+            entry = self._pending[id(handle)] = (handle, [])
+        entry[1].append((args, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        for handle, entries in pending.values():
+            live = [(args, fut) for args, fut in entries if not fut.done()]
+            if not live:
+                continue
+            self.calls += 1
+            self.rows += len(live)
+            task = asyncio.ensure_future(self._send(handle, live))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    @staticmethod
+    async def _send(handle: Any, entries: list[tuple[tuple, asyncio.Future]]) -> None:
+        futures = [fut for _, fut in entries]
+        try:
+            stream = handle.run_chunk.remote([args for args, _ in entries])
+            async for ref in stream:
+                for pos, result in await ref:
+                    fut = futures[pos]
+                    if fut.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+            error: BaseException = PoolClosed("the rollout actor ended a chunk without an "
+                                              "outcome for this row")
+        except Exception as exc:         # the call failed (actor died or unreachable)
+            error = exc
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(error)
