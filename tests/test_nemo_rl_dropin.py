@@ -31,6 +31,9 @@ def stand_in_tokenizer():
         def encode(self, text):
             return [ord(c) for c in text]
 
+        def batch_decode(self, batches):
+            return ["".join(chr(i) for i in ids) for ids in batches]
+
         def apply_chat_template(self, messages, tokenize=True):
             return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
 

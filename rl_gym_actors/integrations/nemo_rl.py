@@ -55,8 +55,10 @@ from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimA
                                                      RolloutTransportError, StreamTimer,
                                                      RolloutDataError, check_prefix,
                                                      failure_for)
+from rl_gym_actors.integrations.nemo_rl_servers import OwnServers, PolicyEndpoint
 from rl_gym_actors.integrations.nemo_rl_results import (list_tensor, to_nemo_rl_result,
                                                         torch_tensor)
+from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport
@@ -84,6 +86,8 @@ class GymRolloutEnv:
         prefix = check_prefix(f"{self.cfg.run_id}-{uuid.uuid4().hex[:8]}")
         self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
         self._orch: Any = None
+        self._servers: OwnServers | None = None
+        self.endpoints: list[GymEndpoint] = list(self.cfg.endpoints)
         self._tokenizer: Any = None
         self._tensor = (torch_tensor() if self.cfg.tensors == "auto" else None) or list_tensor
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
@@ -97,12 +101,20 @@ class GymRolloutEnv:
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
 
     async def _spinup(self) -> None:
-        """Start the orchestrator (its ledger actor and warm pool). Idempotent."""
+        """Start the Gym servers of ``servers`` (their agents get the policy NeMo RL passed),
+        then the orchestrator (its ledger actor and warm pool) over them and ``endpoints``.
+        Idempotent."""
         if self._orch is None:
             from rl_gym_actors.orchestrator import Orchestrator
 
             cfg = self.cfg
-            orch = Orchestrator(cfg.endpoints, policy=cfg.policy, pool=cfg.pool,
+            own: list[GymEndpoint] = []
+            if cfg.servers and self._servers is None:
+                servers = OwnServers(list(cfg.servers), PolicyEndpoint.from_settings(cfg.nemo))
+                own = await asyncio.to_thread(servers.start)
+                self._servers = servers
+            self.endpoints = [*cfg.endpoints, *own]
+            orch = Orchestrator(self.endpoints, policy=cfg.policy, pool=cfg.pool,
                                 ledger=cfg.ledger, orchestrator_id=cfg.orchestrator_id,
                                 progress=False, start=False)
             await orch.astart()
@@ -143,8 +155,8 @@ class GymRolloutEnv:
             except RlGymError as exc:
                 return f"{type(exc).__name__}: {exc}"
 
-        answers = await asyncio.gather(*(one(e) for e in self.cfg.endpoints))
-        return {e.url: a for e, a in zip(self.cfg.endpoints, answers)}
+        answers = await asyncio.gather(*(one(e) for e in self.endpoints))
+        return {e.url: a for e, a in zip(self.endpoints, answers)}
 
     async def shutdown(self) -> None:
         """Stop every rollout and the orchestrator. Safe before spin-up and when repeated."""
@@ -157,6 +169,9 @@ class GymRolloutEnv:
         orch, self._orch = self._orch, None
         if orch is not None:
             await orch.aclose()
+        servers, self._servers = self._servers, None
+        if servers is not None:
+            await asyncio.to_thread(servers.stop)
 
     # ------------------------------------------------------------ rollouts
 
@@ -269,6 +284,9 @@ class GymRolloutEnv:
                 failure = raise_as(str(failure))
             raise failure
 
+    def _endpoint_names(self) -> set[str]:
+        return {e.name for e in self.endpoints if e.name}
+
     def _agent_ref(self, row: Mapping[str, Any]) -> dict[str, Any]:
         ref = row.get("agent_ref")
         return dict(ref) if isinstance(ref, Mapping) else {"name": self._agent_name}
@@ -280,6 +298,9 @@ class GymRolloutEnv:
                 return task
             # held by the book but its task is gone (dropped at expiry): run it again
         gym_row = {k: v for k, v in row.items() if k != ROWIDX_FIELD}
+        agent = self._agent_ref(row).get("name")
+        if ENDPOINT_FIELD not in gym_row and agent in self._endpoint_names():
+            gym_row[ENDPOINT_FIELD] = agent       # the row's agent is served there
         gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id
         gym_row[ATTEMPT_INDEX_FIELD] = claim.attempt_index
         # A fresh context: Ray keeps the calling task's id in a context variable, and work
