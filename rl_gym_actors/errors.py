@@ -21,9 +21,11 @@
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
     ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
     │   ├── ConnectionLost              refused, reset, closed without a response, plain 5xx
-    │   └── DeadlineExceeded            the absolute deadline passed (also a TimeoutError)
+    │   ├── DeadlineExceeded            the absolute deadline passed (also a TimeoutError)
+    │   └── EndpointDown                marked down after consecutive failures; not sent at all
     ├── ProtocolViolation           an answer that breaks the contract (digest mismatch, bad body)
     ├── CheckpointFailed            the checkpoint gate gave up; ``blockers`` says on what
+    ├── LedgerLost                  the ledger actor is gone and Ray could not bring it back
     └── PoolClosed                  the orchestrator or its pool was shut down
 
 Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
@@ -93,7 +95,22 @@ class UnknownExecution(GymRejected):
 
 
 class CheckpointConflict(GymRejected):
+    """Another checkpoint id holds the server. ``active_checkpoint_id`` names it when the server
+    said (None when it did not): resume it (``Orchestrator.abort_checkpoint``) to free the server."""
+
     code = "checkpoint_conflict"
+
+    def __init__(self, detail: str = "", *, status: int = 0, code: str | None = None,
+                 url: str = "", body: Any = None, active_checkpoint_id: str | None = None) -> None:
+        if active_checkpoint_id is None and isinstance(body, dict):
+            inner = body.get("error")
+            for place in (body, inner if isinstance(inner, dict) else {}):
+                named = place.get("active_checkpoint_id")
+                if isinstance(named, str) and named:
+                    active_checkpoint_id = named
+                    break
+        self.active_checkpoint_id = active_checkpoint_id
+        super().__init__(detail, status=status, code=code, url=url, body=body)
 
 
 class StaleCheckpoint(GymRejected):
@@ -146,6 +163,18 @@ class DeadlineExceeded(GymUnavailable, TimeoutError):
     """The call's absolute deadline passed before an answer came."""
 
 
+class EndpointDown(GymUnavailable):
+    """The endpoint failed several calls in a row (refused, or no answer) and is marked down
+    until a background probe reaches it again; the call was not sent. ``cause`` is the last
+    failure as its type and message (``cause_type``, ``cause``)."""
+
+    def __init__(self, detail: str = "", *, url: str = "", cause: str = "",
+                 cause_type: str = "") -> None:
+        self.cause = cause
+        self.cause_type = cause_type
+        super().__init__(detail, url=url)
+
+
 class ProtocolViolation(RlGymError):
     """An answer that breaks the wire contract (a digest that does not match, a malformed body)."""
 
@@ -157,6 +186,15 @@ class CheckpointFailed(RlGymError):
                  blockers: dict[str, Any] | None = None) -> None:
         self.checkpoint_id = checkpoint_id
         self.blockers = blockers or {}
+        super().__init__(message)
+
+
+class LedgerLost(RlGymError):
+    """The ledger actor died and Ray did not restart it (restarts used up, or no answer in
+    time). ``cause`` names what the caller saw. A new Orchestrator is the way back."""
+
+    def __init__(self, message: str, *, cause: str = "") -> None:
+        self.cause = cause
         super().__init__(message)
 
 

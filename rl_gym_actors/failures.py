@@ -46,6 +46,8 @@ class FailureKind(str, Enum):
     SERVER_ERROR = ("server_error", True, True, errors.GymServerError)
     AGENT_FAILED = ("agent_failed", True, False, errors.AgentFailed)                   # a 5xx
     DEADLINE = ("deadline_exceeded", True, True, errors.DeadlineExceeded, TimeoutError)
+    ENDPOINT_DOWN = ("endpoint_down", True, False, errors.EndpointDown)   # not sent at all
+    LEDGER_LOST = ("ledger_lost", True, False, errors.LedgerLost)
     ADMISSION_CLOSED = ("agent_admission_closed", True, True, errors.AdmissionClosed)
     CONFLICT = ("checkpoint_conflict", True, True, errors.CheckpointConflict)
     NOT_COMPLETED = ("not_completed", True, True, errors.NotCompleted)

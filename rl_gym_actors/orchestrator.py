@@ -24,6 +24,13 @@ as ``fail_fast`` does (each running try is retired, and one that had finished is
 result kept for the rollout's next row); an outcome that ended but was not taken is kept the
 same way.
 
+Runs sharing a Gym server: ``run_id`` names the training run (default: the orchestrator id; keep
+it stable across restarts of the run). Minted rollout ids start with ``<run_id>-``. A checkpoint
+acts only on its own run's attempts on Gym (those in its book, and those whose rollout id starts
+with ``<run_id>-``): another run's are never retired or ACKed, only waited for, and named in
+``CheckpointFailed`` when they still block at the deadline; ``checkpoint(..., sweep_foreign=True)``
+treats them as orphans (after a run that is gone for good).
+
 Rows: a row's rollout id is ``_ng_rollout_id`` (minted when absent), ``_ng_attempt_index`` the
 first try's index, ``_ng_endpoint`` (an endpoint name or URL) its endpoint; without it the
 endpoint is chosen by a stable hash of the rollout id. The orchestrator remembers per rollout id
@@ -53,13 +60,14 @@ import ray  # noqa: E402  (after runtime: loopback environment first)
 from pydantic import BaseModel, ConfigDict
 from ray.exceptions import RayActorError, RayTaskError
 
+from rl_gym_actors.actors.checkpoint_gate import AbortReport
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
-from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
+from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
-from rl_gym_actors.errors import ConfigError, PoolClosed, RlGymError
+from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
@@ -70,6 +78,7 @@ ENDPOINT_FIELD = "_ng_endpoint"
 MEMORY = 1_000_000            # rollout ids remembered (oldest forgotten first)
 CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own deadline
 START_TIMEOUT_S = 120.0
+LEDGER_RESTARTS = 16          # Ray restarts a dead ledger this often (then LedgerLost)
 
 
 class ActorTotals(RolloutCounters):
@@ -136,8 +145,8 @@ class Orchestrator:
     def __init__(self, endpoints: Sequence[GymEndpoint | str], *, policy: TryPolicy | None = None,
                  pool_size: int | None = None, rollouts_per_actor: int | None = None,
                  pool: PoolConfig | None = None, ledger: LedgerConfig | None = None,
-                 orchestrator_id: str | None = None, progress: bool | None = None,
-                 start: bool = True) -> None:
+                 orchestrator_id: str | None = None, run_id: str | None = None,
+                 progress: bool | None = None, start: bool = True) -> None:
         self.endpoints = _endpoints(endpoints)
         self.policy = policy or TryPolicy()
         updates = {k: v for k, v in (("size", pool_size), ("rollouts_per_actor",
@@ -151,6 +160,9 @@ class Orchestrator:
         self.id = orchestrator_id or uuid.uuid4().hex[:12]
         if not is_valid_rollout_id(self.id):
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
+        self.run_id = self.id if run_id is None else run_id
+        if not is_valid_rollout_id(self.run_id) or len(self.run_id) > 200:
+            raise ConfigError(f"invalid run_id {self.run_id!r}")
         self.progress = progress
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: Any = None
@@ -291,21 +303,38 @@ class Orchestrator:
             await self._loop.arun(stream.end_of_rows(error))
 
     def checkpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
-                   deadline_s: float = 120.0) -> CheckpointReport:
+                   deadline_s: float = 120.0, sweep_foreign: bool = False) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
         forgotten runs, prepares, commits, resumes). Raises CheckpointFailed when an endpoint is
-        not ready by the deadline."""
-        return self._sync(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s))
+        not ready by the deadline (its ``blockers`` name another run's attempts ``foreign``, and
+        another checkpoint id that holds a server ``active_checkpoint_id``), LedgerLost when the
+        ledger is gone for good."""
+        return self._sync(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s,
+                                           sweep_foreign))
 
     async def acheckpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
-                          deadline_s: float = 120.0) -> CheckpointReport:
-        return await self._async(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s))
+                          deadline_s: float = 120.0,
+                          sweep_foreign: bool = False) -> CheckpointReport:
+        return await self._async(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s,
+                                                  sweep_foreign))
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
 
     async def asnapshot(self) -> OrchestratorSnapshot:
         return await self._async(self._snapshot())
+
+    def abort_checkpoint(self, checkpoint_id: str, *, deadline_s: float = 10.0) -> AbortReport:
+        """Resume ``checkpoint_id`` on every endpoint: the way to free a Gym server that a
+        checkpoint holds whose driver died between prepare and resume (the id a
+        ``CheckpointConflict`` or a ``CheckpointFailed`` names as ``active_checkpoint_id``).
+        Works on a server without checkpoint leases (a real Gym: resume is its abort). Never
+        raises for an endpoint: ``report.aborted`` says whether every endpoint resumed it."""
+        return self._sync(self._abort(checkpoint_id, deadline_s))
+
+    async def aabort_checkpoint(self, checkpoint_id: str, *,
+                                deadline_s: float = 10.0) -> AbortReport:
+        return await self._async(self._abort(checkpoint_id, deadline_s))
 
     @property
     def ledger(self) -> Any:
@@ -323,9 +352,13 @@ class Orchestrator:
             if self._pool is not None:
                 return
             ensure_ray()
+            # Ray restarts a ledger that dies and sends the calls in flight again; the
+            # restarted ledger rebuilds its book from the rollout actors it finds by name
             ledger = LedgerActor.options(name=ledger_name(self.id), namespace=RAY_NAMESPACE,
-                                         num_cpus=0, max_restarts=0).remote(
-                self.endpoints, self.policy, self.ledger_config)
+                                         num_cpus=0, max_restarts=LEDGER_RESTARTS,
+                                         max_task_retries=-1).remote(
+                self.endpoints, self.policy, self.ledger_config,
+                owner_pattern=actor_pattern(self.id), run_id=self.run_id)
             try:
                 await asyncio.wait_for(ledger.ping.remote(), START_TIMEOUT_S)
                 pool = WarmPool(self.id, self.endpoints, self.policy, self.pool_config,
@@ -440,23 +473,44 @@ class Orchestrator:
         for rid, (handle, first) in list(batch.running.items()):
             batch.abandons.append(handle.abandon.remote(rid, first))
 
-    async def _checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
-                          deadline_s: float) -> CheckpointReport:
+    async def _checkpoint(self, checkpoint_id: str, checkpoint_dir: str, deadline_s: float,
+                          sweep_foreign: bool = False) -> CheckpointReport:
         await self._ready()
         if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
                 or not deadline_s > 0):
             raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
-        ref = self._ledger.checkpoint.remote(checkpoint_id, str(checkpoint_dir), float(deadline_s))
+        return await self._ledger_call("checkpoint", checkpoint_id, str(checkpoint_dir),
+                                       float(deadline_s), bool(sweep_foreign),
+                                       timeout_s=deadline_s + CALL_SLACK_S)
+
+    async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
+        await self._ready()
+        if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
+                or not deadline_s > 0):
+            raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
+        return await self._ledger_call("abort_checkpoint", checkpoint_id, float(deadline_s),
+                                       timeout_s=deadline_s + CALL_SLACK_S)
+
+    async def _ledger_call(self, method: str, *args: Any, timeout_s: float) -> Any:
+        """Call the ledger; its typed errors come back as themselves, and a ledger that Ray
+        could not bring back (or that did not answer in time) as LedgerLost."""
         try:
-            return await asyncio.wait_for(ref, deadline_s + CALL_SLACK_S)
+            return await asyncio.wait_for(getattr(self._ledger, method).remote(*args), timeout_s)
         except RayTaskError as exc:
             if isinstance(exc.cause, RlGymError):
                 raise exc.cause from None
             raise
+        except RayActorError as exc:
+            raise LedgerLost(f"the ledger of orchestrator {self.id} is gone ({method}): "
+                             f"{type(exc).__name__}", cause=f"{type(exc).__name__}: {exc}"[:500]
+                             ) from None
+        except TimeoutError:
+            raise LedgerLost(f"the ledger of orchestrator {self.id} did not answer {method} "
+                             f"within {timeout_s:.0f}s", cause="TimeoutError") from None
 
     async def _snapshot(self) -> OrchestratorSnapshot:
         pool = await self._ready()
-        ledger = await self._ledger.snapshot.remote()
+        ledger = await self._ledger_call("snapshot", timeout_s=START_TIMEOUT_S)
         refs = [h.snapshot.remote() for h in pool.handles.values()]
         answers = await asyncio.gather(*refs, return_exceptions=True)
         sums: dict[str, int] = {}
@@ -485,7 +539,7 @@ class Orchestrator:
             raise ConfigError(f"row {i} must be a mapping, got {type(row).__name__}")
         rid = row.get(ROLLOUT_ID_FIELD)
         if rid is None:
-            rid = f"rlga-{uuid.uuid4().hex}"
+            rid = f"{self.run_id}-{uuid.uuid4().hex}"
         if not is_valid_rollout_id(rid):
             raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
         if rid in seen or rid in self._in_flight:

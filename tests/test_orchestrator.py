@@ -45,7 +45,8 @@ def gyms(agent):
 def orch(request, ray_session, gyms):
     endpoints = [GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab")]
     with Orchestrator(endpoints, policy=POLICY, pool_size=2,
-                      rollouts_per_actor=request.param, progress=False) as o:
+                      rollouts_per_actor=request.param, run_id=f"p{request.param}",
+                      progress=False) as o:
         o.test_prefix = f"p{request.param}"
         yield o
 
@@ -241,7 +242,7 @@ def test_bad_rows_raise_config_error_before_dispatch(orch, agent):
 def test_minted_ids_are_valid_and_endpoints_follow_a_stable_hash(orch, gyms):
     outs = orch.run_batch([{"reward": 1.0} for _ in range(4)])
     assert len({o.rollout_id for o in outs}) == 4
-    assert all(o.status == "sealed" and o.rollout_id.startswith("rlga-") for o in outs)
+    assert all(o.status == "sealed" and o.rollout_id.startswith(orch.run_id + "-") for o in outs)
     urls = [g.url for g in gyms]
     assert [o.endpoint for o in outs] == [urls[endpoint_index_for(o.rollout_id, 2)]
                                           for o in outs]

@@ -12,6 +12,12 @@ Attempts the book never heard of are not retired while admission is still open a
 alive: that owner may have dispatched them after the last flush. The first prepare closes
 admission; the gate then asks every owner to flush again, and from then on an unknown running
 attempt is truly forgotten.
+
+A prepare refused with ``checkpoint_conflict`` (another checkpoint id holds the server: another
+run's, or one whose driver died) is sent again with backoff until the deadline: the holder
+resumes, or its lease on the server lapses. At the deadline :class:`CheckpointFailed` names the id
+in the way (``active_checkpoint_id`` in the endpoint's blockers), which
+:func:`abort_everywhere` (``Orchestrator.abort_checkpoint``) resumes.
 """
 
 from __future__ import annotations
@@ -27,17 +33,21 @@ from typing import Any, Protocol
 
 from rl_gym_actors import metrics
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
+from pydantic import BaseModel, ConfigDict
+
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.ledger import (Book, CheckpointReport, EndpointCheckpoint, PrepareAction,
                                        Step, blockers, orphan_step, plan_endpoint)
-from rl_gym_actors.errors import (AckRejected, CheckpointFailed, DeadlineExceeded, GymError,
-                                  GymUnavailable, RlGymError, StaleAttempt)
+from rl_gym_actors.core.prepare_plan import gym_attempts
+from rl_gym_actors.errors import (AckRejected, CheckpointConflict, CheckpointFailed,
+                                  DeadlineExceeded, GymError, GymUnavailable, RlGymError,
+                                  StaleAttempt)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
 
 logger = logging.getLogger(__name__)
 
-RESUME_SLACK_S = 2.0        # a failed checkpoint still resumes every endpoint within this slack
+RESUME_SLACK_S = 0.4        # a failed checkpoint still resumes every endpoint within this slack
 FIRST_SLICE_S = 0.5         # the prepare that closes admission while unknown runs are deferred
 ACK_CHUNK = 500             # receipts per acknowledge-completed request
 CONCURRENCY = 32            # per endpoint: concurrent retire / receipt / adopt calls
@@ -77,13 +87,19 @@ class _Tally:
     error: str | None = None
     commit: CommitAnswer | None = None
     resumed: bool = False
+    may_hold: bool = False           # a prepare was sent that the server did not refuse
+    conflict: str | None = None      # the checkpoint id that held the server at our last prepare
 
-    def failure(self) -> dict[str, Any]:
-        """What :class:`CheckpointFailed` says about this endpoint."""
+    def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
+        """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on
+        the same server are marked ``"foreign": True``."""
         out: dict[str, Any] = {"endpoint": self.endpoint.url, "prepare_rounds": self.rounds}
+        if self.conflict is not None:
+            out["active_checkpoint_id"] = self.conflict
         if self.last is not None:
             out["summary"] = self.last.summary()
-            out["attempts"] = blockers(self.last)
+            out["attempts"] = [{**b, "foreign": True} if foreign(str(b["rollout_id"])) else b
+                               for b in blockers(self.last)]
         if self.error:
             out["error"] = self.error
         if not self.resumed:
@@ -105,8 +121,12 @@ class CheckpointGate:
 
     def __init__(self, book: Book, endpoints: Sequence[GymEndpoint],
                  clients: Sequence[GymClient], owners: Owners, config: LedgerConfig, *,
+                 run_id: str | None = None, sweep_foreign: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         self._book = book
+        # shared servers: with a run id, attempts of other runs are never touched (see core/gate)
+        self._own = (None if run_id is None or sweep_foreign
+                     else lambda rid: rid.startswith(run_id + "-"))
         self._clients = list(clients)
         self._owners = owners
         self._config = config
@@ -132,6 +152,7 @@ class CheckpointGate:
                     self._commit(t, c, checkpoint_id, checkpoint_dir, deadline_ts)
                     for t, c in zip(self._tallies, self._clients)])
         finally:
+            self._follow_gym()
             resume_by = max(deadline_ts, self._clock()) + RESUME_SLACK_S
             await self._until(resume_by, [self._resume(t, c, checkpoint_id, resume_by)
                                           for t, c in zip(self._tallies, self._clients)])
@@ -142,7 +163,7 @@ class CheckpointGate:
                 f"endpoint(s): " + "; ".join(f"{t.endpoint.label}: {t.error or 'not ready'}"
                                              for t in bad),
                 checkpoint_id=checkpoint_id,
-                blockers={t.endpoint.label: t.failure() for t in bad})
+                blockers={t.endpoint.label: t.failure(self._foreign) for t in bad})
         return CheckpointReport(
             checkpoint_id=checkpoint_id, checkpoint_dir=checkpoint_dir, owners_flushed=flushed,
             elapsed_s=self._clock() - start,
@@ -151,6 +172,26 @@ class CheckpointGate:
                 checkpoint_dir=_subdir(checkpoint_dir, t.label), adopted=t.adopted,
                 orphans_acked=t.orphans_acked, retired=t.retired, prepare_rounds=t.rounds,
                 commit=t.commit) for t in self._tallies])
+
+    def _foreign(self, rollout_id: str) -> bool:
+        return (self._own is not None and self._book.current_attempt(rollout_id) is None
+                and not self._own(rollout_id))
+
+    def _follow_gym(self) -> None:
+        """The book follows Gym: what Gym last listed as active on each endpoint is all that
+        can still run there (see :meth:`Book.settle_unlisted`)."""
+        live = self._owners.live()
+        for tally in self._tallies:
+            status = tally.last
+            if status is None:
+                continue
+            listed = set(gym_attempts(status))
+            if len(listed) < status.running + status.parked + status.completed_unacknowledged:
+                continue                     # a server that lists less than it counts
+            settled = self._book.settle_unlisted(tally.endpoint.url, listed, live)
+            if settled:
+                logger.info("%s: %d attempts the book had as running are gone on Gym",
+                            tally.endpoint.label, settled)
 
     async def _until(self, deadline_ts: float, coros: Iterable[Awaitable[None]]) -> None:
         """Run ``coros`` concurrently; cancel whatever is still running at the deadline."""
@@ -187,14 +228,14 @@ class CheckpointGate:
         while True:
             round_start = self._clock()
             steps = plan_endpoint(status, self._book, url, self._owners.live(),
-                                  retire_unknown=retire_unknown)
-            deferred = any(s.action is PrepareAction.WAIT and s.owner is None for s in steps)
+                                  retire_unknown=retire_unknown, own=self._own)
+            deferred = any(s.action is PrepareAction.WAIT and s.owner is None and not s.foreign
+                           for s in steps)
             await self._act(tally, client, cid, steps, deadline_ts)
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
             try:
-                status = await client.prepare(cid, deadline_ts=min(deadline_ts,
-                                                                   self._clock() + slice_s))
+                status = await self._prepare(tally, client, cid, slice_s, deadline_ts)
                 closed = True                   # Gym answered a prepare: admission is closed
             except DeadlineExceeded:
                 # the slice ran out before the answer came back: not ready yet, look again
@@ -225,6 +266,33 @@ class CheckpointGate:
                 # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
                 await asyncio.sleep(min(0.01 * 2 ** min(tally.rounds, 6),
                                         max(deadline_ts - self._clock(), 0.0)))
+
+    async def _prepare(self, tally: _Tally, client: GymClient, cid: str, slice_s: float,
+                       deadline_ts: float) -> StatusReport:
+        """One prepare of at most ``slice_s``; while another checkpoint id holds the server, wait
+        for it (backing off) until the deadline, then raise its CheckpointConflict."""
+        delay = 0.05
+        while True:
+            try:
+                status = await client.prepare(cid, deadline_ts=min(deadline_ts,
+                                                                   self._clock() + slice_s))
+            except CheckpointConflict as exc:
+                tally.conflict = exc.active_checkpoint_id or "unknown"
+                left = deadline_ts - self._clock()
+                if left <= delay:
+                    raise
+                if tally.rounds == 1 and delay == 0.05:
+                    logger.warning("checkpoint %s on %s waits for checkpoint %s to resume",
+                                   cid, tally.endpoint.label, tally.conflict)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
+                continue
+            except BaseException:
+                tally.may_hold = True          # it may have reached the server all the same
+                raise
+            tally.may_hold = True
+            tally.conflict = None
+            return status
 
     async def _flush_since(self, since: float, deadline_ts: float) -> None:
         """One owner flush that started at or after ``since``, shared by the endpoints."""
@@ -336,12 +404,69 @@ class CheckpointGate:
 
     async def _resume(self, tally: _Tally, client: GymClient, cid: str,
                       deadline_ts: float) -> None:
+        if not tally.may_hold:
+            tally.resumed = True             # every prepare was refused: the id never held it
+            return
         try:
             await client.resume(cid, deadline_ts=deadline_ts)
             tally.resumed = True
         except RlGymError as exc:
             tally.error = tally.error or f"resume failed: {type(exc).__name__}: {exc}"
             logger.warning("resume %s on %s failed: %r", cid, tally.endpoint.label, exc)
+
+
+# ---------------------------------------------------------------------- abort
+
+class EndpointAbort(BaseModel):
+    """What a resume of the aborted id did on one endpoint. ``active_checkpoint_id`` names
+    another id that holds the endpoint (the aborted one did not)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    resumed: bool
+    released: int = 0
+    error: str | None = None
+    active_checkpoint_id: str | None = None
+
+
+class AbortReport(BaseModel):
+    """:func:`abort_everywhere`'s answer, one entry per endpoint in the order given."""
+
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint_id: str
+    endpoints: list[EndpointAbort]
+
+    @property
+    def aborted(self) -> bool:
+        """Every endpoint resumed the id (or had it spent already)."""
+        return all(e.resumed for e in self.endpoints)
+
+
+async def abort_everywhere(clients: Sequence[GymClient], checkpoint_id: str,
+                           deadline_ts: float) -> AbortReport:
+    """Resume ``checkpoint_id`` on every endpoint at once: on a Gym server resume is the abort
+    (admission reopens, the id is spent); a repeated resume answers as the first did."""
+
+    async def one(client: GymClient) -> EndpointAbort:
+        url = client.endpoint.url
+        try:
+            answer = await client.resume(checkpoint_id, deadline_ts=deadline_ts)
+        except CheckpointConflict as exc:
+            return EndpointAbort(endpoint=url, resumed=False, error=f"{type(exc).__name__}: {exc}",
+                                 active_checkpoint_id=exc.active_checkpoint_id)
+        except RlGymError as exc:
+            return EndpointAbort(endpoint=url, resumed=False, error=f"{type(exc).__name__}: {exc}")
+        return EndpointAbort(endpoint=url, resumed=True, released=answer.released)
+
+    report = AbortReport(checkpoint_id=checkpoint_id,
+                         endpoints=list(await asyncio.gather(*(one(c) for c in clients))))
+    for e in report.endpoints:
+        if not e.resumed:
+            logger.warning("abort of checkpoint %s on %s failed: %s", checkpoint_id, e.endpoint,
+                           e.error)
+    return report
 
 
 def _subdir(checkpoint_dir: str, label: str) -> str:

@@ -6,6 +6,14 @@ namespace=RAY_NAMESPACE).remote(endpoints, policy, config)``. Rollout actors sen
 :meth:`LedgerActor.report`; the pool registers them with :meth:`LedgerActor.register_owners`;
 the trainer's checkpoint comes through :meth:`LedgerActor.checkpoint` (see :mod:`rl_gym_actors.actors.checkpoint_gate`).
 
+Restarts: the orchestrator creates the ledger with Ray's own ``max_restarts`` and
+``max_task_retries``, so a ledger that dies comes back in a new process with the same arguments
+and the calls in flight are sent again. A restarted ledger starts with an empty book and rebuilds
+it: it finds the orchestrator's rollout actors by name (``owner_pattern``), registers them, and
+asks each to report again every attempt it still holds (:meth:`RolloutWorker.rereport`). What no
+live actor holds any more (finished rollouts, handed-over tries) the next checkpoint settles
+from every server's status, as it does for any attempt the book never heard of.
+
 Owner liveness: an ``ActorDiedError`` (any ``RayActorError`` but ``ActorUnavailableError``) from
 an owner means it is gone and everything it held is forgotten; ``ActorUnavailableError`` or no
 answer in time means it may still be alive, so the gate asks again in its next round.
@@ -16,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Sequence
 
@@ -23,8 +32,9 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
-from rl_gym_actors.actors.runtime import LEDGER_PREFIX
+from rl_gym_actors.actors.checkpoint_gate import (CONCURRENCY, AbortReport, CheckpointGate,
+                                                  OwnerAnswer, abort_everywhere)
+from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
@@ -34,10 +44,26 @@ from rl_gym_actors.protocol import is_valid_checkpoint_id
 
 logger = logging.getLogger(__name__)
 
+REBUILD_S = 10.0            # a restarted ledger waits this long for owners to report again
+
 
 def ledger_name(orchestrator_id: str) -> str:
     """The ledger actor's name for one orchestrator."""
     return f"{LEDGER_PREFIX}{orchestrator_id}"
+
+
+def named_actors(pattern: str) -> dict[str, ActorHandle]:
+    """Live named actors in RAY_NAMESPACE whose whole name matches ``pattern`` (blocking: GCS)."""
+    regex = re.compile(pattern)
+    out: dict[str, ActorHandle] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != RAY_NAMESPACE or not regex.fullmatch(entry.get("name", "")):
+            continue
+        try:
+            out[entry["name"]] = ray.get_actor(entry["name"], namespace=RAY_NAMESPACE)
+        except ValueError:                   # gone since the listing
+            continue
+    return out
 
 
 class RayOwners:
@@ -54,7 +80,7 @@ class RayOwners:
     def live(self) -> frozenset[str]:
         return frozenset(n for n in self.handles if n not in self.dead)
 
-    async def _call(self, name: str, method: str, args: tuple, deadline_ts: float):
+    async def call(self, name: str, method: str, args: tuple, deadline_ts: float):
         """(True, value) on an answer; (False, OwnerAnswer) otherwise."""
         handle = self.handles.get(name)
         if handle is None or name in self.dead:
@@ -76,7 +102,7 @@ class RayOwners:
 
     async def adopt(self, owner: str, rollout_id: str, attempt_index: int,
                     deadline_ts: float) -> OwnerAnswer:
-        answered, value = await self._call(owner, "adopt", (rollout_id, attempt_index),
+        answered, value = await self.call(owner, "adopt", (rollout_id, attempt_index),
                                            deadline_ts)
         if not answered:
             return value
@@ -84,7 +110,7 @@ class RayOwners:
 
     async def flush(self, deadline_ts: float) -> int:
         names = sorted(self.live())
-        answers = await asyncio.gather(*(self._call(n, "flush_reports", (), deadline_ts)
+        answers = await asyncio.gather(*(self.call(n, "flush_reports", (), deadline_ts)
                                          for n in names))
         return sum(1 for answered, _ in answers if answered)
 
@@ -94,7 +120,8 @@ class LedgerActor:
     """The book of every attempt, and the checkpoint gate over every Gym endpoint."""
 
     def __init__(self, endpoints: Sequence[GymEndpoint], policy: TryPolicy | None = None,
-                 config: LedgerConfig | None = None) -> None:
+                 config: LedgerConfig | None = None, *, owner_pattern: str | None = None,
+                 run_id: str | None = None) -> None:
         if not endpoints:
             raise ConfigError("a ledger needs at least one Gym endpoint")
         self._endpoints = list(endpoints)
@@ -106,9 +133,47 @@ class LedgerActor:
         # the gate's concurrent retire / receipt calls per endpoint
         self._clients = [GymClient(e, control_limit=CONCURRENCY) for e in self._endpoints]
         self._gate_lock = asyncio.Lock()
+        self._owner_pattern = owner_pattern
+        self._run_id = run_id
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._rebuild: asyncio.Task | None = None
+        self.rebuilt_owners = 0
+
+    def _kick(self) -> asyncio.Task | None:
+        """After a restart, start rebuilding the book (once)."""
+        if self._restarted and self._rebuild is None:
+            self._rebuild = asyncio.ensure_future(self._rebuild_book())
+        return self._rebuild
+
+    async def _rebuilt(self) -> None:
+        task = self._kick()
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _rebuild_book(self) -> None:
+        started = time.monotonic()
+        owners: dict[str, ActorHandle] = {}
+        if self._owner_pattern is not None:
+            try:
+                owners = await asyncio.to_thread(named_actors, self._owner_pattern)
+            except Exception as exc:             # the GCS may be busy: the gate copes
+                logger.warning("restarted ledger could not list its owners: %r", exc)
+        self._owners.register(owners)
+        deadline = time.time() + REBUILD_S
+        answers = await asyncio.gather(*(self._owners.call(n, "rereport", (), deadline)
+                                         for n in sorted(owners)))
+        self.rebuilt_owners = sum(1 for answered, _ in answers if answered)
+        logger.warning("ledger restarted: %d of %d rollout actors reported again in %.2fs",
+                       self.rebuilt_owners, len(owners), time.monotonic() - started)
 
     async def ping(self) -> str:
+        self._kick()
         return ray.get_runtime_context().get_actor_name() or "ledger"
+
+    async def restarted(self) -> bool:
+        """Whether this ledger is a restart (its book rebuilt from the owners and Gym)."""
+        await self._rebuilt()
+        return self._restarted
 
     async def register_owners(self, owners: dict[str, ActorHandle]) -> None:
         """Add rollout actors by name. The book ties attempts to owner names, so a replacement
@@ -118,16 +183,27 @@ class LedgerActor:
 
     async def report(self, batch: list[AttemptReport]) -> None:
         """Fold a batch of reports, in any order."""
+        self._kick()                             # never awaited here: the rebuild reports too
         self._book.apply_all(batch)
 
     async def snapshot(self) -> LedgerSnapshot:
+        await self._rebuilt()
         return self._book.snapshot(self._owners.live())
 
+    async def abort_checkpoint(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
+        """Resume ``checkpoint_id`` on every endpoint (see :func:`abort_everywhere`). Does not
+        wait for a checkpoint of this ledger's own that is running."""
+        if not is_valid_checkpoint_id(checkpoint_id):
+            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
+        return await abort_everywhere(self._clients, checkpoint_id, time.time() + deadline_s)
+
     async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
-                         deadline_s: float) -> CheckpointReport:
+                         deadline_s: float, sweep_foreign: bool = False) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
-        an endpoint is not ready by the deadline. One checkpoint at a time."""
+        an endpoint is not ready by the deadline. One checkpoint at a time. With a ``run_id``,
+        attempts of other runs on the same servers are left alone (waited for) unless
+        ``sweep_foreign``."""
         if not is_valid_checkpoint_id(checkpoint_id):
             raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
@@ -136,15 +212,20 @@ class LedgerActor:
                 or not math.isfinite(deadline_s) or deadline_s <= 0):
             raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
         deadline_ts = time.time() + deadline_s
+        try:                                     # a restarted ledger: owners report first
+            await asyncio.wait_for(self._rebuilt(), 0.5 * deadline_s)
+        except TimeoutError:
+            logger.warning("checkpoint %s starts before the book is rebuilt", checkpoint_id)
         try:
-            await asyncio.wait_for(self._gate_lock.acquire(), deadline_s)
+            await asyncio.wait_for(self._gate_lock.acquire(), max(deadline_ts - time.time(), 0))
         except TimeoutError:
             raise CheckpointFailed(f"checkpoint {checkpoint_id}: another checkpoint held the "
                                    f"gate until the deadline", checkpoint_id=checkpoint_id,
                                    blockers={}) from None
         try:
             gate = CheckpointGate(self._book, self._endpoints, self._clients, self._owners,
-                                  self._config)
+                                  self._config, run_id=self._run_id,
+                                  sweep_foreign=bool(sweep_foreign))
             report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)

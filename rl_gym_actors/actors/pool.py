@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ def actor_name(orchestrator_id: str, index: int, generation: int = 0) -> str:
     """``rlga-rollout-<orchestrator id>-<i>``; a replacement adds ``-r<generation>``."""
     base = f"rlga-rollout-{orchestrator_id}-{index}"
     return base if generation == 0 else f"{base}-r{generation}"
+
+
+def actor_pattern(orchestrator_id: str) -> str:
+    """A regular expression that matches exactly the names :func:`actor_name` gives."""
+    return rf"rlga-rollout-{re.escape(orchestrator_id)}-\d+(-r\d+)?"
 
 
 class PoolSnapshot(BaseModel):

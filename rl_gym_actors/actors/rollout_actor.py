@@ -91,6 +91,7 @@ class _Live:
     signals: list[core.Event] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     watchers: list[asyncio.Future] = field(default_factory=list)
+    reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
 
     def signal(self, event: core.Event) -> None:
         self.signals.append(event)
@@ -244,6 +245,15 @@ class RolloutWorker:
                 await asyncio.wait_for(live.changed(), left)
         return self._sealed_and_acked(m, attempt_index)
 
+    async def rereport(self) -> int:
+        """A restarted ledger asks: report again the last state of every attempt of every
+        rollout in flight, and deliver it now. How many reports that was."""
+        again = [r for live in list(self._live.values()) for r in live.reports.values()]
+        for report in again:
+            self._outbox.add(report)
+        await self._outbox.flush()
+        return len(again)
+
     async def flush_reports(self) -> int:
         """Send every pending report now; returns once the ledger has them."""
         return await self._outbox.flush()
@@ -279,6 +289,7 @@ class RolloutWorker:
         step = None
         for e in effects:
             if isinstance(e, core.Report):
+                live.reports[e.report.attempt_index] = e.report
                 self._outbox.add(e.report)
                 self._count_report(e.report.state, e.report.released, e.report.adopted)
             elif isinstance(e, core.Seal):

@@ -260,6 +260,19 @@ class Book:
             return None
         return attempt.owner
 
+    def settle_unlisted(self, endpoint: str, listed: Set[tuple[str, int]],
+                        live_owners: Set[str]) -> int:
+        """The book follows Gym: every attempt the book has as running on ``endpoint`` that no
+        live owner holds and that Gym does not list among its active attempts (``listed``: it
+        tombstoned it, or no longer knows it) is tombstoned here too. How many."""
+        stale = [key for key, a in self._attempts.items()
+                 if a.state is AttemptState.RUNNING and a.endpoint == endpoint
+                 and key not in listed
+                 and self.claimant(key[0], key[1], endpoint, live_owners) is None]
+        for rid, att in stale:
+            self.record(endpoint, rid, att, AttemptState.TOMBSTONED)
+        return len(stale)
+
     def owners(self) -> dict[str, int]:
         """Owner name -> how many rollouts it holds (current try reported, not released)."""
         return dict(self._held)

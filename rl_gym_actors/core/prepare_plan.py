@@ -12,8 +12,13 @@ RETIRE         running or parked and no live owner holds it as its current try,
                including attempts the book never heard of: cancel it on Gym
 WAIT           running or parked and a live owner holds it as its current try: let it
                finish; or, with ``retire_unknown=False``, an attempt the book never heard
-               of (its owner may have dispatched it after the last flush)
+               of (its owner may have dispatched it after the last flush); or a foreign
+               attempt (``foreign`` set: another run's, whatever its state)
 =============  ======================================================================
+
+Foreign attempts (shared Gym servers): with ``own`` given, an attempt whose rollout the book
+does not know and for which ``own(rollout_id)`` is False belongs to another training run. It is
+never adopted, ACKed or retired: the gate waits for its run to settle it.
 
 A RETIRE that Gym answers with ``completed_unacknowledged`` turns into an ORPHAN_ACK; an ADOPT
 whose owner says False or has died turns into an ORPHAN_ACK (see :func:`orphan_step`).
@@ -21,7 +26,7 @@ whose owner says False or has died turns into an ORPHAN_ACK (see :func:`orphan_s
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from enum import Enum
 
@@ -51,6 +56,7 @@ class Step:
     owner: str | None = None
     receipt: CompletionReceipt | None = None
     known: bool = True
+    foreign: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -71,13 +77,17 @@ def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
 
 
 def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: Set[str], *,
-                  retire_unknown: bool = True) -> list[Step]:
+                  retire_unknown: bool = True,
+                  own: Callable[[str], bool] | None = None) -> list[Step]:
     """The steps for every running, parked or completed-un-ACKed attempt ``status`` lists, in a
     stable order (by key). Attempts that are ACKed or tombstoned on Gym need nothing."""
     steps: list[Step] = []
     for key, info in sorted(gym_attempts(status).items()):
         rid, att = key
         if info.state not in _RUNNING and info.state != _COMPLETED:
+            continue
+        if own is not None and book.current_attempt(rid) is None and not own(rid):
+            steps.append(Step(Action.WAIT, rid, att, known=False, foreign=True))
             continue
         owner = book.claimant(rid, att, endpoint, live_owners)
         known = book.attempt(rid, att) is not None

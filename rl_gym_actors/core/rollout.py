@@ -308,7 +308,7 @@ class RolloutMachine:
             return
         # We cannot tell whether the try still runs: do not start another beside it.
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(f"retire failed: {ev.failure.value} {ev.detail}".strip(),
+        self._finish_failed(self._and_then(f"retire failed: {ev.failure.value} {ev.detail}"),
                             ev.failure, out)
 
     def _on_replay_replied(self, ev: ReplayReplied, out: list[Effect]) -> None:
@@ -325,7 +325,7 @@ class RolloutMachine:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(f"replay failed: {ev.failure.value} {ev.detail}".strip(),
+        self._finish_failed(self._and_then(f"replay failed: {ev.failure.value} {ev.detail}"),
                             ev.failure, out)
 
     def _after_try(self, now: float, out: list[Effect]) -> None:
@@ -408,6 +408,12 @@ class RolloutMachine:
             rollout_id=self.rollout_id, attempt_index=self._attempt, endpoint=self.endpoint,
             state=state, owner=self.owner, adopted=adopted, released=released, reward=reward,
             result_digest=result_digest)))
+
+    def _and_then(self, what: str) -> str:
+        """A failure while giving up, after the reason the try was given up for (which names
+        the real cause: a retire that cannot reach a dead server must not hide why)."""
+        what = what.strip()
+        return f"{self.reason}; then {what}" if self.reason else what
 
     def _hand_over(self, state: AttemptState, out: list[Effect]) -> None:
         """Give the current attempt up to the ledger, which settles it at the next checkpoint."""

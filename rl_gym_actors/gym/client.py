@@ -16,6 +16,15 @@ Coping with a real Gym server (PROTOCOL.md, last sections):
 - Its prepare 409 carries counts only; :meth:`GymClient.prepare` then reads the lists from
   ``status``.
 
+Dead and frozen servers (see :mod:`rl_gym_actors.gym.health`): calls that get no answer at all
+(refused, or a quick control call that times out) count against the endpoint; after a few in a
+row it is marked down and every call raises ``EndpointDown`` at once, carrying the last cause,
+until a background probe gets an answer again.
+
+A ``checkpoint_conflict`` whose body does not name the checkpoint id in the way is completed
+from ``capabilities`` when the server has that route, so ``CheckpointConflict.active_checkpoint_id``
+says what to abort.
+
 Connection pools: ``/run`` calls hold a connection for as long as the agent works, so the
 control plane has its own small pool and a retire or ACK never queues behind long runs.
 """
@@ -34,8 +43,10 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import (ConfigError, ConnectionLost, DeadlineExceeded, GymError,
-                                  PoolClosed, ProtocolViolation, RlGymError, gym_error)
+from rl_gym_actors.errors import (CheckpointConflict, ConfigError, ConnectionLost,
+                                  DeadlineExceeded, GymError, PoolClosed, ProtocolViolation,
+                                  RlGymError, gym_error)
+from rl_gym_actors.gym import health as _health
 from rl_gym_actors.gym.retry import (DEFAULT_RETRY, Clock, RetryOn, RetryPolicy, call_with_retry,
                                      check_deadline, remaining)
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
@@ -220,7 +231,9 @@ class GymClient:
 
     def __init__(self, endpoint: GymEndpoint, *, session: aiohttp.ClientSession | None = None,
                  limit: int = 100, control_limit: int = 16, retry: RetryPolicy = DEFAULT_RETRY,
-                 keepalive_s: float = 2.0, clock: Clock = time.time) -> None:
+                 keepalive_s: float = 2.0, clock: Clock = time.time,
+                 down_after: int = _health.THRESHOLD, down_span_s: float = _health.SPAN_S,
+                 probe_every_s: float = _health.PROBE_EVERY_S) -> None:
         if not isinstance(endpoint, GymEndpoint):
             raise ConfigError(f"endpoint must be a GymEndpoint, got {type(endpoint).__name__}")
         if limit < 1 or control_limit < 1:
@@ -228,8 +241,13 @@ class GymClient:
         self.endpoint = endpoint
         self.retry = retry
         self._options = dict(limit=limit, control_limit=control_limit, retry=retry,
-                             keepalive_s=keepalive_s, clock=clock)
+                             keepalive_s=keepalive_s, clock=clock, down_after=down_after,
+                             down_span_s=down_span_s, probe_every_s=probe_every_s)
         self._clock = clock
+        self.health = _health.EndpointHealth(endpoint.label, threshold=down_after,
+                                             span_s=down_span_s, clock=clock)
+        self._probe_every_s = probe_every_s
+        self._probe: asyncio.Task | None = None
         self._given = session
         self._data: aiohttp.ClientSession | None = None
         self._control: aiohttp.ClientSession | None = None
@@ -251,6 +269,9 @@ class GymClient:
     async def close(self) -> None:
         """Close the pools this client created. Later calls raise ``PoolClosed``."""
         self._closed = True
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
         owned = [s for s in (self._data, self._control) if s is not None]
         self._data = self._control = None
         for session in owned:
@@ -424,8 +445,26 @@ class GymClient:
 
     async def _with_retry(self, attempt, kind: RetryOn, deadline_ts: float, what: str):
         deadline_ts = check_deadline(deadline_ts)
-        return await call_with_retry(attempt, kind=kind, policy=self.retry, deadline_ts=deadline_ts,
-                                     clock=self._clock, what=f"{self.endpoint.label} {what}")
+        try:
+            return await call_with_retry(attempt, kind=kind, policy=self.retry,
+                                         deadline_ts=deadline_ts, clock=self._clock,
+                                         what=f"{self.endpoint.label} {what}")
+        except CheckpointConflict as exc:
+            if exc.active_checkpoint_id is None:
+                exc.active_checkpoint_id = await self._holder(deadline_ts)
+            raise
+
+    async def _holder(self, deadline_ts: float) -> str | None:
+        """The checkpoint id holding the server, from capabilities; None when unknown."""
+        try:
+            caps = await self.capabilities(deadline_ts=min(deadline_ts, self._clock() + 2.0))
+        except RlGymError:
+            return None
+        if caps is None:
+            return None
+        named = caps.model_dump()              # NeMo RL's name, then our server's older one
+        holder = named.get("active_checkpoint_id") or named.get("checkpoint_id")
+        return holder if isinstance(holder, str) and holder else None
 
     def _session(self, control: bool) -> aiohttp.ClientSession:
         if self._closed:
@@ -463,6 +502,7 @@ class GymClient:
         if left <= 0:
             raise DeadlineExceeded(f"{method} {path}: deadline passed before the call", url=url)
         session = self._session(control)
+        self.health.check(f"{method} {path}", url)
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -475,14 +515,45 @@ class GymClient:
                                            headers=headers) as resp:
                     raw = await resp.read()
                     replayed = resp.headers.get(REPLAYED_HEADER, "").strip() == "1"
-                    return _Answer(resp.status, raw, replayed, url)
+                    answer = _Answer(resp.status, raw, replayed, url)
         except TimeoutError as exc:      # ours, or aiohttp's (a passed-in session's timeouts)
-            raise DeadlineExceeded(f"{method} {path}: no answer within {left:.3f}s",
-                                   url=url) from exc
+            lost = DeadlineExceeded(f"{method} {path}: no answer within {left:.3f}s", url=url)
+            # a control call the server answers at once that gets nothing: a frozen server;
+            # /run and prepare may wait on purpose, so they never count
+            if control and not path.endswith("/prepare"):
+                self._failed(lost)
+            raise lost from exc
         except (aiohttp.ClientError, OSError, RuntimeError) as exc:
             if self._closed or session.closed:
                 raise PoolClosed(f"the session of the GymClient for {self.endpoint.label} is "
                                  f"closed ({method} {path})") from exc
             if isinstance(exc, RuntimeError):
                 raise
-            raise ConnectionLost(f"{method} {path}: {type(exc).__name__}: {exc}", url=url) from exc
+            lost = ConnectionLost(f"{method} {path}: {type(exc).__name__}: {exc}", url=url)
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                self._failed(lost)       # never reached the server (refused, no route)
+            raise lost from exc
+        self.health.succeeded()
+        return answer
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.health.failed(exc):
+            logger.warning("%s marked down: %s", self.endpoint.label, exc)
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
+
+    async def _probe_until_up(self) -> None:
+        """While the endpoint is down: ask for capabilities every ``probe_every_s``; any HTTP
+        answer marks it up again."""
+        url = self.endpoint.url + CAPABILITIES_PATH
+        timeout = aiohttp.ClientTimeout(total=_health.PROBE_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while self.health.down and not self._closed:
+                await asyncio.sleep(self._probe_every_s)
+                try:
+                    async with session.get(url) as resp:
+                        await resp.read()
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    continue
+                if self.health.succeeded():
+                    logger.warning("%s is up again", self.endpoint.label)

@@ -1,0 +1,102 @@
+"""A ledger that comes back: Ray restarts a killed ledger actor, the rollout actors report again,
+and the batch, the next batch, ``snapshot()`` and ``checkpoint()`` carry on. A ledger gone for good
+is a typed ``LedgerLost``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rl_gym_actors.config import GymEndpoint, TryPolicy
+from rl_gym_actors.errors import LedgerLost
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+pytestmark = pytest.mark.ray
+
+POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=3.0)
+
+
+def soon(seconds: float = 10.0) -> float:
+    return time.time() + seconds
+
+
+async def until_running(client: GymClient, n: int) -> None:
+    deadline = time.monotonic() + 15
+    while (await client.status("probe", deadline_ts=soon())).running < n:
+        assert time.monotonic() < deadline, "the batch never started"
+        await asyncio.sleep(0.02)
+
+
+async def settled(orch, url: str, dispatched: int):
+    """The snapshot once every report is in (reports travel in batches), with a deadline."""
+    deadline = time.monotonic() + 10
+    while True:
+        snap = await orch.asnapshot()
+        ep = snap.ledger.endpoints[url]
+        assert snap.ledger.invariant_ok and ep.invariant_ok
+        if ep.dispatched >= dispatched and ep.running == 0:
+            return snap
+        assert time.monotonic() < deadline, snap.ledger
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("when", ["mid-batch",
+                                  pytest.param("mid-checkpoint", marks=pytest.mark.slow)])
+async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_session, tmp_path,
+                                                                         when):
+    from rl_gym_actors.orchestrator import Orchestrator
+
+    with GymServerThread(token="test-token") as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token)
+        async with GymClient(endpoint) as client, Orchestrator(
+                [endpoint], policy=POLICY, pool_size=2, rollouts_per_actor=2, progress=False,
+                start=False) as orch:
+            rows = [{"sleep_s": 1.0, "reward": 0.5} for _ in range(4)]
+            batch = asyncio.ensure_future(orch.arun_batch(rows))
+            await until_running(client, 4)
+            if when == "mid-batch":
+                ray_session.kill(orch.ledger, no_restart=False)
+                outcomes = await asyncio.wait_for(batch, 30)
+            else:
+                ckpt = asyncio.ensure_future(orch.acheckpoint("during", str(tmp_path / "d"),
+                                                              deadline_s=20.0))
+                deadline = time.monotonic() + 10      # the gate has prepared: admission closed
+                while (await client.status("probe", deadline_ts=soon())).state != "preparing":
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.02)
+                ray_session.kill(orch.ledger, no_restart=False)
+                outcomes = await asyncio.wait_for(batch, 30)
+                report = await asyncio.wait_for(ckpt, 40)     # Ray sent the call again
+                assert report.endpoints[0].commit.records >= 1
+            assert [o.status for o in outcomes] == ["sealed"] * 4
+            assert await orch.ledger.restarted.remote()
+
+            again = await orch.arun_batch([{"reward": 0.25} for _ in range(3)])
+            assert [o.status for o in again] == ["sealed"] * 3
+            report = await orch.acheckpoint("after", str(tmp_path / "a"), deadline_s=20.0)
+            assert report.endpoints[0].commit.records >= 3
+            snap = await settled(orch, server.url, 3)
+            assert snap.ledger.checkpoints_committed >= 1
+            status = await client.status("probe-end", deadline_ts=soon())
+            assert status.running == 0 and status.completed_unacknowledged == 0
+            assert server.participant.snapshot()["agent_starts"] == 7   # nothing ran twice
+
+
+async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
+    from rl_gym_actors.orchestrator import Orchestrator
+
+    with GymServerThread(token="test-token") as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token)
+        async with Orchestrator([endpoint], policy=POLICY, pool_size=1, progress=False,
+                                start=False) as orch:
+            assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
+            ray_session.kill(orch.ledger, no_restart=True)
+            with pytest.raises(LedgerLost):
+                await orch.asnapshot()
+            with pytest.raises(LedgerLost):
+                await orch.acheckpoint("lost", str(tmp_path), deadline_s=5.0)
+            # rollouts do not need the ledger to run
+            assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
