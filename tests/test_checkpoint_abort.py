@@ -31,7 +31,7 @@ async def hold_server(client: GymClient, checkpoint_id: str) -> asyncio.Future:
     while (await client.status("probe", deadline_ts=soon())).running < 1:
         assert time.monotonic() < deadline, "the run never started"
         await asyncio.sleep(0.02)
-    status = await client.prepare(checkpoint_id, deadline_ts=soon(0.3))
+    status = await client.prepare(checkpoint_id, deadline_ts=soon(1.0))
     assert not status.ready_to_commit
     return run
 

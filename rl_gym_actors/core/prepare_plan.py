@@ -87,7 +87,7 @@ def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: 
         if info.state not in _RUNNING and info.state != _COMPLETED:
             continue
         if own is not None and book.current_attempt(rid) is None and not own(rid):
-            steps.append(Step(Action.WAIT, rid, att, known=False, foreign=True))
+            steps.append(Step(PrepareAction.WAIT, rid, att, known=False, foreign=True))
             continue
         owner = book.claimant(rid, att, endpoint, live_owners)
         known = book.attempt(rid, att) is not None
