@@ -33,11 +33,13 @@ treats them as orphans (after a run that is gone for good).
 
 Rows: a row's rollout id is ``_ng_rollout_id`` (minted when absent), ``_ng_attempt_index`` the
 first try's index, ``_ng_endpoint`` (an endpoint name or URL) its endpoint; without it the
-endpoint is chosen by a stable hash of the rollout id. The orchestrator remembers per rollout id
-the last attempt it dispatched: a rollout that comes again after ending without a sealed result
-starts by retiring that attempt (and adopts it if it finished), as does a row that names try
-k > 0 of a rollout it has not seen (try k-1 is retired first); and one whose abandoned rollout
-had adopted a result gets that result back without running the agent again.
+endpoint is chosen by a stable hash of the rollout id. What is known of each rollout id lives in
+one :class:`~rl_gym_actors.core.rollout_memory.RolloutMemory`: a rollout that comes again after
+ending without a sealed result starts by retiring its current try (and adopts it if it
+finished), as does a row that names try k > 0 of a rollout it has not seen (try k-1 is retired
+first); when its rollout actor died, the current try is the one the ledger last heard of; and one
+whose abandoned rollout had adopted a result gets that result back without running the agent
+again.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import hashlib
 import json
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -67,6 +68,7 @@ from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
+from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.outcome import Outcome
@@ -105,16 +107,6 @@ class IndexedOutcome(NamedTuple):
 
     index: int
     outcome: Outcome
-
-
-@dataclass
-class _Known:
-    """What the orchestrator remembers of one rollout id."""
-
-    last_attempt: int
-    settled: bool                     # the last attempt ended sealed (nothing to retire)
-    next_fresh: int                   # the lowest attempt index never used
-    kept: Outcome | None = None       # a result adopted while abandoned, not yet handed out
 
 
 @dataclass
@@ -167,8 +159,7 @@ class Orchestrator:
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: Any = None
         self._pool: WarmPool | None = None
-        self._known: OrderedDict[str, _Known] = OrderedDict()
-        self._in_flight: set[str] = set()
+        self._memory = RolloutMemory(MEMORY)       # what is known of every rollout id
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
@@ -438,16 +429,18 @@ class Orchestrator:
                 return _not_dispatched(item, self.endpoints)
             batch.running[rid] = (slot.handle, item.first_attempt)
             try:
+                if self._memory.unsure(rid):
+                    item.previous_attempt = await self._learn_current(item)
                 outcome = await self._chunks.run(slot.handle, (
                     item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt))
             except asyncio.CancelledError:
                 # the caller gave up on the batch: the rollout retires its try on its own
                 slot.handle.abandon.remote(rid, item.first_attempt)
-                self._remember_lost(item)
+                self._memory.lose(rid, item.first_attempt, self.policy.max_tries)
                 raise
             except RayActorError as exc:
                 await pool.actor_failed(slot, exc)
-                self._remember_lost(item)
+                self._memory.lose(rid, item.first_attempt, self.policy.max_tries)
                 outcome = self._failed(item, f"rollout actor {slot.name} died: "
                                              f"{type(exc).__name__}", FailureKind.ACTOR_DIED)
             except (RayTaskError, RlGymError) as exc:
@@ -456,7 +449,7 @@ class Orchestrator:
                 outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}",
                                        failure_kind(cause))
             else:
-                self._remember(item, outcome)
+                self._memory.finish_outcome(rid, item.first_attempt, outcome)
             finally:
                 batch.running.pop(rid, None)
         if outcome.status == "failed" and batch.fail_fast:
@@ -520,8 +513,8 @@ class Orchestrator:
                 sums[name] = sums.get(name, 0) + getattr(snap, name)
         return OrchestratorSnapshot(orchestrator_id=self.id, ledger=ledger, pool=pool.snapshot(),
                                     actors=ActorTotals(actors=len(alive), **sums),
-                                    known_rollouts=len(self._known),
-                                    in_flight=len(self._in_flight))
+                                    known_rollouts=len(self._memory),
+                                    in_flight=self._memory.in_flight)
 
     # ------------------------------------------------------------ rows and memory
 
@@ -531,7 +524,7 @@ class Orchestrator:
         items = [self._plan_row(i, row, seen) for i, row in enumerate(rows)]
         for item in items:               # every row is valid: hand out the kept results
             if item.ready is not None:
-                self._known[item.rollout_id].kept = None
+                self._memory.hand_out(item.rollout_id)
         return items
 
     def _plan_row(self, i: int, row: Any, seen: set[str]) -> _Item:
@@ -542,7 +535,7 @@ class Orchestrator:
             rid = f"{self.run_id}-{uuid.uuid4().hex}"
         if not is_valid_rollout_id(rid):
             raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
-        if rid in seen or rid in self._in_flight:
+        if rid in seen or self._memory.running(rid):
             raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
         seen.add(rid)
         first = row.get(ATTEMPT_INDEX_FIELD, 0)
@@ -554,26 +547,22 @@ class Orchestrator:
             json.dumps(gym_row, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
-        item = _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), first, None)
-        known = self._known.get(rid)
-        if known is not None:
-            if known.kept is not None:
-                item.ready = known.kept.model_copy(update=dict(
-                    status="sealed", adopted=True, reason=None, failure=None, tries=0))
-            item.first_attempt = max(first, known.next_fresh)
-            if not known.settled:
-                item.previous_attempt = known.last_attempt
-        elif first > 0:
-            # the trainer names try k of a rollout we have not seen: try k-1 may have finished
-            # on Gym (a re-dispatch after a restart); retire it first, and adopt it if so
-            item.previous_attempt = first - 1
-        return item
+        plan = self._memory.plan(rid, first)
+        return _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), plan.first_attempt,
+                     plan.previous_attempt, plan.ready)
 
-    def _keep(self, outcome: Outcome) -> None:
-        """An outcome with a result the trainer never took: its rollout's next row gets it."""
-        known = self._known.get(outcome.rollout_id)
-        if outcome.has_result and known is not None and known.settled:
-            known.kept = outcome
+    async def _learn_current(self, item: _Item) -> int | None:
+        """A rollout whose actor died: the ledger knows which try was current (the dead
+        actor's reports reached it); that try is the one to retire, and adopt if it finished."""
+        rid = item.rollout_id
+        try:
+            current = await self._ledger_call("current_attempt", rid, timeout_s=CALL_SLACK_S)
+        except (LedgerLost, RayTaskError) as exc:
+            logger.warning("ledger did not say the current try of %s (%r): retiring try %s",
+                           rid, exc, item.previous_attempt)
+            return item.previous_attempt
+        self._memory.learn_current(rid, current)
+        return self._memory.plan(rid, item.first_attempt).previous_attempt
 
     def _endpoint_for(self, row: Mapping[str, Any], rid: str, i: int) -> int:
         wanted = row.get(ENDPOINT_FIELD)
@@ -584,27 +573,6 @@ class Orchestrator:
                     return n
             raise ConfigError(f"row {i}: {ENDPOINT_FIELD} {wanted!r} names no endpoint")
         return endpoint_index_for(rid, len(self.endpoints))
-
-    def _remember(self, item: _Item, outcome: Outcome) -> None:
-        att = outcome.attempt_index
-        if att is None:
-            return                       # never dispatched a try: what we knew still holds
-        if outcome.has_result:
-            kept = outcome if outcome.status == "abandoned" else None
-            self._put(item.rollout_id, _Known(att, True, att + 1, kept))
-        else:
-            self._put(item.rollout_id, _Known(att, False, max(att + 1, item.first_attempt)))
-
-    def _remember_lost(self, item: _Item) -> None:
-        """The actor died mid-rollout: its tries lie within [first, first + max_tries)."""
-        first = item.first_attempt
-        self._put(item.rollout_id, _Known(first, False, first + self.policy.max_tries))
-
-    def _put(self, rid: str, known: _Known) -> None:
-        self._known[rid] = known
-        self._known.move_to_end(rid)
-        while len(self._known) > MEMORY:
-            self._known.popitem(last=False)
 
     def _failed(self, item: _Item, reason: str, failure: FailureKind) -> Outcome:
         return Outcome(rollout_id=item.rollout_id, status="failed",
@@ -635,7 +603,7 @@ class _Stream:
         self._tasks.add(task)
         if item.ready is None:
             self._batch.waiting[item.rollout_id] = task
-            orch._in_flight.add(item.rollout_id)
+            orch._memory.begin(item.rollout_id)
         task.add_done_callback(lambda t, item=item: self._on_end(item, t))
         self.fed += 1
 
@@ -645,7 +613,7 @@ class _Stream:
             raise ConfigError("this stream takes no more rows")
         item = self._orch._plan_row(self.fed, row, set())
         if item.ready is not None:
-            self._orch._known[item.rollout_id].kept = None
+            self._orch._memory.hand_out(item.rollout_id)
         self.dispatch(item)
 
     def end_of_rows_now(self, error: BaseException | None = None) -> None:
@@ -661,7 +629,7 @@ class _Stream:
         self._tasks.discard(task)
         self._batch.waiting.pop(item.rollout_id, None)
         if item.ready is None:
-            self._orch._in_flight.discard(item.rollout_id)
+            self._orch._memory.end(item.rollout_id)
         if task.cancelled():
             pass
         elif task.exception() is not None:
@@ -704,7 +672,7 @@ class _Stream:
         if self._batch.abandons:
             await asyncio.gather(*self._batch.abandons, return_exceptions=True)
         for _, outcome in (*untaken, *self._ended):
-            self._orch._keep(outcome)
+            self._orch._memory.keep(outcome)
         self._ended = []
         if self._bar is not None:
             self._bar.close()

@@ -54,7 +54,7 @@ def test_identical_rows_get_distinct_valid_ids_and_start_at_try_zero():
     claims = book.claim(rows({"p": 1}, {"p": 1}, {"p": 2}), stream=1, now=0.0)
     ids = [c.rollout_id for c in claims]
     assert len(set(ids)) == 3 and all(is_valid_rollout_id(i) for i in ids)
-    assert all(c.action is ClaimAction.START and c.attempt_index == 0 for c in claims)
+    assert all(c.action is ClaimAction.START for c in claims)
     assert all(i.startswith("run-a-") for i in ids)
 
 
@@ -62,17 +62,15 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
     book = RolloutBook("run")
     first = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=1, now=0.0)
     done, running, failed, delivered = (c.rollout_id for c in first)
-    book.settle(done, ok=True, attempt_index=0, now=1.0)
-    book.settle(failed, ok=False, attempt_index=1, now=1.0)
-    book.settle(delivered, ok=True, attempt_index=0, now=1.0)
+    book.settle(done, ok=True, now=1.0)
+    book.settle(failed, ok=False, now=1.0)
+    book.settle(delivered, ok=True, now=1.0)
     book.deliver(delivered, now=1.0)
     book.release(1)
 
     again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
     assert [c.rollout_id for c in again[:3]] == [done, running, failed]
-    assert [c.action for c in again[:3]] == [ClaimAction.REUSE, ClaimAction.REUSE,
-                                             ClaimAction.START]
-    assert again[2].attempt_index == 2            # the failed rollout's next try
+    assert [c.action for c in again[:3]] == [ClaimAction.REUSE, ClaimAction.REUSE, ClaimAction.START]
     assert again[3].rollout_id not in first and again[3].action is ClaimAction.START
     assert again[3].rollout_id != delivered
     assert book.stats.reused == 2
@@ -81,13 +79,13 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
 def test_free_rollouts_are_preferred_and_a_watched_one_is_shared_not_rerun():
     book = RolloutBook("run")
     (a,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
-    book.settle(a.rollout_id, ok=False, attempt_index=0, now=0.0)
+    book.settle(a.rollout_id, ok=False, now=0.0)
     book.release(1)
     (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)     # the free, failed one: next try
-    assert (b.rollout_id, b.action, b.attempt_index) == (a.rollout_id, ClaimAction.START, 1)
+    assert (b.rollout_id, b.action) == (a.rollout_id, ClaimAction.START)
     (c,) = book.claim(rows({"p": 1}), stream=3, now=0.0)     # watched by stream 2: shared
     assert (c.rollout_id, c.action) == (a.rollout_id, ClaimAction.REUSE)
-    book.settle(a.rollout_id, ok=True, attempt_index=1, now=1.0)
+    book.settle(a.rollout_id, ok=True, now=1.0)
     assert book.available(a.rollout_id)
     assert book.deliver(a.rollout_id, now=1.0)               # stream 3 hands it out first
     assert not book.deliver(a.rollout_id, now=1.0) and book.stats.lost_races == 1
@@ -100,22 +98,23 @@ def test_a_stream_never_watches_one_rollout_for_two_rows_and_release_frees_its_r
     book = RolloutBook("run")
     a, b = book.claim(rows({"p": 1}, {"p": 1}), stream=1, now=0.0)
     assert a.rollout_id != b.rollout_id
-    book.settle(a.rollout_id, ok=True, attempt_index=0, now=0.0)
+    book.settle(a.rollout_id, ok=True, now=0.0)
     book.release(1)                                          # cancelled before it yielded
     first, second = book.claim(rows({"p": 1}, {"p": 1}), stream=2, now=0.0)
     assert (first.rollout_id, first.action) == (a.rollout_id, ClaimAction.REUSE)   # finished first
     assert (second.rollout_id, second.action) == (b.rollout_id, ClaimAction.REUSE)
 
 
-def test_explicit_identity_is_kept_and_its_attempt_index_honoured():
+def test_explicit_identity_is_kept_and_a_failed_one_starts_again():
+    # which try it starts at is the orchestrator's rollout memory's to say (test_rollout_memory)
     book = RolloutBook("run")
     row = {"_rowidx": 5, "_ng_rollout_id": "rD", "_ng_attempt_index": 3}
     (claim,) = book.claim([row], stream=1, now=0.0)
-    assert (claim.rowidx, claim.rollout_id, claim.attempt_index) == (5, "rD", 3)
-    book.settle("rD", ok=False, attempt_index=4, now=0.0)
+    assert (claim.rowidx, claim.rollout_id, claim.action) == (5, "rD", ClaimAction.START)
+    book.settle("rD", ok=False, now=0.0)
     book.release(1)
     (claim,) = book.claim([{**row, "_ng_attempt_index": 0}], stream=2, now=0.0)
-    assert claim.action is ClaimAction.START and claim.attempt_index == 5
+    assert (claim.rollout_id, claim.action) == ("rD", ClaimAction.START)
 
 
 @pytest.mark.parametrize("bad", [
@@ -143,7 +142,7 @@ def test_expire_forgets_old_unclaimed_results_and_caps_the_book():
     book = RolloutBook("run", hold_s=10.0, max_entries=2)
     claims = book.claim(rows({"p": 1}, {"p": 2}, {"p": 3}, {"p": 4}), stream=1, now=0.0)
     for c in claims:
-        book.settle(c.rollout_id, ok=True, attempt_index=0, now=1.0)
+        book.settle(c.rollout_id, ok=True, now=1.0)
     book.deliver(claims[0].rollout_id, now=1.0)
     book.release(1)
     dropped = book.expire(now=5.0)               # nothing is old yet; the cap drops two

@@ -197,6 +197,11 @@ class LedgerActor:
             raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
         return await abort_everywhere(self._clients, checkpoint_id, time.time() + deadline_s)
 
+    async def current_attempt(self, rollout_id: str) -> int | None:
+        """The highest try any owner reported for the rollout (None: none reported)."""
+        await self._rebuilt()
+        return self._book.current_attempt(rollout_id)
+
     async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
                          deadline_s: float, sweep_foreign: bool = False) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,

@@ -24,7 +24,6 @@ import functools
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.attempt_reports import AttemptState
+from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import (ConfigError, DeadlineExceeded, InvalidRequest,
                                   NotCompleted, PoolClosed, StaleAttempt)
 from rl_gym_actors.failures import FailureKind, failure_kind
@@ -131,8 +131,9 @@ class RolloutWorker:
         # retire needs a checkpoint id; one that no checkpoint ever uses is never spent
         self._retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
         self._live: dict[str, _Live] = {}
-        self._finished: OrderedDict[str, tuple[int, int | None, bool]] = OrderedDict()
-        self._early_abandons: set[tuple[str, int]] = set()
+        # what this actor knows of the rollouts it ran: settled results for adopt(), abandons
+        # that came before their dispatch
+        self._memory = RolloutMemory(FINISHED_MEMORY)
         self._counts: dict[str, int] = dict.fromkeys(
             ("started", "sealed", "failed", "abandoned", "tries", "seals", "adoptions", "acks",
              "cancelled", "handed_over", "adopt_requests"), 0)
@@ -159,10 +160,7 @@ class RolloutWorker:
                                       policy=self._policy, first_attempt=first_attempt,
                                       previous_attempt=previous_attempt)
         live = _Live(machine, row, self._client(endpoint_index), first_attempt, endpoint_index)
-        self._early_abandons = {k for k in self._early_abandons
-                                if k[0] != rollout_id or k[1] >= first_attempt}
-        if (rollout_id, first_attempt) in self._early_abandons:
-            self._early_abandons.discard((rollout_id, first_attempt))
+        if self._memory.take_abandon(rollout_id, first_attempt):
             live.signal(core.AbandonRequested(self._clock()))
         self._live[rollout_id] = live
         self._counts["started"] += 1
@@ -172,11 +170,9 @@ class RolloutWorker:
             del self._live[rollout_id]
             live.notify()
             m = machine
-            done_att = m.sealed.attempt_index if m.sealed else m.attempt
-            self._finished[rollout_id] = (first_attempt, done_att, m.sealed is not None and m.acked)
-            self._finished.move_to_end(rollout_id)
-            while len(self._finished) > FINISHED_MEMORY:
-                self._finished.popitem(last=False)
+            self._memory.finish(rollout_id, first_attempt,
+                                m.sealed.attempt_index if m.sealed else m.attempt,
+                                result=m.sealed is not None, acked=m.acked)
 
     async def run_chunk(self, items: Sequence[tuple]) -> AsyncIterator[list[tuple[int, Any]]]:
         """Several rollouts in one call: each item is :meth:`run_rollout`'s arguments. Yields
@@ -214,12 +210,8 @@ class RolloutWorker:
         if live is not None and first_attempt in (None, live.first_attempt):
             live.signal(core.AbandonRequested(self._clock()))
             return
-        if first_attempt is None:
-            return
-        finished = self._finished.get(rollout_id)
-        if finished is not None and finished[0] >= first_attempt:
-            return                      # that dispatch already ended
-        self._early_abandons.add((rollout_id, first_attempt))
+        if first_attempt is not None:
+            self._memory.request_abandon(rollout_id, first_attempt)
 
     async def adopt(self, rollout_id: str, attempt_index: int) -> bool:
         """The ledger's request: make sure this attempt ends sealed and ACKed. True when this
@@ -229,8 +221,7 @@ class RolloutWorker:
         self._counts["adopt_requests"] += 1
         live = self._live.get(rollout_id)
         if live is None:
-            finished = self._finished.get(rollout_id)
-            return finished is not None and finished[1] == attempt_index and finished[2]
+            return self._memory.holds_result(rollout_id, attempt_index)
         m = live.machine
         if m.attempt != attempt_index:
             return False

@@ -61,7 +61,7 @@ from rl_gym_actors.integrations.nemo_rl_results import (list_tensor, to_nemo_rl_
 from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, StatusReport
+from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, StatusReport
 
 logger = logging.getLogger(__name__)
 
@@ -301,8 +301,7 @@ class GymRolloutEnv:
         agent = self._agent_ref(row).get("name")
         if ENDPOINT_FIELD not in gym_row and agent in self._endpoint_names():
             gym_row[ENDPOINT_FIELD] = agent       # the row's agent is served there
-        gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id
-        gym_row[ATTEMPT_INDEX_FIELD] = claim.attempt_index
+        gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id     # the row's own attempt index stays
         # A fresh context: Ray keeps the calling task's id in a context variable, and work
         # submitted under it is cancelled with it. RL cancelling a stream must not cancel the
         # rollouts it started: they finish, and their results wait for RL's re-dispatch.
@@ -322,14 +321,13 @@ class GymRolloutEnv:
                 # again retires its last try first, and adopts it if it had finished
                 (outcome,) = await self._orch.arun_batch([row])
         except asyncio.CancelledError:
-            self._book.settle(rid, ok=False, attempt_index=None, now=time.time())
+            self._book.settle(rid, ok=False, now=time.time())
             raise
         except Exception as exc:
             logger.info("rollout %s raised: %s", rid, exc)
             outcome = Outcome(rollout_id=rid, status="failed",
                               reason=f"{type(exc).__name__}: {exc}", failure=failure_kind(exc))
-        self._book.settle(rid, ok=outcome.has_result, attempt_index=outcome.attempt_index,
-                          now=time.time())
+        self._book.settle(rid, ok=outcome.has_result, now=time.time())
         if not outcome.has_result:
             self._tasks.pop(rid, None)
         return outcome

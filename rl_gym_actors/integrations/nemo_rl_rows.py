@@ -110,18 +110,18 @@ class EntryState(str, Enum):
 
 
 class ClaimAction(str, Enum):
-    START = "start"            # dispatch a new rollout at ``attempt_index``
+    START = "start"            # dispatch the rollout (the orchestrator picks its tries)
     REUSE = "reuse"            # a task for this rollout exists (running or finished): await it
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What to do for one row of a stream; a START names the index of its first fresh try."""
+    """What to do for one row of a stream. Which try a START begins with is not the book's to
+    know: the orchestrator's rollout memory decides (it retires and adopts the last try first)."""
 
     rowidx: int
     rollout_id: str
     action: ClaimAction
-    attempt_index: int = 0
 
 
 @dataclass(slots=True)
@@ -129,7 +129,6 @@ class _Entry:
     rollout_id: str
     digest: str | None
     state: EntryState
-    next_attempt: int
     touched: float
     watchers: set[int] = field(default_factory=set)    # streams waiting on this rollout
 
@@ -194,12 +193,11 @@ class RolloutBook:
     def reclaim(self, row: Mapping[str, Any], stream: int, now: float, *,
                 rowidx: int | None = None) -> Claim:
         """One row's claim (again, after another stream took the rollout it was waiting on)."""
-        rid, attempt = _explicit_identity(row)
+        rid, _ = _explicit_identity(row)
         if rid is not None:
             entry = self._entries.get(rid)
             if entry is None:
-                entry = self._entries[rid] = _Entry(rid, None, EntryState.FAILED, attempt or 0,
-                                                    now)
+                entry = self._entries[rid] = _Entry(rid, None, EntryState.FAILED, now)
             elif entry.state is EntryState.DELIVERED:
                 entry.state = EntryState.FAILED      # RL asks again for one it had: a fresh try
         else:
@@ -210,11 +208,10 @@ class RolloutBook:
         index = _rowidx(row) if rowidx is None else rowidx
         if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
             self.stats.reused += 1
-            return Claim(index, entry.rollout_id, ClaimAction.REUSE, entry.next_attempt)
+            return Claim(index, entry.rollout_id, ClaimAction.REUSE)
         entry.state = EntryState.RUNNING
-        entry.next_attempt = max(entry.next_attempt, attempt or 0)
         self.stats.started += 1
-        return Claim(index, entry.rollout_id, ClaimAction.START, entry.next_attempt)
+        return Claim(index, entry.rollout_id, ClaimAction.START)
 
     def _by_digest_entry(self, digest: str, stream: int, now: float) -> _Entry:
         best: _Entry | None = None
@@ -230,19 +227,17 @@ class RolloutBook:
             return best
         self._seq += 1
         rid = f"{self.prefix}-{digest[:20]}-{self._seq}"
-        entry = _Entry(rid, digest, EntryState.FAILED, 0, now)
+        entry = _Entry(rid, digest, EntryState.FAILED, now)
         self._entries[rid] = entry
         self._by_digest.setdefault(digest, []).append(rid)
         return entry
 
-    def settle(self, rollout_id: str, *, ok: bool, attempt_index: int | None, now: float) -> None:
+    def settle(self, rollout_id: str, *, ok: bool, now: float) -> None:
         """A rollout task ended: with a result (``ok``) or without one."""
         entry = self._entries.get(rollout_id)
         if entry is None or entry.state is not EntryState.RUNNING:
             return
         entry.state = EntryState.FINISHED if ok else EntryState.FAILED
-        if attempt_index is not None:
-            entry.next_attempt = max(entry.next_attempt, attempt_index + 1)
         entry.touched = now
 
     def available(self, rollout_id: str) -> bool:
