@@ -90,6 +90,47 @@ def test_any_order_and_repetition_give_the_same_book(reports, rnd):
 
 
 @settings(max_examples=150, deadline=None)
+@given(st.lists(reports_st, max_size=30), st.integers(1, 7), st.data())
+def test_an_outbox_that_merges_waiting_reports_gives_the_same_book(reports, batch_size, data):
+    """The rollout actor's outbox merges a report into a waiting one of the same attempt (never
+    into one already in flight): the ledger's book comes out the same, from fewer reports."""
+    import asyncio
+
+    from rl_gym_actors.actors.reports import ReportOutbox
+
+    sent: list[AttemptReport] = []
+
+    async def go() -> None:
+        gate = asyncio.Event()
+
+        async def send(batch: list[AttemptReport]) -> None:
+            await gate.wait()                    # a batch stays in flight while more arrive
+            sent.extend(batch)
+
+        outbox = ReportOutbox(send, batch_size=batch_size, interval_s=3600)
+        flushing = None
+        for i, r in enumerate(reports):
+            outbox.add(r)
+            if flushing is None and data.draw(st.booleans(), label=f"start a flush at {i}"):
+                flushing = asyncio.ensure_future(outbox.flush())
+                await asyncio.sleep(0)           # its first batch is now in flight
+        gate.set()
+        if flushing is not None:
+            await flushing
+        await outbox.flush()
+        outbox.close()
+
+    asyncio.run(go())
+    assert len(sent) <= len(reports)
+    a, b = book_of(reports), book_of(sent)
+    assert a.snapshot().model_dump(exclude={"reports"}) == b.snapshot().model_dump(
+        exclude={"reports"})
+    for r in reports:
+        assert a.attempt(r.rollout_id, r.attempt_index) == b.attempt(r.rollout_id,
+                                                                     r.attempt_index)
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.lists(reports_st, max_size=30))
 def test_book_matches_the_declarative_reference(reports):
     book, ref = book_of(reports), reference(reports)

@@ -89,13 +89,17 @@ class _Live:
     first_attempt: int
     endpoint_index: int
     signals: list[core.Event] = field(default_factory=list)
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    waiter: asyncio.Future | None = None      # the driver's wait on its call or a signal
     watchers: list[asyncio.Future] = field(default_factory=list)
     reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
 
     def signal(self, event: core.Event) -> None:
         self.signals.append(event)
-        self.wakeup.set()
+        self.wake()
+
+    def wake(self, *_: object) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def changed(self) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -309,7 +313,6 @@ class RolloutWorker:
 
     def _feed_signals(self, live: _Live) -> list[core.Effect]:
         """Feed queued signals until one makes the machine act; return what it wants done."""
-        live.wakeup.clear()
         while live.signals and not live.machine.done:
             effects = live.machine.handle(live.signals.pop(0))
             if effects:
@@ -318,12 +321,15 @@ class RolloutWorker:
 
     async def _perform(self, live: _Live, step: core.Effect) -> list[core.Effect]:
         io = asyncio.ensure_future(self._call(live, step))
+        io.add_done_callback(live.wake)
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                waiter = asyncio.ensure_future(live.wakeup.wait())
-                done, _ = await asyncio.wait({io, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if io in done:
-                    waiter.cancel()
+                if not io.done() and not live.signals:
+                    live.waiter = loop.create_future()
+                    await live.waiter             # the call ends, or a signal arrives
+                    live.waiter = None
+                if io.done():
                     return live.machine.handle(io.result())
                 effects = self._feed_signals(live)
                 if effects:
@@ -333,6 +339,7 @@ class RolloutWorker:
                         await io
                     return effects
         finally:
+            live.waiter = None
             if not io.done():
                 io.cancel()
 

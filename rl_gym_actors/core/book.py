@@ -19,7 +19,7 @@ owners), not O(attempts). Each attempt sits in exactly one state bucket, so
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +28,23 @@ from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 # A total order on states: the rank from attempt_reports.py, with acked above tombstoned on the tie.
 _ORDER = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1,
           AttemptState.TOMBSTONED: 2, AttemptState.ACKED: 3}
+
+
+def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | None:
+    """One report whose fold equals folding ``first`` and then ``then`` (in either order: the
+    fold is a join), or None when they are not of the same attempt, endpoint and owner. Lets an
+    owner send one report where it has several of one attempt still waiting."""
+    if (first.rollout_id, first.attempt_index, first.endpoint, first.owner) != (
+            then.rollout_id, then.attempt_index, then.endpoint, then.owner):
+        return None
+    state = then.state if _ORDER[then.state] >= _ORDER[first.state] else first.state
+    return replace(then, state=state, adopted=first.adopted or then.adopted,
+                   released=first.released or then.released,
+                   reward=then.reward if then.reward is not None else first.reward,
+                   result_digest=then.result_digest if then.result_digest is not None
+                   else first.result_digest)
+
+
 _BUCKET = {AttemptState.RUNNING: "running", AttemptState.SEALED: "completed_unacked",
            AttemptState.ACKED: "acked", AttemptState.TOMBSTONED: "tombstoned"}
 

@@ -189,16 +189,40 @@ async def call_with_retry(attempt: Callable[[float], Awaitable[T]], *, kind: Ret
     def retry_on(exc: BaseException) -> bool:
         return is_retryable(exc, kind, deadline_ts=deadline_ts, now=clock())
 
+    # the lean path: the first try runs bare; only a retryable failure builds the machinery
+    try:
+        return await attempt(policy.try_deadline(deadline_ts, clock()))
+    except Exception as exc:
+        if not retry_on(exc):
+            raise
+        first_error = exc
+    return await _retry_after_first(attempt, first_error, policy=policy, deadline_ts=deadline_ts,
+                                    clock=clock, sleep=sleep, rand=rand, what=what,
+                                    retry_on=retry_on)
+
+
+async def _retry_after_first(attempt: Callable[[float], Awaitable[T]], first_error: Exception,
+                             *, policy: RetryPolicy, deadline_ts: float, clock: Clock,
+                             sleep: Sleep, rand: Callable[[], float], what: str,
+                             retry_on: Callable[[BaseException], bool]) -> T:
+    """Tries 2..n of :func:`call_with_retry`, with the backoff the first try's failure earns."""
+
     def wait(retry_state: RetryCallState) -> float:
-        return policy.backoff(retry_state.attempt_number, rand())
+        # tenacity counts from this function's first try, which is the call's second
+        return policy.backoff(retry_state.attempt_number + 1, rand())
 
     def log_retry(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         logger.debug("retrying %s after try %d failed (%r); sleeping %.3fs", what,
                      retry_state.attempt_number, exc, retry_state.upcoming_sleep)
 
+    logger.debug("retrying %s after try 1 failed (%r)", what, first_error)
+    delay = policy.backoff(1, rand())
+    if clock() + delay + policy.min_try_s > deadline_ts:
+        raise first_error
+    await sleep(delay)
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(policy.attempts)
+        stop=stop_after_attempt(policy.attempts - 1)
         | _StopBeforeDeadline(deadline_ts, policy.min_try_s, clock),
         wait=wait, retry=retry_if_exception(retry_on), reraise=True, sleep=sleep,
         before_sleep=log_retry)
