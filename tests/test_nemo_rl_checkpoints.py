@@ -131,3 +131,22 @@ async def test_resume_during_a_commit_is_refused():
 async def test_bad_ids_are_config_errors(bad):
     with pytest.raises(ConfigError):
         await steps().prepare(bad, time.time() + 1)
+
+
+async def test_give_up_reopens_without_spending_the_id_and_commit_takes_its_own_deadline():
+    s = steps()
+    with s.running("r-slow"):
+        with pytest.raises(CheckpointFailed):
+            await s.prepare("ck", time.time() + 0.05)
+        s.give_up("other")                                   # not the active one: no-op
+        assert s.snapshot()["admission"] == "closed"
+        s.give_up("ck")
+        assert s.snapshot()["admission"] == "open" and s.snapshot()["checkpoint"] is None
+    await s.prepare("ck", time.time() - 10)                  # the same id prepares again
+    assert s.record("ck", "k", {"a": 1}) == {"a": 1}
+    assert s.record("ck", "k", {"a": 2}) == {"a": 1} and s.answer("ck", "k") == {"a": 1}
+    gate = Gate()
+    await s.commit("ck", "/ckpt", gate, deadline_ts=time.time() + 60)
+    assert 50 < gate.calls[0][2] <= 60                       # the commit's deadline, not prepare's
+    s.give_up("ck")                                          # committed: give_up leaves it
+    assert s.snapshot()["checkpoint"]["phase"] == "committed"

@@ -4,18 +4,20 @@ checkpoint calls; against the real Gym server on loopback and the real local Ray
 
 from __future__ import annotations
 
+import hashlib
 import time
-from pathlib import Path
 
 import pytest
 
-from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, ConfigError,
-                                  ConnectionLost, StaleCheckpoint)
+from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
+                                  ConfigError, ConnectionLost, StaleCheckpoint)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
 from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
+
+import nemo_rl_checkpoint_models as models
 
 pytestmark = pytest.mark.ray
 
@@ -206,9 +208,13 @@ def aborts(ray_session, env):
     yield ids
     for cid in ids:
         try:
-            ray_session.get(env.abort.remote(cid))
+            ray_session.get(env.abort_checkpoint.remote(cid, time.time() + 10))
         except Exception:             # spent or never active: nothing to reopen
             pass
+
+
+def soon(s=20.0):
+    return time.time() + s
 
 
 def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_session, env,
@@ -218,52 +224,103 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_
     slow = stream(env, [row(0, reward=0.5, sleep_s=0.8)])
     wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
              what="the slow rollout to start")
-    prepared = ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20))
-    assert prepared["ready_to_commit"] is True and prepared["drained_s"] > 0.2
+    prepared = ray_session.get(env.prepare_checkpoint.remote("ck-1", soon()))
+    models.PrepareResult.model_validate(prepared)
+    assert prepared["checkpoint_id"] == "ck-1" and prepared["ready"] is True
+    (part,) = prepared["participants"]
+    assert part["participant"] == {"server_name": "gym-0", "component": "responses_api_agents",
+                                   "participant_name": "gym-0"}
+    assert part["ready"] and part["payload"]["ready_to_commit"]
     assert [i for i, _, _ in drain(ray_session, slow)[0]] == [0]
 
     held_back = stream(env, [row(1, reward=0.75)])        # admission is closed: it waits
     before = starts(gym)
-    assert ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20)) == prepared
+    assert ray_session.get(env.prepare_checkpoint.remote("ck-1", soon())) == prepared
     with pytest.raises(CheckpointConflict):
-        ray_session.get(env.prepare_checkpoint.remote("ck-2", time.time() + 20))
+        ray_session.get(env.prepare_checkpoint.remote("ck-2", soon()))
     assert ray_session.get(env.status.remote())["admission"] == "closed"
 
-    committed = ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path)))
-    assert committed["checkpoint_dir"] == str(tmp_path)
-    assert list(Path(tmp_path).rglob("manifest.json"))
-    assert ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path))) == committed
+    committed = ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path)))
+    models.CommitResult.model_validate(committed)
+    (part,) = committed["participants"]
+    manifest = tmp_path / part["manifest"]["relative_path"]
+    assert manifest.name == "manifest.json"
+    assert hashlib.sha256(manifest.read_bytes()).hexdigest() == part["payload"][
+        "manifest_digest"] == part["manifest"]["manifest_digest"]
+    index = part["payload"]["continuation_index"]
+    assert (tmp_path / index["relative_path"]).stat().st_size == index["bytes"]
+    assert ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path))
+                           ) == committed
     with pytest.raises(ConfigError):
-        ray_session.get(env.commit_checkpoint.remote("ck-1", str(tmp_path / "elsewhere")))
+        ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path / "x")))
     assert starts(gym) == before                           # nothing ran between prepare and now
 
-    resumed = ray_session.get(env.resume.remote("ck-1"))
-    assert resumed["state"] == "accepting" and resumed["committed"] == committed
-    assert ray_session.get(env.resume.remote("ck-1")) == resumed
+    resumed = ray_session.get(env.resume_checkpoint.remote("ck-1", soon()))
+    models.ParticipantsResult.model_validate(resumed)
+    assert resumed["checkpoint_id"] == "ck-1"
+    assert resumed["participants"][0]["payload"] == {"state": "accepting"}
+    assert ray_session.get(env.resume_checkpoint.remote("ck-1", soon())) == resumed
     with pytest.raises(StaleCheckpoint):
-        ray_session.get(env.prepare_checkpoint.remote("ck-1", time.time() + 20))
+        ray_session.get(env.prepare_checkpoint.remote("ck-1", soon()))
     got, error = drain(ray_session, held_back)
     assert error is None and got[0][1]["full_result"]["reward"] == 0.75
     status = ray_session.get(env.status.remote())
     assert status["checkpoints_committed"] == 1
     assert status["orchestrator"]["ledger"]["checkpoints_committed"] >= 1
 
+    # a restart restores from that directory: admission stays closed until resume
+    restored = ray_session.get(env.restore_checkpoint.remote("ck-r", soon(), str(tmp_path),
+                                                             "ck-1"))
+    models.ParticipantsResult.model_validate(restored)
+    assert restored["participants"][0]["payload"]["source_checkpoint_id"] == "ck-1"
+    assert ray_session.get(env.status.remote())["admission"] == "closed"
+    ray_session.get(env.resume_checkpoint.remote("ck-r", soon()))
+    with pytest.raises(CheckpointFailed):
+        ray_session.get(env.restore_checkpoint.remote("ck-r2", soon(), str(tmp_path), "ck-9"))
+    assert ray_session.get(env.status.remote())["admission"] == "open"
 
-def test_a_prepare_past_its_deadline_fails_and_abort_reopens(ray_session, env, gym, aborts):
+
+def test_a_prepare_past_its_deadline_is_a_timeout_and_reopens(ray_session, env, gym, aborts):
     aborts.append("ck-3")
     slow = stream(env, [row(0, reward=0.5, sleep_s=1.0)])
     wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
              what="the slow rollout to start")
-    with pytest.raises(CheckpointFailed) as failed:
+    with pytest.raises(TimeoutError) as failed:
         ray_session.get(env.prepare_checkpoint.remote("ck-3", time.time() + 0.2))
-    assert len(failed.value.blockers["in_flight"]) == 1
-    with pytest.raises(CheckpointConflict):
-        ray_session.get(env.commit_checkpoint.remote("ck-4", "/tmp/never"))
-    aborted = ray_session.get(env.abort.remote("ck-3"))
-    assert aborted["committed"] is None
+    assert "ck-3" in str(failed.value)
     assert ray_session.get(env.status.remote())["admission"] == "open"
+    with pytest.raises(CheckpointNotReady):
+        ray_session.get(env.commit_checkpoint.remote("ck-3", soon(), "/tmp/never"))
+    aborted = ray_session.get(env.abort_checkpoint.remote("ck-3", soon()))
+    models.ParticipantsResult.model_validate(aborted)
+    assert aborted["checkpoint_id"] == "ck-3"
     got, error = drain(ray_session, slow)
     assert error is None and [i for i, _, _ in got] == [0]
+
+
+def test_capabilities_discovered_and_completed_executions_acknowledged(ray_session, env, gym):
+    topo = ray_session.get(env.discover_checkpoint_capabilities.remote())
+    models.Topology.model_validate(topo)
+    (contract,) = topo["participants"]
+    assert contract["participant"]["component"] == "responses_api_agents"
+    assert contract["checkpoint_mode"] == "export_restore"
+    assert "completed_result_acknowledgement" in contract["features"]
+    with pytest.raises(RuntimeError):
+        ray_session.get(env.discover_checkpoint_capabilities.remote(["nobody"]))
+    got, error = drain(ray_session, stream(env, [row(0, reward=0.5), row(1, reward=0.25)]))
+    assert error is None
+    receipts = [result["gym_completion_receipt"] for _, result, _ in got]
+    done = [{"receipt": r, "agent_name": "rl_gym_actors"} for r in receipts]
+    answer = ray_session.get(env.acknowledge_completed_executions.remote(done))
+    assert answer == {"acknowledged": done}
+    models.Acknowledged.model_validate(answer)
+    assert ray_session.get(env.acknowledge_completed_executions.remote(done)) == answer
+    assert ray_session.get(env.acknowledge_completed_executions.remote([])) == {
+        "acknowledged": []}
+    forged = {**receipts[0], "result_digest": "0" * 64}
+    for bad in ([done[0], done[0]], [{"receipt": forged, "agent_name": "a"}], [{"x": 1}]):
+        with pytest.raises(ValueError):
+            ray_session.get(env.acknowledge_completed_executions.remote(bad))
 
 
 def test_bad_rows_fail_as_data_before_anything_runs(ray_session, env, gym):

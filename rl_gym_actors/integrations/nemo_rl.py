@@ -4,7 +4,10 @@ NeMo RL creates its environment actor once, then calls ``_spinup()``, ``set_toke
 ``health_check()`` now and then, ``shutdown()`` at the end, and for every batch::
 
     for ref in env.run_rollouts.options(num_returns="streaming").remote(rows, "timer"):
-        rowidx, result, timing = ray.get(ref)
+        rowidx, agent_ref, result, timing = ray.get(ref)    # (rowidx, result, timing) before
+
+Configuration, selection from NeMo RL, the Gym servers it starts and the results it builds:
+:mod:`.nemo_rl_config`, :mod:`.nemo_rl_select`, :mod:`.nemo_rl_servers`, :mod:`.nemo_rl_results`.
 
 :class:`GymRolloutEnv` answers the same calls (``NemoGymDropIn`` is it as a Ray actor). This
 module imports nothing of NeMo RL; see :mod:`rl_gym_actors.integrations.nemo_rl_rows` for the
@@ -23,12 +26,12 @@ Rollouts
     one, so a try that finished on Gym after all is adopted, not rerun.
 
 Checkpoints
-    ``prepare_checkpoint(id, deadline_ts)``, ``commit_checkpoint(id, dir)``, ``resume(id)`` and
-    ``abort(id)`` map NeMo RL's steps onto the ledger's one-shot gate (see
-    :mod:`rl_gym_actors.integrations.nemo_rl_checkpoints`): prepare closes this actor's admission
-    and drains its rollouts in flight, commit runs the gate into ``dir``, resume and abort
-    reopen admission. Each is bounded and safe to repeat. ``status()`` reports this actor, the
-    ledger, the pool and every Gym server.
+    The calls of NeMo RL's checkpoint-participant work (``prepare_checkpoint(id, deadline_ts)``,
+    ``commit_checkpoint(id, deadline_ts, dir)``, ``resume_checkpoint``, ``abort_checkpoint``,
+    ``restore_checkpoint``, ``discover_checkpoint_capabilities``,
+    ``acknowledge_completed_executions``) map onto the ledger's one-shot gate: see
+    :mod:`.nemo_rl_participants`. ``status()`` reports this actor, the ledger, the pool and
+    every Gym server.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
+from rl_gym_actors.integrations.nemo_rl_checkpoint_calls import CheckpointCalls
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl_participants import ReceiptBook
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimAction, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
                                                      RolloutDataError, check_prefix,
@@ -78,7 +83,7 @@ class DropInStats:
     cancelled_streams: int = 0
 
 
-class GymRolloutEnv:
+class GymRolloutEnv(CheckpointCalls):
     """NeMo RL's environment actor interface over the orchestrator; see the module docstring."""
 
     def __init__(self, cfg: DropInConfig | Mapping[str, Any]) -> None:
@@ -96,6 +101,9 @@ class GymRolloutEnv:
                                       commit_min_s=self.cfg.commit_min_s)
         self._last_expire = 0.0
         self._agent_name = self.cfg.default_agent_name()
+        self.receipts = ReceiptBook(self.cfg.max_held)
+        self._participant_names: dict[str, str] = {}
+        self._topology: dict[str, Any] | None = None
         self.stats = DropInStats()
 
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
@@ -217,6 +225,9 @@ class GymRolloutEnv:
             if self._book.deliver(claim.rollout_id, time.time()):
                 self._tasks.pop(claim.rollout_id, None)
                 self.stats.yielded += 1
+                receipt = result.get("gym_completion_receipt")
+                if receipt is not None:
+                    self.receipts.handed(receipt)
                 if self.cfg.stream_tuple == 3:
                     return (claim.rowidx, result, timing)
                 return (claim.rowidx, self._agent_ref(row), result, timing)
@@ -340,33 +351,10 @@ class GymRolloutEnv:
         for rid in self._book.expire(time.time()):
             self._tasks.pop(rid, None)
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------ checkpoints: see CheckpointCalls
 
-    async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
-        """Close admission and wait (until ``deadline_ts``) for every rollout in flight to end."""
-        self._require_spinup()
-        # held_results is counted as the drain ends and recorded with the answer: counted live
-        # on a repeat it would differ (a stream hands results out meanwhile; how soon after the
-        # drain depends on the event loop: earlier on 3.12+, whose wait_for adds no task)
-        return await self._steps.prepare(checkpoint_id, deadline_ts, facts=lambda: {
-            "held_results": sum(t.done() for t in self._tasks.values())})
-
-    async def commit_checkpoint(self, checkpoint_id: str, checkpoint_dir: str) -> dict[str, Any]:
-        """Run the ledger's gate into ``checkpoint_dir`` (after a ready prepare)."""
-        self._require_spinup()
-
-        async def gate(cid: str, directory: str, deadline_s: float) -> Any:
-            return await self._orch.acheckpoint(cid, directory, deadline_s=deadline_s)
-
-        return await self._steps.commit(checkpoint_id, checkpoint_dir, gate)
-
-    async def resume(self, checkpoint_id: str) -> dict[str, Any]:
-        """Reopen admission after a checkpoint; the id is spent."""
-        return self._steps.end(checkpoint_id)
-
-    async def abort(self, checkpoint_id: str) -> dict[str, Any]:
-        """Give up a checkpoint that is not committed (or just reopen after one that is)."""
-        return self._steps.end(checkpoint_id)
+    def _held_count(self) -> int:
+        return sum(t.done() for t in self._tasks.values())
 
     async def status(self) -> dict[str, Any]:
         """This actor's state, the orchestrator's snapshot (ledger, pool, rollout actors) and
@@ -374,7 +362,7 @@ class GymRolloutEnv:
         steps = self._steps.snapshot()
         out: dict[str, Any] = {
             "spun_up": self._orch is not None, "python": sys.executable, **steps,
-            "held_results": sum(t.done() for t in self._tasks.values()),
+            "held_results": self._held_count(),
             "stats": asdict(self.stats), "book": asdict(self._book.stats),
         }
         if self._orch is not None:

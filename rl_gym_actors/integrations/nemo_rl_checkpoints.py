@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
@@ -47,6 +47,7 @@ class _Active:
     committing: asyncio.Task | None = None
     committed: dict[str, Any] | None = None
     checkpoint_dir: str | None = None
+    answers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def phase(self) -> str:
@@ -136,7 +137,9 @@ class CheckpointSteps:
                            "drained_s": round(time.monotonic() - started, 6), **facts()}
         return active.prepared
 
-    async def commit(self, checkpoint_id: str, checkpoint_dir: str, gate: Gate) -> dict[str, Any]:
+    async def commit(self, checkpoint_id: str, checkpoint_dir: str, gate: Gate,
+                     deadline_ts: float | None = None) -> dict[str, Any]:
+        """Run the gate (once; repeats join it). ``deadline_ts`` replaces the prepare's."""
         recorded = self._check(checkpoint_id)
         if recorded is not None:
             committed = recorded.get("committed")
@@ -154,6 +157,8 @@ class CheckpointSteps:
             return active.committed
         if active.committing is None:             # a repeated call joins the one in progress
             active.checkpoint_dir = checkpoint_dir
+            if deadline_ts is not None:
+                active.deadline_ts = float(deadline_ts)
             budget = max(active.deadline_ts - self._clock(), self.commit_min_s)
             active.committing = asyncio.ensure_future(gate(checkpoint_id, checkpoint_dir,
                                                            budget))
@@ -183,6 +188,30 @@ class CheckpointSteps:
             raise CheckpointConflict(f"checkpoint {checkpoint_id} is committing", status=409)
         committed = active.committed if active is not None else None
         return self._finish(checkpoint_id, {"state": "accepting", "committed": committed})
+
+    def answer(self, checkpoint_id: str, key: str) -> Any:
+        """An answer recorded under ``key`` for the active checkpoint (None if none)."""
+        active = self._active
+        if active is None or active.checkpoint_id != checkpoint_id:
+            return None
+        return active.answers.get(key)
+
+    def record(self, checkpoint_id: str, key: str, answer: Any) -> Any:
+        """Record ``answer`` under ``key`` for the active checkpoint (the first one wins)."""
+        active = self._active
+        if active is None or active.checkpoint_id != checkpoint_id:
+            return answer
+        return active.answers.setdefault(key, answer)
+
+    def give_up(self, checkpoint_id: str) -> None:
+        """Forget a checkpoint that was not committed, without spending its id (it may be
+        prepared again): admission reopens. No-op when it is not the active one."""
+        active = self._active
+        if active is None or active.checkpoint_id != checkpoint_id or (
+                active.committing is not None):
+            return
+        self._active = None
+        self._open.set()
 
     def _finish(self, checkpoint_id: str, answer: dict[str, Any]) -> dict[str, Any]:
         answer = {"checkpoint_id": checkpoint_id, **answer}
