@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 CONTROL_PREFIX = "/ng-control/v1/agent-checkpoint"
 CAPABILITIES_PATH = "/ng-control/v1/capabilities"
 REPLAYED_HEADER = "x-gym-replayed"
+RECEIPT_HEADER = "x-gym-completion-receipt"      # (ext) the receipt beside a /run answer
 ROLLOUT_ID_FIELD = "_ng_rollout_id"
 ATTEMPT_INDEX_FIELD = "_ng_attempt_index"
 

@@ -68,6 +68,8 @@ class RolloutCounters(BaseModel):
     cancelled: int = 0
     handed_over: int = 0
     adopt_requests: int = 0
+    receipts_with_run: int = 0        # receipts the /run answer carried (no fetch)
+    receipts_fetched: int = 0
 
 
 class RolloutActorSnapshot(RolloutCounters):
@@ -92,6 +94,7 @@ class _Live:
     waiter: asyncio.Future | None = None      # the driver's wait on its call or a signal
     watchers: list[asyncio.Future] = field(default_factory=list)
     reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
+    receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
 
     def signal(self, event: core.Event) -> None:
         self.signals.append(event)
@@ -140,7 +143,8 @@ class RolloutWorker:
         self._memory = RolloutMemory(FINISHED_MEMORY)
         self._counts: dict[str, int] = dict.fromkeys(
             ("started", "sealed", "failed", "abandoned", "tries", "seals", "adoptions", "acks",
-             "cancelled", "handed_over", "adopt_requests"), 0)
+             "cancelled", "handed_over", "adopt_requests", "receipts_with_run",
+             "receipts_fetched"), 0)
         self._closed = False
 
     # ------------------------------------------------------------ the API
@@ -277,7 +281,24 @@ class RolloutWorker:
                 assert m.outcome is not None
                 return m.outcome
             # a signal that arrived meanwhile may make this step obsolete before it starts
-            effects = self._feed_signals(live) or await self._perform(live, step)
+            effects = (self._feed_signals(live) or self._receipt_at_hand(live, step)
+                       or await self._perform(live, step))
+
+    def _receipt_at_hand(self, live: _Live, step: core.Effect | None) -> list[core.Effect]:
+        """A receipt fetch that the /run (or replay) answer already answered: fed at once."""
+        if not isinstance(step, core.FetchReceipt):
+            return []
+        receipt = live.receipts.pop(step.attempt_index, None)
+        if receipt is None:
+            return []
+        return live.machine.handle(self._receipt_event(live, receipt, step.attempt_index))
+
+    def _receipt_event(self, live: _Live, receipt: CompletionReceipt, att: int) -> core.Event:
+        m = live.machine
+        problem = core.receipt_problem(receipt, m.rollout_id, att, m.reply)
+        if problem:
+            return core.DigestMismatch(self._clock(), receipt, problem)
+        return core.ReceiptReceived(self._clock(), receipt)
 
     def _apply(self, live: _Live, effects: list[core.Effect]) -> core.Effect | None:
         """Do the immediate effects; return the one that waits (None once finished)."""
@@ -363,16 +384,14 @@ class RolloutWorker:
                 if failure is FailureKind.ADMISSION_CLOSED:
                     return core.RunAdmissionClosed(clock())
                 return core.RunFailed(clock(), failure, _detail(exc))
+            self._keep_receipt(live, step.attempt_index, result)
             return core.RunReplied(clock(), result.reply, result.replayed)
         deadline = step.deadline_ts
         try:
             async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
                 if isinstance(step, core.FetchReceipt):
                     receipt = await self._receipt(live, step.attempt_index, deadline)
-                    problem = core.receipt_problem(receipt, rid, step.attempt_index, m.reply)
-                    if problem:
-                        return core.DigestMismatch(clock(), receipt, problem)
-                    return core.ReceiptReceived(clock(), receipt)
+                    return self._receipt_event(live, receipt, step.attempt_index)
                 if isinstance(step, core.Retire):
                     answer = await client.retire(rid, step.attempt_index,
                                                  checkpoint_id=self._retire_id,
@@ -382,6 +401,7 @@ class RolloutWorker:
                     result = await client.replay(live.row, rollout_id=rid,
                                                  attempt_index=step.attempt_index,
                                                  deadline_ts=deadline)
+                    self._keep_receipt(live, step.attempt_index, result)
                     return core.ReplayReplied(clock(), result.reply)
                 if isinstance(step, core.Ack):
                     await client.acknowledge(step.receipt, deadline_ts=deadline)
@@ -390,10 +410,19 @@ class RolloutWorker:
             return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
         raise AssertionError(f"not a waiting effect: {step!r}")
 
+    def _keep_receipt(self, live: _Live, att: int, result: Any) -> None:
+        """Keep the (ext) receipt a /run answer carried, for the fetch the machine asks next."""
+        if result.receipt is not None:
+            live.receipts[att] = result.receipt
+            self._counts["receipts_with_run"] += 1
+        else:
+            live.receipts.pop(att, None)
+
     async def _receipt(self, live: _Live, att: int, deadline: float) -> CompletionReceipt:
         """The key's completion receipt: from the (ext) receipt route, or, on a server without
         it (a real Gym), from the status lists."""
         client, rid = live.client, live.machine.rollout_id
+        self._counts["receipts_fetched"] += 1
         if live.endpoint_index not in self._receipts_from_status:
             try:
                 return (await client.receipt(rid, att, deadline_ts=deadline)).completion_receipt

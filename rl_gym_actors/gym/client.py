@@ -50,8 +50,8 @@ from rl_gym_actors.gym import health as _health
 from rl_gym_actors.gym.retry import (DEFAULT_RETRY, Clock, RetryOn, RetryPolicy, call_with_retry,
                                      check_deadline, remaining)
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckAnswer, AckBatchAnswer,
-                                    AckBatchRequest, Capabilities, CommitAnswer, CommitRequest,
+                                    RECEIPT_HEADER, REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckAnswer,
+                                    AckBatchAnswer, AckBatchRequest, Capabilities, CommitAnswer, CommitRequest,
                                     CompletionReceipt, PhaseRequest, ReceiptAnswer, ResumeAnswer,
                                     RetireAnswer, RetireRequest, StatusReport,
                                     is_valid_checkpoint_id, is_valid_rollout_id, result_digest)
@@ -67,12 +67,15 @@ _TEXT_LIMIT = 2000          # characters of a non-JSON body kept in an error
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """What ``/run`` answered: the agent's reply (usually a dict), whether the server replayed a
-    stored reply (the (ext) ``x-gym-replayed`` header; always False on a server without it), and
-    the raw bytes of the body."""
+    stored reply (the (ext) ``x-gym-replayed`` header; always False on a server without it), the
+    raw bytes of the body, and the completion receipt when the server sent it beside the answer
+    (the (ext) ``x-gym-completion-receipt`` header, the receipt's JSON; None without it, or when
+    it is no receipt: then it is fetched as from any server)."""
 
     reply: Any
     replayed: bool
     raw: bytes = field(repr=False)
+    receipt: CompletionReceipt | None = None
 
     @property
     def digest(self) -> str:
@@ -86,6 +89,7 @@ class _Answer:
     raw: bytes
     replayed: bool
     url: str
+    receipt: str | None = None          # the raw (ext) receipt header of a /run answer
 
 
 # ---------------------------------------------------------------- answers -> values or errors
@@ -166,6 +170,18 @@ def _prepare_incomplete(answer: _Answer) -> _Incomplete | None:
         return _Incomplete(report.model_copy(update={"ready_to_commit": False}))
     logger.debug("%s: prepare 409 without a report (%s)", answer.url, err.get("detail"))
     return _Incomplete(None)
+
+
+def _header_receipt(answer: _Answer) -> CompletionReceipt | None:
+    """The (ext) receipt sent beside a 2xx ``/run`` answer; None when absent or malformed (the
+    caller then fetches it, as from a server without the header)."""
+    if answer.receipt is None:
+        return None
+    try:
+        return CompletionReceipt.model_validate_json(answer.receipt)
+    except ValidationError:
+        logger.warning("%s: ignoring a malformed %s header", answer.url, RECEIPT_HEADER)
+        return None
 
 
 def _ok(answer: _Answer) -> Any:
@@ -310,7 +326,8 @@ class GymClient:
         async def attempt(try_deadline: float) -> RunResult:
             answer = await self._send("POST", "/run", control=False, data=data,
                                       deadline_ts=try_deadline)
-            return RunResult(reply=_ok(answer), replayed=answer.replayed, raw=answer.raw)
+            return RunResult(reply=_ok(answer), replayed=answer.replayed, raw=answer.raw,
+                             receipt=_header_receipt(answer))
 
         return await self._with_retry(attempt, kind, deadline_ts,
                                       f"run {rollout_id}/{attempt_index}")
@@ -515,7 +532,8 @@ class GymClient:
                                            headers=headers) as resp:
                     raw = await resp.read()
                     replayed = resp.headers.get(REPLAYED_HEADER, "").strip() == "1"
-                    answer = _Answer(resp.status, raw, replayed, url)
+                    answer = _Answer(resp.status, raw, replayed, url,
+                                     resp.headers.get(RECEIPT_HEADER))
         except TimeoutError as exc:      # ours, or aiohttp's (a passed-in session's timeouts)
             lost = DeadlineExceeded(f"{method} {path}: no answer within {left:.3f}s", url=url)
             # a control call the server answers at once that gets nothing: a frozen server;
