@@ -2,7 +2,7 @@
 test can SIGKILL it (with its local Ray) or run two of them against one Gym server.
 
     python -m rl_gym_actors.testing.driver --url URL --token T --run-id R --rows 8 \\
-        --checkpoint-id C [--slow-row-s 30] [--ray-address ADDR] [--ack on_seal]
+        --checkpoint-id C [--slow-row-s 30] [--ray-address ADDR] [--ack on_seal] [--go-file F]
 
 It prints JSON lines on stdout: ``{"event": "started", "pid": ...}``, then
 ``{"event": "batch", ...}`` with counts of the outcomes, then ``{"event": "checkpointing"}`` right
@@ -55,7 +55,10 @@ async def _main(args: argparse.Namespace) -> int:
     async with Orchestrator([endpoint], policy=TryPolicy(**policy_fields), pool_size=args.pool,
                             rollouts_per_actor=2, run_id=args.run_id, progress=False,
                             start=False) as orch:
+        await orch.astart()
         _say(event="started", pid=os.getpid(), orchestrator_id=orch.id)
+        while args.go_file and not os.path.exists(args.go_file):
+            await asyncio.sleep(0.02)            # several drivers start their batches together
         rows = _rows(args.run_id, args.rows, args.sleep_s)
         slow = None
         if args.slow_row_s:
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=30.0)
     p.add_argument("--ack", default=None)
     p.add_argument("--ray-address", default=None)
+    p.add_argument("--go-file", default=None, help="start the batch once this file exists")
     args = p.parse_args(argv)
     from rl_gym_actors.actors.runtime import ensure_ray
 

@@ -1,0 +1,112 @@
+"""A driver SIGKILLed (with its own local Ray) between prepare and resume leaves Gym preparing. A new
+driver of the same run gets it back: at once with ``abort_checkpoint``, or with no step at all
+once the server's checkpoint lease lapses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rl_gym_actors.config import GymEndpoint, TryPolicy
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.testing.driver import DriverProcess
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+POLICY = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=3.0)
+LEASE_S = 3.0
+
+
+def soon(seconds: float = 5.0) -> float:
+    return time.time() + seconds
+
+
+def server_has_leases() -> bool:
+    from rl_gym_actors.cli import build_parser
+
+    try:
+        build_parser().parse_args(["gym", "serve", "--checkpoint-lease-s", "1"])
+    except SystemExit:
+        return False
+    return True
+
+
+async def kill_mid_checkpoint(server, client: GymClient, tmp_path, deadline_s: float):
+    """Start a driver of run ``grpo-7``, let it reach prepare while its slow row runs, SIGKILL
+    it and its Ray. Returns when the kill is done (and checked), with the time it checkpointed."""
+    driver = DriverProcess(["--url", server.url, "--token", server.token, "--run-id", "grpo-7",
+                            "--rows", "3", "--slow-row-s", "60", "--checkpoint-id", "step-1",
+                            "--checkpoint-dir", str(tmp_path / "old"),
+                            "--deadline-s", str(deadline_s)])
+    try:
+        driver.wait_for("checkpointing", 180)
+        checkpointing = time.monotonic()
+        deadline = time.monotonic() + 30
+        while (await client.status("probe", deadline_ts=soon())).state != "preparing":
+            assert time.monotonic() < deadline, "the driver never prepared"
+            await asyncio.sleep(0.02)
+    finally:
+        pids = driver.kill()
+    for pid in pids:                                # the driver and its whole local Ray
+        deadline = time.monotonic() + 10
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"pid {pid} outlived the kill"
+            await asyncio.sleep(0.05)
+    status = await client.status("probe", deadline_ts=soon())
+    assert status.state == "preparing" and status.running == 1   # Gym is held: the bug's state
+    return checkpointing
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_a_new_driver_aborts_the_dead_checkpoint_and_commits_its_own(ray_session,
+                                                                         tmp_path):
+    from rl_gym_actors.orchestrator import Orchestrator
+
+    with GymServerThread(token="test-token") as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token)
+        async with GymClient(endpoint) as client:
+            await kill_mid_checkpoint(server, client, tmp_path, deadline_s=120.0)
+            killed = time.monotonic()
+            async with Orchestrator([endpoint], policy=POLICY, pool_size=2, run_id="grpo-7",
+                                    progress=False, start=False) as orch:
+                assert (await orch.aabort_checkpoint("step-1")).aborted
+                outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(4)])
+                assert [o.status for o in outcomes] == ["sealed"] * 4
+                report = await orch.acheckpoint("step-2", str(tmp_path / "new"), deadline_s=20)
+                # the dead driver's slow row is this run's: the new driver retires it
+                assert report.retired == 1
+            assert time.monotonic() - killed < 60
+            status = await client.status("probe-end", deadline_ts=soon())
+            assert status.state == "accepting" and status.running == 0
+            assert status.completed_unacknowledged == 0
+
+
+@pytest.mark.skipif(not server_has_leases(), reason="the Gym server has no checkpoint leases yet")
+async def test_with_a_lease_a_new_driver_commits_with_no_manual_step(ray_session, tmp_path):
+    from rl_gym_actors.orchestrator import Orchestrator
+
+    dead_deadline_s = 4.0
+    with GymServerThread(token="test-token",
+                         args=["--checkpoint-lease-s", str(LEASE_S)]) as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token)
+        async with GymClient(endpoint) as client:
+            checkpointing = await kill_mid_checkpoint(server, client, tmp_path,
+                                                      deadline_s=dead_deadline_s)
+            async with Orchestrator([endpoint], policy=POLICY, pool_size=2, run_id="grpo-7",
+                                    progress=False, start=False) as orch:
+                outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(4)])
+                assert [o.status for o in outcomes] == ["sealed"] * 4
+                await orch.acheckpoint("step-2", str(tmp_path / "new"), deadline_s=30)
+            # the dead checkpoint lapsed at its deadline + the lease; ours commits within 5 s
+            assert time.monotonic() - checkpointing < dead_deadline_s + LEASE_S + 5.0
+            assert (await client.status("probe-end", deadline_ts=soon())).running == 0
