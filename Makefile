@@ -28,7 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python benchmarks/run_all.py --quick
+	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

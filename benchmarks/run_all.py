@@ -14,30 +14,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import common
+import hotpath_table
 from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
+from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
 BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
-              "gym_server"]
+              "gym_server", "hotpath_profile"]
+EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
 
 # ---------------------------------------------------------------- running
 
-def run_one(name: str, quick: bool) -> dict[str, Any]:
-    cmd = [sys.executable, str(BENCH_DIR / f"{name}.py")] + (["--quick"] if quick else [])
+def run_one(name: str, quick: bool, *, tree: Path = REPO,
+            args: list[str] | None = None) -> dict[str, Any]:
+    if name == "hotpath_profile" and not _has_py_spy():
+        common.progress("run_all: hotpath_profile skipped: py-spy is not installed")
+        return {"name": name, "rc": 0, "seconds": 0.0, "tail": "", "skipped": True}
+    cmd = [sys.executable, str(tree / "benchmarks" / f"{name}.py")] + (
+        ["--quick"] if quick else []) + (EXTRA_ARGS.get(name, []) if args is None else args)
     log = RESULTS_DIR / f"{name}{'' if quick else '_full'}.log.tmp"
     t0 = time.perf_counter()
-    common.progress(f"run_all: {name} ...")
+    common.progress(f"run_all: {name} ({tree.name}) ...")
     with open(log, "w") as out:
         try:
-            rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            rc = subprocess.run(cmd, cwd=tree, stdout=out, stderr=subprocess.STDOUT,
                                 timeout=TIMEOUT_S["quick" if quick else "full"]).returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -47,6 +57,39 @@ def run_one(name: str, quick: bool) -> dict[str, Any]:
     if rc == 0:
         log.unlink(missing_ok=True)
     return {"name": name, "rc": rc, "seconds": took, "tail": tail}
+
+
+def _has_py_spy() -> bool:
+    return Path(sys.executable).with_name("py-spy").exists() or shutil.which("py-spy") is not None
+
+
+def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
+    """The "before" column: ``rev`` checked out in a temporary worktree, the current benchmark
+    scripts copied in (same harness, old library), each of BEFORE_BENCHMARKS run there; results
+    land in results/<name>_before.json. A failed run keeps the previous _before result."""
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rlga-before-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO,
+                       check=True, capture_output=True)
+        try:
+            for script in BENCH_DIR.glob("*.py"):
+                shutil.copy2(script, tree / "benchmarks" / script.name)
+            for name in BEFORE_BENCHMARKS:
+                args = ["--label", "before"] if name == "hotpath_profile" else []
+                run = run_one(name, quick, tree=tree, args=args)
+                run["name"] = f"{name} (before, {rev})"
+                runs.append(run)
+                stem = "hotpath_profile_before" if name == "hotpath_profile" else name
+                produced = tree / "benchmarks" / "results" / f"{stem}.json"
+                if run["rc"] == 0 and produced.exists():
+                    target = "hotpath_profile_before" if name == "hotpath_profile" else (
+                        f"{name}_before")
+                    shutil.copy2(produced, RESULTS_DIR / f"{target}.json")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
+                           capture_output=True)
+    return runs
 
 
 # ---------------------------------------------------------------- commentary
@@ -321,6 +364,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         "in the same run, interleaved trial by trial, are the robust figures.", ""]
     if plot_note:
         lines += [plot_note, ""]
+    lines += hotpath_table.section()
     failed = [r for r in runs if r["rc"] != 0]
     for r in failed:
         lines += [f"**{r['name']} failed in this run** (exit {r['rc']}); its section shows the "
@@ -331,6 +375,8 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
               "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
               "gym_server": "Gym server on its own (written by the server engineer)"}
     for name in BENCHMARKS:
+        if name not in titles:
+            continue                     # shown in the hot-path section
         lines += [f"## {titles[name]}", ""]
         primary = _load(name if quick else f"{name}_full")
         secondary = _load(f"{name}_full" if quick else name)
@@ -354,10 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
     parser.add_argument("--report-only", action="store_true",
                         help="do not run anything; rewrite RESULTS.md from results/")
+    parser.add_argument("--before", metavar="REV", default=None,
+                        help=f"also measure the 'before' column at REV (make bench: "
+                             f"{BEFORE_REV}) in a temporary worktree")
     args = parser.parse_args(argv)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if not args.report_only:
+        if args.before:
+            runs += run_before(args.before, args.quick)
         for name in args.only or BENCHMARKS:
             runs.append(run_one(name, args.quick))
     path = write_report(args.quick, runs)

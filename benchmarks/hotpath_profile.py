@@ -1,0 +1,206 @@
+"""Where a rollout's CPU goes: py-spy on each process of a quick throughput run.
+
+One Gym server (subprocess, instant simulated agent), an orchestrator of 2 rollout actors x 8
+rollouts each (concurrency 16, the throughput benchmark's "8 per actor"), batches of 200 rows back
+to back. While they run, py-spy samples the driver, one rollout actor, the ledger actor and the Gym
+server for the same window; /proc gives each process's CPU over the window and per thread. The
+result is, per process, CPU ms per rollout and its top Python functions by own time ("self") and
+by time including callees ("total"), as a share of the process's busy samples.
+
+    .venv/bin/pip install py-spy                                  # not a project dependency
+    .venv/bin/python benchmarks/hotpath_profile.py --quick --label after
+
+``--label before`` is how the "before" column was made: the same script run from a checkout of
+e581378 (``git worktree add --detach /tmp/base e581378``, copy this file into its benchmarks/, run
+it there with this venv's python). ``run_all.py`` shows the two side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import common
+from common import RESULTS_DIR, Result, bench_main, progress
+from fleet import Fleet
+
+PROCESSES = ("driver", "worker:RolloutActor", "worker:LedgerActor", "gym")
+TOP = 8
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(os.sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+    return found
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name of ``pid`` (threads of the same name summed)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        rest = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick
+    return out
+
+
+def _frame(raw: str) -> str:
+    """``func (path/to/module.py:12)`` -> ``func (to/module.py)``."""
+    if " (" not in raw:
+        return raw
+    func, where = raw.split(" (", 1)
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else path
+    for marker in ("site-packages/", "python3.11/", "python3.13/"):
+        if marker in path:
+            short = path.split(marker, 1)[1]
+            break
+    return f"{func} ({short})"
+
+
+def parse_collapsed(path: Path) -> dict[str, Any]:
+    """Self and total shares per function from py-spy's collapsed (``raw``) output."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    n = 0
+    if not path.exists():
+        return {"samples": 0, "self": [], "total": []}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        frames = [_frame(f) for f in stack.split(";")]
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))] or frames
+        n += k
+        own[frames[-1]] += k
+        for f in set(frames):
+            total[f] += k
+    pct = (lambda c: [[f, round(100.0 * v / n, 1)] for f, v in c.most_common(40)]) if n else (
+        lambda c: [])
+    return {"samples": n, "self": pct(own), "total": pct(total)}
+
+
+def _find(kind: str, exclude: list[int]) -> int | None:
+    procs = [p for p in common.process_tree(exclude=exclude) if p.kind == kind]
+    return procs[0].pid if procs else None
+
+
+def body(result: Result, args: Any) -> None:
+    from rl_gym_actors.config import TryPolicy
+    from rl_gym_actors.orchestrator import Orchestrator
+    import rl_gym_actors
+
+    spy = _py_spy()
+    window_s = 12.0 if args.quick else 30.0
+    result.params.update(window_s=window_s, actors=2, rollouts_per_actor=8, batch=200,
+                         code=str(Path(rl_gym_actors.__file__).parent))
+    common.start_ray(num_cpus=2)
+    with Fleet(1) as fleet:
+        gym_pid = fleet.pids[0]
+        orch = Orchestrator(fleet.endpoints, policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
+                            pool_size=2, rollouts_per_actor=8, progress=False,
+                            orchestrator_id="bench-profile")
+        try:
+            seq = iter(range(10**9))
+
+            def batch() -> int:
+                rows = [{"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
+                        for _ in range(200)]
+                outs = orch.run_batch(rows)
+                assert all(o.status == "sealed" for o in outs), outs[0]
+                return len(outs)
+
+            batch()
+            batch()                                   # warm: connections, code paths
+            pids = {"driver": os.getpid(), "gym": gym_pid}
+            for kind in PROCESSES[1:3]:
+                pids[kind] = _find(kind, fleet.pids)
+            progress(f"profiling {pids} for {window_s:.0f}s")
+            stop = threading.Event()
+            done = [0]
+
+            def load() -> None:
+                while not stop.is_set():
+                    done[0] += batch()
+
+            cpu0 = {k: common.process_cpu_s(p) for k, p in pids.items()}
+            thr0 = {k: _thread_cpu(p) for k, p in pids.items()}
+            worker = threading.Thread(target=load, daemon=True)
+            worker.start()
+            time.sleep(0.5)
+            n0, t0 = done[0], time.perf_counter()
+            cpu0 = {k: common.process_cpu_s(p) for k, p in pids.items()}
+            spies = {}
+            for kind, pid in pids.items():
+                out = RESULTS_DIR / f"hotpath_{args.label}_{kind.split(':')[-1]}.txt"
+                spies[kind] = (out, subprocess.Popen(
+                    [spy, "record", "--pid", str(pid), "--rate", "200", "--duration",
+                     str(int(window_s)), "--format", "raw", "--nonblocking", "--output",
+                     str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            for _, proc in spies.values():
+                proc.wait(timeout=window_s + 60)
+            wall = time.perf_counter() - t0
+            cpu1 = {k: common.process_cpu_s(p) for k, p in pids.items()}
+            thr1 = {k: _thread_cpu(p) for k, p in pids.items()}
+            n1 = done[0]
+            stop.set()
+            worker.join(timeout=120)
+        finally:
+            orch.close()
+            common.stop_ray()
+    rollouts = max(1, n1 - n0)
+    procs: dict[str, Any] = {}
+    for kind, (out, _) in spies.items():
+        prof = parse_collapsed(out)
+        out.unlink(missing_ok=True)
+        threads = {name: round((thr1[kind].get(name, 0.0) - v) * 1e3 / rollouts, 3)
+                   for name, v in thr0[kind].items() if thr1[kind].get(name, 0.0) - v > 0.01}
+        procs[kind] = {
+            "pid": pids[kind],
+            "cpu_ms_per_rollout": round(((cpu1[kind] or 0) - (cpu0[kind] or 0)) * 1e3 / rollouts,
+                                        3),
+            "threads_cpu_ms_per_rollout": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+            **prof}
+    result.extra.update(label=args.label, rollouts=rollouts, wall_s=round(wall, 2),
+                        rollouts_per_s=round(rollouts / wall, 1), processes=procs)
+    result.rows = [{"process": k, "cpu_ms_per_rollout": v["cpu_ms_per_rollout"],
+                    "samples": v["samples"]} for k, v in procs.items()]
+    result.add_table(
+        f"{args.label}: {rollouts} rollouts in {wall:.1f} s ({rollouts / wall:.0f}/s), instant "
+        "agents, 2 actors x 8; CPU ms per rollout per process and its top functions by own time "
+        "(% of the process's busy samples):",
+        ["process", "CPU ms / rollout", *[f"#{i + 1}" for i in range(4)]],
+        [[k, v["cpu_ms_per_rollout"], *[f"{f} {p}%" for f, p in v["self"][:4]]]
+         for k, v in procs.items()])
+
+
+def _args(parser: Any) -> None:
+    parser.add_argument("--label", default="after", help="before | after (the file it writes)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    label = "after"
+    if "--label" in sys.argv:
+        label = sys.argv[sys.argv.index("--label") + 1]
+    bench_main(f"hotpath_profile_{label}", "Where a rollout's CPU goes (py-spy)", body,
+               extra_args=_args)
