@@ -40,6 +40,7 @@ from common import Result, bench_main, progress
 
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
+from rl_gym_actors.testing.polling import wait_for
 
 QUICK = dict(rows=100, fractions=[0.01, 0.05, 0.2], paths=["deadline", "fail_fast", "receipt",
                                                             "drop"], actors=4)
@@ -138,8 +139,8 @@ def _batch_metrics(prefix: str, rows: list[dict], outcomes: list[Any], meter: An
 def _wait_quiet(meter_path: Path, timeout_s: float = 30.0) -> Any:
     from metered_agent import read_meter
 
-    common.wait_until(lambda: read_meter(meter_path).running == 0, timeout_s=timeout_s,
-                      what="every agent run to end")
+    wait_for(lambda: read_meter(meter_path).running == 0, timeout_s=timeout_s, interval_s=0.05,
+             what="every agent run to end")
     return read_meter(meter_path)
 
 

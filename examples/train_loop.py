@@ -285,19 +285,17 @@ def _wait_line(lines: "queue.Queue[str | None]", prefix: str, timeout_s: float) 
 
 
 def _session_pids(sid: int) -> list[int]:
-    """The processes of one session (Linux /proc): the trainer, its Ray and Ray's workers,
-    which put themselves into process groups of their own but stay in the session."""
+    """The processes of one session: the trainer, its Ray and Ray's workers, which put
+    themselves into process groups of their own but stay in the session."""
+    import psutil
+
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in psutil.pids():
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if os.getsid(pid) == sid:
+                pids.append(pid)
+        except OSError:                    # gone meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid:
-            pids.append(int(entry.name))
     return pids
 
 
@@ -306,8 +304,7 @@ def _crash(proc: subprocess.Popen) -> int:
     Returns how many processes were killed."""
     killed: set[int] = set()
     for _ in range(3):                     # a process may fork while we kill
-        pids = [p for p in _session_pids(proc.pid) if p not in killed] if Path(
-            "/proc").exists() else []
+        pids = [p for p in _session_pids(proc.pid) if p not in killed]
         if not pids and killed:
             break
         for pid in pids or [proc.pid]:
@@ -321,7 +318,8 @@ def _crash(proc: subprocess.Popen) -> int:
 
 
 def supervise(args: argparse.Namespace) -> dict[str, Any]:
-    from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+    from rl_gym_actors.testing.gym_process import GymServerThread
+    from rl_gym_actors.testing.polling import wait_for
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -22,19 +21,12 @@ from rl_gym_actors.errors import CheckpointFailed, StaleAttempt
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
+from rl_gym_actors.testing.polling import until
 
 pytestmark = pytest.mark.ray
 
 _ids = itertools.count()
 LONG_S = 30.0          # an agent run that no test waits for
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Wait for ``check()`` to hold, polling, with a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def soon(seconds: float = 10.0) -> float:
@@ -75,7 +67,7 @@ async def receipt_state(client: GymClient, rid: str, att: int = 0) -> str:
 async def completed(client: GymClient, rid: str, att: int = 0) -> None:
     async def check() -> bool:
         return await receipt_state(client, rid, att) == "completed"
-    await eventually(check)
+    await until(check, what=f"({rid}, {att}) to complete")
 
 
 def manifest(path: str) -> dict:
@@ -123,7 +115,7 @@ async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits
 
         async def all_running() -> bool:
             return (await client.status("probe-slow", deadline_ts=soon())).running == 3
-        await eventually(all_running)
+        await until(all_running, what="every run to start")
 
         ledger = make_ledger(ray_session, [endpoint])
         start = time.monotonic()
@@ -155,7 +147,7 @@ async def test_an_owner_adopts_its_current_completed_try_and_a_stale_try_is_acke
 
         async def rb1_acked() -> bool:     # the owner's own flow seals and ACKs rB/1
             return (await owner.states.remote()).get("rB/1") == "acked"
-        await eventually(rb1_acked)
+        await until(rb1_acked, what="rb1 to be ACKed")
         assert (await owner.states.remote())["rA/0"] == "running"
 
         report = await ledger.checkpoint.remote("ckpt-adopt", str(tmp_path), 20.0)
@@ -232,7 +224,7 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
 
         async def running() -> bool:
             return await receipt_state(client, "rL") == "running"
-        await eventually(running)
+        await until(running, what="the run to start")
 
         deadline_s = 1.5
         start = time.monotonic()
@@ -276,7 +268,7 @@ async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, t
 
             async def running() -> bool:
                 return (await client.status("probe-real", deadline_ts=soon())).running == 1
-            await eventually(running)
+            await until(running, what="the run to start")
             ledger = make_ledger(ray_session, [real.endpoint])
 
             report = await ledger.checkpoint.remote("ckpt-real", str(tmp_path), 20.0)
@@ -303,7 +295,7 @@ async def test_a_live_owners_try_dispatched_after_the_flush_is_not_retired(ray_s
 
         async def running() -> bool:
             return await receipt_state(client, "rLate") == "running"
-        await eventually(running)
+        await until(running, what="the run to start")
 
         report = await ledger.checkpoint.remote("ckpt-late-report", str(tmp_path), 20.0)
 

@@ -11,6 +11,7 @@ import pytest
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 pytestmark = pytest.mark.ray
 
@@ -31,10 +32,10 @@ async def test_a_checkpoint_during_a_batch_waits_for_live_tries_and_commits(ray_
                 progress=False, start=False) as orch:
             batch = asyncio.ensure_future(orch.arun_batch(rows))
 
-            deadline = time.monotonic() + 15.0
-            while (await client.status("probe-live", deadline_ts=time.time() + 5)).running < 2:
-                assert time.monotonic() < deadline, "the batch never started"
-                await asyncio.sleep(0.02)
+            async def both_running() -> bool:
+                status = await client.status("probe-live", deadline_ts=time.time() + 5)
+                return status.running >= 2
+            await until(both_running, timeout_s=15.0, what="the batch to start")
 
             report = await orch.acheckpoint("ckpt-live", str(tmp_path), deadline_s=30.0)
             outcomes = await asyncio.wait_for(batch, 30.0)
@@ -51,13 +52,10 @@ async def test_a_checkpoint_during_a_batch_waits_for_live_tries_and_commits(ray_
             assert status.state == "accepting"
             assert status.running == 0 and status.completed_unacknowledged == 0
             # the actors' last reports travel in their next batch: wait for them, with a deadline
-            deadline = time.monotonic() + 10.0
-            while True:
+            async def all_acked():
                 snap = await orch.asnapshot()
                 ledger = snap.ledger.endpoints[server.endpoint.url]
                 assert ledger.invariant_ok and ledger.dispatched == 4
-                if ledger.acked == 4:
-                    break
-                assert time.monotonic() < deadline, ledger
-                await asyncio.sleep(0.05)
+                return snap if ledger.acked == 4 else None
+            snap = await until(all_acked, timeout_s=10.0, what="the ledger to see 4 ACKs")
             assert snap.ledger.checkpoints_committed == 1

@@ -14,7 +14,8 @@ from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, Checkpoi
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
-from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
 
 import nemo_rl_checkpoint_models as models

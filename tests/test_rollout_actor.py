@@ -21,6 +21,7 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
+from rl_gym_actors.testing.polling import until
 
 QUICK = TryPolicy(rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0)
 PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0)
@@ -59,14 +60,6 @@ class Sink:
 def worker(gym, policy=QUICK, sink=None, slots=4) -> RolloutWorker:
     return RolloutWorker("w-test", [gym.endpoint], policy, LedgerConfig(flush_interval_s=0.01),
                          send=sink, slots=slots)
-
-
-async def wait_until(predicate, timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def assert_nothing_left(ctl: GymClient) -> None:
@@ -116,11 +109,11 @@ async def test_receipt_fetch_timeout_gives_up_then_adopts(gym, ctl, agent):
 async def test_abandon_while_the_agent_works_cancels_and_keeps_no_result(gym, ctl, agent):
     w = worker(gym, PATIENT)
     task = asyncio.ensure_future(w.run_rollout({"sleep_s": 30}, "rA-w"))
-    await wait_until(lambda: agent.starts[("rA-w", 0)] == 1, what="the agent to start")
+    await until(lambda: agent.starts[("rA-w", 0)] == 1, what="the agent to start")
     await w.abandon("rA-w")
     out = await asyncio.wait_for(task, 5)
     assert (out.status, out.tries, out.has_result) == ("abandoned", 1, False)
-    await wait_until(lambda: ("rA-w", 0) in agent.cancelled, what="the run to be cancelled")
+    await until(lambda: ("rA-w", 0) in agent.cancelled, what="the run to be cancelled")
     assert await key_state(ctl, "rA-w", 0) == "tombstoned"
     await w.close()
 
@@ -131,7 +124,7 @@ async def test_abandon_after_gym_finished_adopts_and_keeps_the_result(gym, ctl, 
     delayed = gym.faults.delayed
     task = asyncio.ensure_future(w.run_rollout(row, "rF-w"))
     # Gym finished and the rollout waits on its (slow) receipt
-    await wait_until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
+    await until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
     await w.abandon("rF-w")
     out = await asyncio.wait_for(task, 5)
     assert (out.status, out.adopted, out.reward, out.attempt_index) == (
@@ -244,7 +237,7 @@ async def test_the_ledger_asking_to_adopt_a_finished_try_gets_it_sealed_and_acke
     w = worker(gym)
     delayed = gym.faults.delayed
     task = asyncio.ensure_future(w.run_rollout({"reward": 0.5, "receipt_delay_s": 30}, "rL-w"))
-    await wait_until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
+    await until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
     # what the checkpoint gate does for a completed, un-ACKed current try of a live owner
     assert await asyncio.wait_for(w.adopt("rL-w", 0), 10) is True
     assert await key_state(ctl, "rL-w", 0) == "acknowledged"

@@ -1,9 +1,9 @@
 """A simulated agent that counts what it does, for in-process Gym servers in tests and demos.
 
-Give it to :class:`~rl_gym_actors.testing.gym_process.GymServerThread` as ``agent=``. It replies
-like the simulated agent (``{"id": "r-<rollout_id>", "reward": <reward>}``), reads ``sleep_s``,
-``reward`` and ``fail``, and also ``first_try_sleep_s``: extra sleep for attempt 0 only (a first
-try that outlives its deadline while the next one is quick). It counts agent starts per key and
+Give it to :class:`~rl_gym_actors.testing.gym_process.GymServerThread` as ``agent=``. It runs
+:func:`~rl_gym_actors.gym.agents.simulated_agent` (``sleep_s``, ``reward``, ``fail``) and reads
+one field more, ``first_try_sleep_s``: extra sleep for attempt 0 only (a first try that outlives
+its deadline while the next one is quick). It counts agent starts per key and
 records which runs were cancelled (retired) and which finished, so a test can say "the agent ran
 this key once" or "the retired try was really cancelled".
 """
@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from rl_gym_actors.gym.agents import simulated_agent
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ExecutionKey
 
 
@@ -36,21 +37,17 @@ class CountingAgent:
         key = (str(row.get(ROLLOUT_ID_FIELD)), int(row.get(ATTEMPT_INDEX_FIELD, 0)))
         with self._lock:
             self.starts[key] += 1
-        sleep_s = float(row.get("sleep_s", 0))
-        if key[1] == 0:
-            sleep_s += float(row.get("first_try_sleep_s", 0))
         try:
-            if sleep_s > 0:
-                await asyncio.sleep(sleep_s)
+            if key[1] == 0 and float(row.get("first_try_sleep_s", 0)) > 0:
+                await asyncio.sleep(float(row["first_try_sleep_s"]))
+            reply = await simulated_agent(row)
         except asyncio.CancelledError:
             with self._lock:
                 self.cancelled.add(key)
             raise
-        if row.get("fail"):
-            raise RuntimeError("the row asked the agent to fail")
         with self._lock:
             self.finished.add(key)
-        return {"id": f"r-{key[0]}", "reward": row.get("reward", 1.0)}
+        return reply
 
 
 # One shared instance, so that a server started as a subprocess can load it by name:

@@ -286,13 +286,3 @@ class GymServerThread(_Base):
         if self.server is not None and self.running:
             self.server.kill()
             self._join(timeout_s)
-
-
-def wait_for(predicate, *, timeout_s: float = 10.0, interval_s: float = 0.01,
-             what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds; raise TimeoutError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)

@@ -6,20 +6,19 @@ Each call opens its own aiohttp session, so a Wire works in whichever event loop
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
 
-from rl_gym_actors.gym.agents import simulated_agent
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
                                     ROLLOUT_ID_FIELD)
+from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 _DEFAULT = object()
 
@@ -132,26 +131,11 @@ class Wire:
 
     async def until(self, predicate, *, timeout_s: float = 10.0,
                     what: str = "status condition") -> dict[str, Any]:
-        """Poll status until ``predicate(status)`` holds; TimeoutError at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """Poll status until ``predicate(status)`` holds and return that status."""
+        async def holding() -> dict[str, Any] | None:
             st = (await self.status()).json
-            if predicate(st):
-                return st
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}; last status {st}")
-            await asyncio.sleep(0.01)
-
-
-class CountingAgent:
-    """The simulated agent, counting how often each key was started."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[tuple[str, int]] = Counter()
-
-    async def __call__(self, row: dict[str, Any]) -> Any:
-        self.calls[(row[ROLLOUT_ID_FIELD], row.get(ATTEMPT_INDEX_FIELD, 0))] += 1
-        return await simulated_agent(row)
+            return st if predicate(st) else None
+        return await until(holding, timeout_s=timeout_s, what=what)
 
 
 @pytest.fixture

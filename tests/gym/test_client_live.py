@@ -29,6 +29,7 @@ from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 aio = pytest.mark.asyncio(loop_scope="session")   # the suite shares one event loop
 
@@ -50,14 +51,6 @@ async def expect(cls: type[RlGymError], call) -> RlGymError:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls and back.__dict__ == err.__dict__
     return err
-
-
-async def until(predicate, *, timeout_s: float = 5.0, what: str = "condition") -> None:
-    """Wait for an async ``predicate`` with a deadline (no sleep-and-hope)."""
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(scope="module")

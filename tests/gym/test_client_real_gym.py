@@ -22,6 +22,7 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
+from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 aio = pytest.mark.asyncio(loop_scope="session")   # the suite shares one event loop
@@ -33,13 +34,6 @@ def rid() -> str:
 
 def soon(seconds: float = 10.0) -> float:
     return time.time() + seconds
-
-
-async def until(predicate, *, timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

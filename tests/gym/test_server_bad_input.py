@@ -157,7 +157,7 @@ async def test_bad_input_is_a_named_4xx_and_changes_nothing(wire, agent, case):
     assert (got.status, got.code) == (status, code), got.raw
     assert got.json["error"]["detail"]
     assert await _fingerprint(wire) == before
-    assert agent.calls[("rX", 0)] == 0 and agent.calls[("rBig", 0)] == 0
+    assert agent.starts[("rX", 0)] == 0 and agent.starts[("rBig", 0)] == 0
 
 
 async def test_an_oversized_chunked_body_is_refused_without_reading_it_all(wire, agent):
@@ -174,7 +174,7 @@ async def test_an_oversized_chunked_body_is_refused_without_reading_it_all(wire,
                              headers={"Content-Type": "application/json"})
     assert (got.status, got.code) == (413, "payload_too_large")
     assert await _fingerprint(wire) == before
-    assert agent.calls[("rBig", 0)] == 0
+    assert agent.starts[("rBig", 0)] == 0
 
 
 async def test_the_server_keeps_serving_after_bad_input(wire):

@@ -25,7 +25,7 @@ async def test_drop_reply_loses_the_first_answer_only_and_keeps_the_reply(wire, 
     assert replay.json == {"id": "r-rD", "reward": 0.5}
     assert receipt["result_digest"] == hashlib.sha256(canonical_json(replay.json)).hexdigest()
     assert (await wire.run("rD")).status == 200                       # every replay answers
-    assert agent.calls[("rD", 0)] == 1
+    assert agent.starts[("rD", 0)] == 1
 
 
 async def test_receipt_delay_holds_the_first_receipt_request_only(wire, gym):

@@ -18,7 +18,7 @@ async def test_new_key_runs_the_agent_and_answers_its_reply(wire, agent):
     assert got.status == 200
     assert got.json == {"id": "r-rA", "reward": 0.5}
     assert not got.replayed and "x-gym-replayed" not in got.headers
-    assert agent.calls[("rA", 0)] == 1
+    assert agent.starts[("rA", 0)] == 1
 
 
 async def test_completed_key_answers_the_stored_reply_and_the_agent_does_not_run(wire, agent):
@@ -26,7 +26,7 @@ async def test_completed_key_answers_the_stored_reply_and_the_agent_does_not_run
     again = await wire.run("rD", reward=0.9)          # a different row: still the stored reply
     assert again.status == 200 and again.replayed
     assert again.raw == first.raw
-    assert agent.calls[("rD", 0)] == 1
+    assert agent.starts[("rD", 0)] == 1
 
 
 async def test_acked_key_is_stale(wire, agent):
@@ -34,14 +34,14 @@ async def test_acked_key_is_stale(wire, agent):
     assert (await wire.ack(receipt)).status == 200
     got = await wire.run("rA")
     assert (got.status, got.code) == (409, "stale_attempt")
-    assert agent.calls[("rA", 0)] == 1
+    assert agent.starts[("rA", 0)] == 1
 
 
 async def test_tombstoned_key_is_stale_and_never_runs(wire, agent):
     assert (await wire.retire("rT")).json["tombstoned"] is True
     got = await wire.run("rT")
     assert (got.status, got.code) == (409, "stale_attempt")
-    assert agent.calls[("rT", 0)] == 0
+    assert agent.starts[("rT", 0)] == 0
 
 
 async def test_running_key_is_a_duplicate_and_a_retired_runs_caller_gets_stale_attempt(wire,
@@ -54,7 +54,7 @@ async def test_running_key_is_a_duplicate_and_a_retired_runs_caller_gets_stale_a
                                                "completed_unacknowledged": False}
     waited = await asyncio.wait_for(first, 10)
     assert (waited.status, waited.code) == (409, "stale_attempt")
-    assert agent.calls[("rR", 0)] == 1
+    assert agent.starts[("rR", 0)] == 1
     assert (await wire.status()).json["running"] == 0
 
 
@@ -62,7 +62,7 @@ async def test_admission_closed_between_prepare_and_resume(wire, agent):
     assert (await wire.prepare("c1")).status == 200
     got = await wire.run("rN")
     assert (got.status, got.code) == (409, "agent_admission_closed")
-    assert agent.calls[("rN", 0)] == 0
+    assert agent.starts[("rN", 0)] == 0
     assert (await wire.resume("c1")).status == 200
     assert (await wire.run("rN")).status == 200
 
@@ -80,7 +80,7 @@ async def test_the_order_of_decisions_during_prepare(wire, agent):
     replay = await wire.run("rC")
     assert replay.status == 200 and replay.replayed
     assert (await wire.run("rNew")).code == "agent_admission_closed"
-    assert agent.calls == {("rA", 0): 1, ("rC", 0): 1}
+    assert agent.starts == {("rA", 0): 1, ("rC", 0): 1}
 
 
 async def test_an_agent_that_raises_gives_500_agent_failed_and_tombstones_the_key(wire, agent):
@@ -89,7 +89,7 @@ async def test_an_agent_that_raises_gives_500_agent_failed_and_tombstones_the_ke
     assert "SimulatedAgentError" in got.json["error"]["detail"]
     assert (await wire.run("rF")).code == "stale_attempt"
     assert (await wire.receipt("rF")).code == "stale_attempt"
-    assert agent.calls[("rF", 0)] == 1
+    assert agent.starts[("rF", 0)] == 1
 
 
 async def test_a_reply_that_is_not_json_is_agent_failed(wire_for):
@@ -108,13 +108,13 @@ async def test_a_caller_that_stops_waiting_does_not_cancel_the_run(wire, agent):
     await wire.until(lambda st: st["completed_unacknowledged"] == 1, what="rL completed")
     replay = await wire.run("rL")
     assert replay.replayed and replay.json == {"id": "r-rL", "reward": 0.25}
-    assert agent.calls[("rL", 0)] == 1
+    assert agent.starts[("rL", 0)] == 1
 
 
 async def test_attempts_are_separate_keys(wire, agent):
     await wire.complete("rK", 0)
     await wire.complete("rK", 1)
-    assert agent.calls == {("rK", 0): 1, ("rK", 1): 1}
+    assert agent.starts == {("rK", 0): 1, ("rK", 1): 1}
 
 
 async def test_row_fields_reach_the_agent_untouched(wire_for):

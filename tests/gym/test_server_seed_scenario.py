@@ -15,7 +15,7 @@ async def test_seed_scenario(wire, agent):
     with pytest.raises(aiohttp.ClientError):
         await wire.request("POST", "/run", token=None, body=with_faults(
             {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}, drop_reply=True))
-    assert agent.calls[("rD", 0)] == 1
+    assert agent.starts[("rD", 0)] == 1
 
     # 2. POST /prepare -> 409, running=0 parked=0 completed_unacknowledged=1, listing (rD, 0)
     refused = await wire.prepare("ckpt-1")
@@ -30,7 +30,7 @@ async def test_seed_scenario(wire, agent):
     replay = await wire.run("rD", 0, reward=0.5)
     assert replay.status == 200 and replay.replayed
     assert replay.json == {"id": "r-rD", "reward": 0.5}
-    assert agent.calls[("rD", 0)] == 1
+    assert agent.starts[("rD", 0)] == 1
 
     # 4. POST /acknowledge with its receipt -> {"acknowledged": true, "idempotent": false}
     receipt = (await wire.receipt("rD", 0)).json["completion_receipt"]
@@ -45,7 +45,7 @@ async def test_seed_scenario(wire, agent):
             ready.json["completed_unacknowledged"]) == (True, 0, 0, 0)
 
     # 6. the agent ran (rD, 0) exactly once; execution_generation is still 1
-    assert agent.calls[("rD", 0)] == 1
+    assert agent.starts[("rD", 0)] == 1
     assert receipt["execution_generation"] == 1
     assert (await wire.receipt("rD", 0)).json == {"state": "acknowledged",
                                                   "completion_receipt": receipt}
