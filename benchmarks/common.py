@@ -1,5 +1,5 @@
 """Shared benchmark harness: machine facts, trials with warm-up, percentiles, process sampling
-(RSS and CPU of the driver, the Ray workers and the Ray system processes via /proc), local Ray
+(RSS and CPU of the driver, the Ray workers and the Ray system processes, via psutil), local Ray
 start-up on loopback, and writing results as JSON plus a short markdown table.
 
 Every benchmark script imports this first; importing it puts the repository on ``sys.path`` (and
@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
+import psutil
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -33,8 +35,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1024 * 1024
 
 
@@ -48,12 +48,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-    try:
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        total_kb = int(next(l for l in meminfo if l.startswith("MemTotal")).split()[1])
-        info["memory_gb"] = round(total_kb / 1024 / 1024, 1)
-    except (OSError, StopIteration, ValueError):
-        info["memory_gb"] = None
+    info["memory_gb"] = round(psutil.virtual_memory().total / 1024 ** 3, 1)
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in cpuinfo
@@ -177,42 +172,30 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.05,
-               what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds; raise TimeoutError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(interval_s)
-
-
-# ---------------------------------------------------------------- processes (/proc)
+# ---------------------------------------------------------------- processes (psutil)
 
 @dataclass(frozen=True)
 class ProcInfo:
     pid: int
     ppid: int
-    start: int           # start time in clock ticks: with the pid, identifies the process
+    start: float         # creation time: with the pid, identifies the process
     cpu_s: float         # user + system seconds, reaped children included
     rss: int             # bytes
     kind: str            # "driver", "worker", "ray_system" or "other"
 
 
-def _read_proc(pid: int) -> tuple[int, int, float, int, str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            "utf-8", "replace")
-    except OSError:
+_ATTRS = ["pid", "ppid", "create_time", "cpu_times", "memory_info", "cmdline"]
+
+
+def _row(info: dict[str, Any]) -> tuple[int, float, float, int, str] | None:
+    """(ppid, start, cpu_s, rss, command line) from ``process_iter``'s info, or None when the
+    process went away or hid its figures while it was read."""
+    times, memory = info.get("cpu_times"), info.get("memory_info")
+    if times is None or memory is None or info.get("create_time") is None:
         return None
-    # the command name is in parentheses and may itself contain spaces or parentheses
-    rest = stat[stat.rindex(")") + 2:].split()
-    ppid = int(rest[1])
-    cpu = (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _TICK
-    start = int(rest[19])
-    rss = int(rest[21]) * _PAGE
-    return ppid, start, cpu, rss, cmd
+    cpu = times.user + times.system + getattr(times, "children_user", 0.0) + getattr(
+        times, "children_system", 0.0)
+    return info["ppid"], info["create_time"], cpu, memory.rss, " ".join(info.get("cmdline") or ())
 
 
 def _kind(pid: int, root: int, cmd: str) -> str:
@@ -244,12 +227,11 @@ def process_tree(root: int | None = None, exclude: Iterable[int] = ()) -> list[P
     on the same machine are never counted."""
     root = os.getpid() if root is None else root
     excluded = set(exclude)
-    table: dict[int, tuple[int, int, float, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            row = _read_proc(int(entry))
-            if row is not None:
-                table[int(entry)] = row
+    table: dict[int, tuple[int, float, float, int, str]] = {}
+    for proc in psutil.process_iter(_ATTRS, ad_value=None):
+        row = _row(proc.info)
+        if row is not None:
+            table[proc.info["pid"]] = row
     children: dict[int, list[int]] = {}
     for pid, row in table.items():
         children.setdefault(row[0], []).append(pid)
@@ -268,16 +250,16 @@ def process_tree(root: int | None = None, exclude: Iterable[int] = ()) -> list[P
 def pss_bytes(pid: int) -> int | None:
     """Proportional set size (shared pages split between their users), or None."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+        return getattr(psutil.Process(pid).memory_full_info(), "pss", None)
+    except (psutil.Error, OSError):
         return None
-    return None
 
 
 def process_cpu_s(pid: int) -> float | None:
-    row = _read_proc(pid)
+    try:
+        row = _row(psutil.Process(pid).as_dict(_ATTRS, ad_value=None))
+    except psutil.Error:
+        return None
     return None if row is None else row[2]
 
 

@@ -4,7 +4,7 @@ One batch of C rows, every agent sleeping 1 s, so the ideal batch time is C x 1 
 Layouts: one rollout per actor (C actors), and many per actor (few actors, ``rollouts_per_actor``
 = C / actors). The direct asyncio loop (no Ray) runs the same batch at the same concurrency in
 the same run. Reported: time per batch against the ideal and against the direct loop, peak
-memory (driver + every Ray process, RSS from /proc), the rollout actors' PSS, CPU seconds.
+memory (driver + every Ray process, RSS via psutil), the rollout actors' PSS, CPU seconds.
 
 One rollout per actor stops early on this machine: an actor is a process of about 47-60 MB
 (PSS; ~100 MB RSS) that takes about a second of CPU to start, so 512 of them would need ~30 GB

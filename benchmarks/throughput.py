@@ -8,7 +8,7 @@ ACK per rollout, no Ray) with C in flight. Trials alternate direct and orchestra
 - rollouts/s: one ``run_batch`` of N rows (median of the trials), and the ratio to the direct loop;
 - added latency per rollout: C lanes each submitting one-row batches back to back
   (``arun_batch([row])``), against the direct loop's per-rollout latency at the same C;
-- peak memory of the driver plus every Ray process (RSS summed from /proc; the Gym server is
+- peak memory of the driver plus every Ray process (RSS summed via psutil; the Gym server is
   measured apart), the rollout actors' PSS per rollout in flight, CPU ms per rollout;
 - the warm pool's start-up time.
 
