@@ -12,7 +12,8 @@ import ray
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.testing.counting_agent import CountingAgent
-from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
 pytestmark = pytest.mark.ray
