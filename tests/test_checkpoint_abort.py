@@ -12,6 +12,7 @@ from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointConflict, CheckpointFailed
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 pytestmark = pytest.mark.ray
 
@@ -27,10 +28,9 @@ async def hold_server(client: GymClient, checkpoint_id: str) -> asyncio.Future:
     as a driver killed between prepare and resume does."""
     run = asyncio.ensure_future(client.run({"sleep_s": 30.0}, rollout_id="gone-run-0",
                                            attempt_index=0, deadline_ts=soon(60)))
-    deadline = time.monotonic() + 10
-    while (await client.status("probe", deadline_ts=soon())).running < 1:
-        assert time.monotonic() < deadline, "the run never started"
-        await asyncio.sleep(0.02)
+    async def started() -> bool:
+        return (await client.status("probe", deadline_ts=soon())).running >= 1
+    await until(started, what="the run to start")
     status = await client.prepare(checkpoint_id, deadline_ts=soon(1.0))
     assert not status.ready_to_commit
     return run

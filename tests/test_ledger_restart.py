@@ -13,6 +13,7 @@ from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import LedgerLost
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 pytestmark = pytest.mark.ray
 
@@ -24,23 +25,19 @@ def soon(seconds: float = 10.0) -> float:
 
 
 async def until_running(client: GymClient, n: int) -> None:
-    deadline = time.monotonic() + 15
-    while (await client.status("probe", deadline_ts=soon())).running < n:
-        assert time.monotonic() < deadline, "the batch never started"
-        await asyncio.sleep(0.02)
+    async def started() -> bool:
+        return (await client.status("probe", deadline_ts=soon())).running >= n
+    await until(started, timeout_s=15, what="the batch to start")
 
 
 async def settled(orch, url: str, dispatched: int):
     """The snapshot once every report is in (reports travel in batches), with a deadline."""
-    deadline = time.monotonic() + 10
-    while True:
+    async def all_in():
         snap = await orch.asnapshot()
         ep = snap.ledger.endpoints[url]
         assert snap.ledger.invariant_ok and ep.invariant_ok
-        if ep.dispatched >= dispatched and ep.running == 0:
-            return snap
-        assert time.monotonic() < deadline, snap.ledger
-        await asyncio.sleep(0.05)
+        return snap if ep.dispatched >= dispatched and ep.running == 0 else None
+    return await until(all_in, timeout_s=10, what="every report to reach the ledger")
 
 
 @pytest.mark.parametrize("when", ["mid-batch",
@@ -63,10 +60,9 @@ async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_se
             else:
                 ckpt = asyncio.ensure_future(orch.acheckpoint("during", str(tmp_path / "d"),
                                                               deadline_s=20.0))
-                deadline = time.monotonic() + 10      # the gate has prepared: admission closed
-                while (await client.status("probe", deadline_ts=soon())).state != "preparing":
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.02)
+                async def preparing() -> bool:        # the gate has prepared: admission closed
+                    return (await client.status("probe", deadline_ts=soon())).state == "preparing"
+                await until(preparing, what="the gate to prepare")
                 ray_session.kill(orch.ledger, no_restart=False)
                 outcomes = await asyncio.wait_for(batch, 30)
                 report = await asyncio.wait_for(ckpt, 40)     # Ray sent the call again
