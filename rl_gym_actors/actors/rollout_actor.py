@@ -48,6 +48,7 @@ from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, Compl
 logger = logging.getLogger(__name__)
 
 DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by this much
+CHUNK_LINGER_S = 0.002       # run_chunk bunches outcomes that end within this of each other
 FINISHED_MEMORY = 10_000     # finished rollouts remembered for adopt() and late abandons
 
 
@@ -146,6 +147,7 @@ class RolloutWorker:
              "cancelled", "handed_over", "adopt_requests", "receipts_with_run",
              "receipts_fetched"), 0)
         self._closed = False
+        self._chunk_linger_s = CHUNK_LINGER_S
 
     # ------------------------------------------------------------ the API
 
@@ -204,6 +206,9 @@ class RolloutWorker:
         left = len(items)
         while left:
             await wake.wait()
+            if self._chunk_linger_s and len(ended) < left:
+                # others still run: let those about to end join this bunch (each yield costs)
+                await asyncio.sleep(self._chunk_linger_s)
             wake.clear()
             out = ended[:]
             del ended[:]
