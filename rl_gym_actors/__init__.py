@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPolicy, TryPolicy
 from rl_gym_actors.errors import *  # noqa: F401,F403  (the error tree is public API)
 
 __version__ = "0.1.0"
@@ -31,4 +31,4 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
-__all__ = ["GymEndpoint", "LedgerConfig", "PoolConfig", "TryPolicy", *_LAZY]
+__all__ = ["GymEndpoint", "LedgerConfig", "PoolConfig", "RetryPolicy", "TryPolicy", *_LAZY]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tenacity import RetryCallState, wait_exponential
+from tenacity.wait import wait_base
 
 TOKEN_ENV = "RL_GYM_CONTROL_TOKEN"
 
@@ -38,12 +42,81 @@ class GymEndpoint(_Settings):
         return self.name or self.url
 
 
+class _Jittered(wait_base):
+    """A tenacity wait with a random fraction up to ``jitter`` taken off (0: none, 1: full)."""
+
+    def __init__(self, base: wait_base, jitter: float, rand: Callable[[], float]) -> None:
+        self.base, self.jitter, self.rand = base, jitter, rand
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.base(retry_state) * (1.0 - self.jitter * self.rand())
+
+
+class _Try:
+    """The one field of tenacity's retry state a wait reads."""
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+class RetryPolicy(_Settings):
+    """How a call to Gym repeats itself inside its deadline (the decider is
+    :func:`rl_gym_actors.gym.retry.call_with_retry`, built on tenacity; which failures it repeats
+    is the call's kind, never the policy's).
+
+    ``attempts`` bounds the tries (1 = no retry). The n-th sleep is tenacity's exponential wait,
+    ``min(backoff_max_s, backoff_initial_s * backoff_multiplier ** (n - 1))``, of which a random
+    fraction up to ``jitter`` is taken off (0 = no jitter, 1 = "full jitter").
+    ``try_timeout_s`` bounds one try (``None``: a try may use all the time left), so that a hung
+    try still leaves time for another; ``min_try_s`` is the least time a try starts with.
+    ``reply_margin_s`` is kept off the deadline sent in a request body, so that a server that
+    waits until that deadline still has time to answer. The defaults ride out about 1.5 s of
+    refused connections (a quick restart), deadline allowing.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    attempts: Annotated[int, Field(ge=1, strict=True)] = 6
+    backoff_initial_s: Annotated[float, Field(ge=0)] = 0.05
+    backoff_max_s: Annotated[float, Field(ge=0)] = 1.0
+    backoff_multiplier: Annotated[float, Field(ge=1)] = 2.0
+    jitter: Annotated[float, Field(ge=0, le=1)] = 0.5
+    try_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    min_try_s: Annotated[float, Field(ge=0)] = 0.01
+    reply_margin_s: Annotated[float, Field(ge=0)] = 0.25
+
+    def wait(self, rand: Callable[[], float] = random.random) -> wait_base:
+        """The tenacity wait of this policy; ``rand`` draws the jitter."""
+        base = wait_exponential(multiplier=self.backoff_initial_s, max=self.backoff_max_s,
+                                exp_base=self.backoff_multiplier)
+        return _Jittered(base, self.jitter, rand) if self.jitter else base
+
+    def backoff(self, retry_number: int, rand: float = 0.0) -> float:
+        """The sleep after try ``retry_number`` fails; ``rand`` in [0, 1) draws the jitter."""
+        return self.wait(lambda: rand)(_Try(max(retry_number, 1)))  # type: ignore[arg-type]
+
+    def try_deadline(self, deadline_ts: float, now: float) -> float:
+        """The absolute deadline of one try started at ``now``."""
+        if self.try_timeout_s is None:
+            return deadline_ts
+        return min(deadline_ts, now + self.try_timeout_s)
+
+    def wire_deadline(self, deadline_ts: float, now: float) -> float:
+        """The deadline to send in a body: ours, less a margin (at most a tenth of what is left)
+        for the answer to travel back before our own timeout fires."""
+        left = max(deadline_ts - now, 0.0)
+        return deadline_ts - min(self.reply_margin_s, left / 10.0)
+
+
 class TryPolicy(_Settings):
     """How a rollout plays its tries.
 
     ``rollout_s`` bounds one try's ``/run``; ``receipt_s`` bounds the whole receipt fetch after it,
     retries included; ``max_tries`` caps tries per rollout; ``control_s`` bounds each retire,
     replay or ACK call; ``admission_wait_s`` bounds how long a try waits for a checkpoint's resume.
+    ``retry`` is how every call to Gym repeats itself inside its deadline (the rollout actors'
+    and the ledger's); a rollout repeats a step itself only for what a call does not retry (a
+    checkpoint in the way, a key not completed yet), backing off by the same policy.
     """
 
     rollout_s: Annotated[float, Field(gt=0)] = 60.0
@@ -51,6 +124,7 @@ class TryPolicy(_Settings):
     max_tries: Annotated[int, Field(ge=1)] = 3
     control_s: Annotated[float, Field(gt=0)] = 10.0
     admission_wait_s: Annotated[float, Field(gt=0)] = 600.0
+    retry: RetryPolicy = RetryPolicy()
 
 
 class PoolConfig(_Settings):

@@ -9,11 +9,13 @@ what to do about a failure reads the kind's properties, never a message:
   deadline, a dead actor and an abandoned rollout are infrastructure too.
 - ``is_data``: the failure describes the row itself (a refused request, an answer that breaks
   the contract for it, a reply that cannot become a result); repeating the row fails again.
-- ``may_pass``: repeating the same idempotent call a little later may succeed.
+- ``repeat``: who repeats a failed idempotent call (:class:`Repeat`): nobody; the call's retry
+  decider at once (a lost connection, a 5xx, one try's timeout); or its caller later, once the
+  server's state changed (a checkpoint in the way, a key not completed yet). ``may_pass``: either.
 - ``is_timeout``: a deadline ran out (infrastructure that NeMo RL sees as a ``TimeoutError``).
 
 Adding a failure path is one row of :class:`FailureKind` (its code, whether it is
-infrastructure, whether it may pass, and the exception classes that raise it).
+infrastructure, who repeats it, and the exception classes that raise it).
 :func:`failure_kind` sorts any exception by that table.
 """
 
@@ -26,41 +28,55 @@ from rl_gym_actors import errors
 _BY_ERROR: dict[type[BaseException], "FailureKind"] = {}
 
 
+class Repeat(str, Enum):
+    """Who repeats a failed idempotent call, if anyone."""
+
+    NO = "no"                  # repeating it as is will not help
+    IN_CALL = "in_call"        # the call's retry decider repeats it at once, with backoff
+    LATER = "later"            # the caller repeats the step later: the server must change first
+
+
+
 class FailureKind(str, Enum):
     """The kind of a failure; see the module docstring. The value is the kind's code."""
 
     transport: bool
-    may_pass: bool
+    repeat: "Repeat"
 
-    def __new__(cls, code: str, transport: bool, may_pass: bool,
+    def __new__(cls, code: str, transport: bool, repeat: "Repeat",
                 *raised_by: type[BaseException]) -> "FailureKind":
         member = str.__new__(cls, code)
         member._value_ = code
         member.transport = transport
-        member.may_pass = may_pass
+        member.repeat = repeat
         member._raised_by = raised_by
         return member
 
-    # name              code                       infra  may pass  raised as
-    LOST = ("connection_lost", True, True, errors.ConnectionLost, errors.GymUnavailable)
-    SERVER_ERROR = ("server_error", True, True, errors.GymServerError)
-    AGENT_FAILED = ("agent_failed", True, False, errors.AgentFailed)                   # a 5xx
-    DEADLINE = ("deadline_exceeded", True, True, errors.DeadlineExceeded, TimeoutError)
-    ENDPOINT_DOWN = ("endpoint_down", True, False, errors.EndpointDown)   # not sent at all
-    LEDGER_LOST = ("ledger_lost", True, False, errors.LedgerLost)
-    ADMISSION_CLOSED = ("agent_admission_closed", True, True, errors.AdmissionClosed)
-    CONFLICT = ("checkpoint_conflict", True, True, errors.CheckpointConflict)
-    NOT_COMPLETED = ("not_completed", True, True, errors.NotCompleted)
-    STALE = ("stale_attempt", True, False, errors.StaleAttempt)
-    DUPLICATE = ("duplicate_execution", True, False, errors.DuplicateExecution)
-    UNKNOWN = ("unknown_execution", True, False, errors.UnknownExecution)
-    ACTOR_DIED = ("actor_died", True, False)              # a rollout actor's process died
-    POOL_CLOSED = ("pool_closed", True, False, errors.PoolClosed)
-    ABANDONED = ("abandoned", True, False)                # the batch stopped early
-    INTERNAL = ("internal_error", True, False)            # an unexpected exception (a bug)
-    PROTOCOL = ("protocol_violation", False, True, errors.ProtocolViolation)
-    REJECTED = ("rejected", False, False, errors.GymRejected, errors.ConfigError)      # a 4xx
-    INVALID_REPLY = ("invalid_reply", False, False)       # the reply cannot become a result
+    # name = (code, infrastructure?, who repeats it, the exceptions that raise it)
+    LOST = ("connection_lost", True, Repeat.IN_CALL, errors.ConnectionLost, errors.GymUnavailable)
+    SERVER_ERROR = ("server_error", True, Repeat.IN_CALL, errors.GymServerError)
+    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)         # a 5xx
+    DEADLINE = ("deadline_exceeded", True, Repeat.IN_CALL, errors.DeadlineExceeded, TimeoutError)
+    ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)   # not sent at all
+    LEDGER_LOST = ("ledger_lost", True, Repeat.NO, errors.LedgerLost)
+    ADMISSION_CLOSED = ("agent_admission_closed", True, Repeat.LATER, errors.AdmissionClosed)
+    CONFLICT = ("checkpoint_conflict", True, Repeat.LATER, errors.CheckpointConflict)
+    NOT_COMPLETED = ("not_completed", True, Repeat.LATER, errors.NotCompleted)
+    STALE = ("stale_attempt", True, Repeat.NO, errors.StaleAttempt)
+    DUPLICATE = ("duplicate_execution", True, Repeat.NO, errors.DuplicateExecution)
+    UNKNOWN = ("unknown_execution", True, Repeat.NO, errors.UnknownExecution)
+    ACTOR_DIED = ("actor_died", True, Repeat.NO)                 # a rollout actor's process died
+    POOL_CLOSED = ("pool_closed", True, Repeat.NO, errors.PoolClosed)
+    ABANDONED = ("abandoned", True, Repeat.NO)                   # the batch stopped early
+    INTERNAL = ("internal_error", True, Repeat.NO)               # an unexpected exception (a bug)
+    PROTOCOL = ("protocol_violation", False, Repeat.LATER, errors.ProtocolViolation)
+    REJECTED = ("rejected", False, Repeat.NO, errors.GymRejected, errors.ConfigError)  # a 4xx
+    INVALID_REPLY = ("invalid_reply", False, Repeat.NO)          # the reply cannot become a result
+
+    @property
+    def may_pass(self) -> bool:
+        """Whether repeating the same idempotent call (at once or later) may succeed."""
+        return self.repeat is not Repeat.NO
 
     @property
     def is_transport(self) -> bool:

@@ -94,15 +94,27 @@ def test_receipt_fetch_timeout_gives_up_and_adopts():
     assert out.status == "sealed" and out.adopted and out.attempt_index == 0 and out.tries == 1
 
 
-def test_receipt_connection_lost_is_repeated_within_receipt_s():
+def test_receipt_not_completed_yet_is_repeated_within_receipt_s():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    fx = m.handle(r.StepFailed(1.1, r.FailureKind.LOST))
-    assert isinstance(last(fx), r.WaitUntil) and 1.1 < last(fx).wake_ts <= 3.0
+    fx = m.handle(r.StepFailed(1.1, r.FailureKind.NOT_COMPLETED))
+    assert last(fx) == r.WaitUntil(1.1 + TryPolicy().retry.backoff(1))   # the policy's backoff
     assert last(m.handle(r.Woke(last(fx).wake_ts))) == r.FetchReceipt(0, 3.0)
     with pytest.raises(r.IllegalTransition):
         m.handle(r.Woke(1.3))          # not asleep any more
+    fx = m.handle(r.StepFailed(1.2, r.FailureKind.NOT_COMPLETED))
+    assert last(fx) == r.WaitUntil(1.2 + TryPolicy().retry.backoff(2))
+
+
+@pytest.mark.parametrize("kind", ["LOST", "SERVER_ERROR"])
+def test_a_failure_the_call_retried_itself_is_not_repeated_by_the_machine(kind):
+    # the client's retry decider already repeated it until it gave up: the machine moves on
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.RunReplied(1.0, REPLY))
+    fx = m.handle(r.StepFailed(1.1, r.FailureKind[kind]))
+    assert last(fx) == r.Retire(0, 5.1) and "receipt fetch failed" in m.reason
 
 
 def test_abandon_running_retires_and_keeps_an_adopted_result():
@@ -140,7 +152,7 @@ def test_abandon_while_fetching_the_receipt_retires_then_adopts():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    m.handle(r.StepFailed(1.1, r.FailureKind.LOST))          # asleep before the next fetch
+    m.handle(r.StepFailed(1.1, r.FailureKind.NOT_COMPLETED))   # asleep before the next fetch
     assert last(m.handle(r.AbandonRequested(1.2))) == r.Retire(0, 5.2)
     m.handle(r.RetireAnswered(1.3, COMPLETED))
     m.handle(r.ReplayReplied(1.4, REPLY))
@@ -231,9 +243,12 @@ def test_retire_that_keeps_failing_hands_over_and_stops():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.DeadlineFired(10.0))
-    fx = m.handle(r.StepFailed(10.1, r.FailureKind.LOST))
-    assert isinstance(last(fx), r.WaitUntil)
-    assert isinstance(last(m.handle(r.Woke(last(fx).wake_ts))), r.Retire)
+    fx = m.handle(r.StepFailed(10.1, r.FailureKind.LOST))      # the call retried it already
+    assert reports(fx)[0] == (0, AttemptState.RUNNING, True)
+    assert last(fx).outcome.status == "failed" and m.handed_over == [0]
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.DeadlineFired(10.0))
     fx = m.handle(r.StepFailed(14.0, r.FailureKind.DEADLINE))
     assert reports(fx)[0] == (0, AttemptState.RUNNING, True)
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]

@@ -43,6 +43,7 @@ from rl_gym_actors.errors import (AckRejected, CheckpointConflict, CheckpointFai
                                   DeadlineExceeded, GymError, GymUnavailable, RlGymError,
                                   StaleAttempt)
 from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.retry import RetryOn, call_with_retry
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
 
 logger = logging.getLogger(__name__)
@@ -264,35 +265,38 @@ class CheckpointGate:
                     update={"ready_to_commit": False})
             elif self._clock() - round_start < 0.05:
                 # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
-                await asyncio.sleep(min(0.01 * 2 ** min(tally.rounds, 6),
+                await asyncio.sleep(min(client.retry.backoff(tally.rounds),
                                         max(deadline_ts - self._clock(), 0.0)))
 
     async def _prepare(self, tally: _Tally, client: GymClient, cid: str, slice_s: float,
                        deadline_ts: float) -> StatusReport:
         """One prepare of at most ``slice_s``; while another checkpoint id holds the server, wait
-        for it (backing off) until the deadline, then raise its CheckpointConflict."""
-        delay = 0.05
-        while True:
-            try:
-                status = await client.prepare(cid, deadline_ts=min(deadline_ts,
-                                                                   self._clock() + slice_s))
-            except CheckpointConflict as exc:
-                tally.conflict = exc.active_checkpoint_id or "unknown"
-                left = deadline_ts - self._clock()
-                if left <= delay:
-                    raise
-                if tally.rounds == 1 and delay == 0.05:
-                    logger.warning("checkpoint %s on %s waits for checkpoint %s to resume",
-                                   cid, tally.endpoint.label, tally.conflict)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 0.5)
-                continue
-            except BaseException:
-                tally.may_hold = True          # it may have reached the server all the same
-                raise
-            tally.may_hold = True
-            tally.conflict = None
-            return status
+        for it (the retry decider backs off by the client's policy) until the deadline, then
+        raise its CheckpointConflict."""
+        def prepare(try_deadline: float) -> Awaitable[StatusReport]:
+            return client.prepare(cid, deadline_ts=min(try_deadline, self._clock() + slice_s))
+
+        def held(exc: BaseException) -> None:
+            holder = getattr(exc, "active_checkpoint_id", None) or "unknown"
+            if tally.conflict is None and tally.rounds == 1:
+                logger.warning("checkpoint %s on %s waits for checkpoint %s to resume",
+                               cid, tally.endpoint.label, holder)
+            tally.conflict = holder
+
+        try:
+            status = await call_with_retry(prepare, kind=RetryOn.CHECKPOINT_HELD,
+                                           policy=client.retry, deadline_ts=deadline_ts,
+                                           clock=self._clock, what=f"prepare {cid}",
+                                           on_retry=held)
+        except CheckpointConflict as exc:
+            tally.conflict = exc.active_checkpoint_id or "unknown"
+            raise
+        except BaseException:
+            tally.may_hold = True          # it may have reached the server all the same
+            raise
+        tally.may_hold = True
+        tally.conflict = None
+        return status
 
     async def _flush_since(self, since: float, deadline_ts: float) -> None:
         """One owner flush that started at or after ``since``, shared by the endpoints."""

@@ -131,7 +131,8 @@ class LedgerActor:
         self._owners = RayOwners()
         # sessions open lazily inside this actor's event loop; the control pool is as wide as
         # the gate's concurrent retire / receipt calls per endpoint
-        self._clients = [GymClient(e, control_limit=CONCURRENCY) for e in self._endpoints]
+        self._clients = [GymClient(e, control_limit=CONCURRENCY, retry=self._policy.retry)
+                         for e in self._endpoints]
         self._gate_lock = asyncio.Lock()
         self._owner_pattern = owner_pattern
         self._run_id = run_id

@@ -453,7 +453,8 @@ class RolloutWorker:
         if client is None:
             # one /run connection per slot at least, so no try queues for a socket inside its deadline
             client = self._clients[endpoint_index] = GymClient(
-                self._endpoints[endpoint_index], limit=max(100, self._slots))
+                self._endpoints[endpoint_index], limit=max(100, self._slots),
+                retry=self._policy.retry)
         return client
 
     def _check(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int,

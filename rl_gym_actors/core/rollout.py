@@ -16,9 +16,12 @@ the digest did not match, a plain 5xx) it first retires that try on Gym.
 
 ``/run`` refused because admission is closed (a checkpoint is between prepare and resume) is not
 a failed try: the machine waits with backoff and sends the same key again, for at most
-``policy.admission_wait_s``. A retire, replay, receipt fetch or ACK that fails for a reason that
-may pass is repeated with backoff until that step's deadline; if it still fails, the attempt is
-handed over to the ledger (reported ``released``), which settles it at the next checkpoint.
+``policy.admission_wait_s``. A retire, replay, receipt fetch or ACK is retried by its call
+(``policy.retry``) on a lost connection or a 5xx; the machine repeats it itself, backing off by the
+same policy until that step's deadline, only for what passes once Gym's state changed (a key not
+completed yet, a checkpoint in the way: see :class:`~rl_gym_actors.failures.Repeat`). If it still
+fails, the attempt is handed over to the ledger (reported ``released``), which settles it at the
+next checkpoint.
 """
 
 from __future__ import annotations
@@ -36,12 +39,9 @@ from rl_gym_actors.core.rollout_events import (  # noqa: F401
     Effect, Event, FetchReceipt, Finish, ReceiptReceived, Replay, ReplayReplied, Report, Retire,
     RetireAnswered, RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, StepFailed,
     WaitUntil, Woke, receipt_problem)
-from rl_gym_actors.failures import FailureKind
+from rl_gym_actors.failures import FailureKind, Repeat
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
 from rl_gym_actors.protocol import CompletionReceipt
-
-BACKOFF_FIRST_S = 0.05
-BACKOFF_MAX_S = 1.0
 
 
 class IllegalTransition(errors.RlGymError):
@@ -380,9 +380,11 @@ class RolloutMachine:
         out.append(self._step)
 
     def _may_repeat(self, failure: FailureKind, now: float, out: list[Effect]) -> bool:
-        """Schedule the pending step again when the failure may pass and time remains."""
-        # Every call of a step carries the step's deadline: once it fired, the step is over.
-        if not failure.may_pass or failure is FailureKind.DEADLINE:
+        """Schedule the pending step again when the failure passes once the server's state
+        changed (``Repeat.LATER``) and time remains. A failure the call retries itself
+        (``Repeat.IN_CALL``: a lost connection, a 5xx, a try's timeout) came back because the
+        call's retry gave up within the step's deadline: repeating it here would retry twice."""
+        if failure.repeat is not Repeat.LATER:
             return False
         limit = self._step_deadline
         if failure in (FailureKind.CONFLICT, FailureKind.ADMISSION_CLOSED):
@@ -395,8 +397,9 @@ class RolloutMachine:
         return True
 
     def _sleep(self, now: float, limit: float, out: list[Effect]) -> None:
-        delay = min(BACKOFF_FIRST_S * (2 ** self._retries), BACKOFF_MAX_S)
+        # the retry policy's backoff, without jitter: the machine draws no random numbers
         self._retries += 1
+        delay = self.policy.retry.backoff(self._retries)
         self._asleep = True
         out.append(WaitUntil(min(now + delay, limit)))
 

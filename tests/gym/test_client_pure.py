@@ -19,8 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import (ERROR_BY_CODE, AgentFailed, CheckpointFailed, ConfigError,
+from pydantic import ValidationError
+
+from rl_gym_actors.config import GymEndpoint, TryPolicy
+from rl_gym_actors.errors import (ERROR_BY_CODE, AgentFailed, CheckpointConflict, CheckpointFailed,
+                                  ConfigError,
                                   ConnectionLost, DeadlineExceeded, GymRejected, GymServerError,
                                   InvalidRequest, PoolClosed, ProtocolViolation, RlGymError,
                                   StaleAttempt, Unauthorized, gym_error)
@@ -133,11 +136,20 @@ def test_every_error_pickles_with_all_its_fields(err):
 # ---------------------------------------------------------------- policy and deadlines
 
 def test_policy_refuses_bad_values():
+    # a pydantic policy like every other: a ValidationError names the field
     for bad in (dict(attempts=0), dict(attempts=True), dict(jitter=1.5),
                 dict(backoff_multiplier=0.5), dict(try_timeout_s=0),
-                dict(backoff_initial_s=math.nan), dict(min_try_s=-1)):
-        with pytest.raises(ConfigError):
+                dict(backoff_initial_s=math.nan), dict(backoff_max_s=math.inf),
+                dict(min_try_s=-1)):
+        with pytest.raises(ValidationError) as info:
             RetryPolicy(**bad)
+        assert info.value.errors()[0]["loc"] == (next(iter(bad)),)
+
+
+def test_the_retry_policy_is_reachable_from_the_try_policy():
+    policy = TryPolicy.model_validate({"retry": {"attempts": 2, "backoff_max_s": 0.5}})
+    assert policy.retry == RetryPolicy(attempts=2, backoff_max_s=0.5)
+    assert TryPolicy().retry == RetryPolicy()
 
 
 @settings(max_examples=200, deadline=None)
@@ -146,7 +158,10 @@ def test_policy_refuses_bad_values():
 def test_backoff_stays_within_its_jitter_band_and_cap(n, rand, initial, cap, mult, jitter):
     policy = RetryPolicy(backoff_initial_s=initial, backoff_max_s=cap, backoff_multiplier=mult,
                          jitter=jitter)
-    base = min(cap, initial * mult ** min(n - 1, 64))
+    try:
+        base = min(cap, initial * mult ** (n - 1))
+    except OverflowError:
+        base = cap
     sleep = policy.backoff(n, rand)
     assert base * (1 - jitter) - 1e-9 <= sleep <= base + 1e-9 and sleep <= cap + 1e-9
 
@@ -267,6 +282,31 @@ async def test_only_idempotent_tries_are_cut_by_the_try_timeout(kind):
     await call_with_retry(attempt, kind=kind, policy=policy, deadline_ts=T0 + 30, clock=fake,
                           sleep=fake.sleep)
     assert seen == [T0 + 30]      # a run, or a prepare the server lets wait, gets it all
+
+
+@aio
+async def test_a_checkpoint_in_the_way_is_waited_out_until_the_deadline_whatever_the_attempts():
+    fake = FakeTime()
+    held = CheckpointConflict("held", status=409)
+    attempt, seen = scripted([held] * 8 + ["prepared"], fake, took=0.05)
+    heard: list[BaseException] = []
+    policy = RetryPolicy(attempts=2, backoff_initial_s=0.05, backoff_max_s=0.5, jitter=0)
+    got = await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
+                                deadline_ts=T0 + 30, clock=fake, sleep=fake.sleep,
+                                on_retry=heard.append)
+    assert got == "prepared" and len(seen) == 9 and heard == [held] * 8
+    assert fake.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.5, 0.5])
+    fake, lost = FakeTime(), ConnectionLost("x")            # only the conflict is waited out
+    attempt, seen = scripted([lost, "ok"], fake)
+    with pytest.raises(ConnectionLost):
+        await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
+                              deadline_ts=T0 + 30, clock=fake, sleep=fake.sleep)
+    fake = FakeTime()
+    attempt, seen = scripted([held] * 100, fake, took=0.05)
+    with pytest.raises(CheckpointConflict):
+        await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
+                              deadline_ts=T0 + 2, clock=fake, sleep=fake.sleep)
+    assert fake.now <= T0 + 2
 
 
 @aio
