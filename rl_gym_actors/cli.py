@@ -12,6 +12,9 @@ accepts requests it prints exactly one JSON line on stdout::
 
 (``token_source`` is ``flag``, ``env`` or ``generated``; a generated token is printed in the line
 as ``token``). SIGTERM and Ctrl-C shut it down cleanly with exit status 0.
+
+``rl-gym-actors gym abort URL --checkpoint-id ID [--token T]`` aborts a checkpoint that holds a
+Gym server (ours or a real one): it sends ``resume`` for that id and prints the answer.
 """
 
 from __future__ import annotations
@@ -36,16 +39,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _lease_s(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+DEFAULT_CHECKPOINT_LEASE_S = 60.0
+
+
 # ---------------------------------------------------------------- gym serve
 
 def add_gym(subparsers: argparse._SubParsersAction) -> None:
     from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES
 
     gym = subparsers.add_parser("gym", help="the Gym agent server side")
-    gym_sub = gym.add_subparsers(dest="gym_command", required=True, metavar="{serve}")
+    gym_sub = gym.add_subparsers(dest="gym_command", required=True, metavar="{serve,abort}")
     serve = gym_sub.add_parser(
         "serve", help="serve a Gym agent that takes part in checkpoints",
-        description="Serve /run and the checkpoint control plane (PROTOCOL.md).")
+        description="Serve /run and the checkpoint control plane (docs/PROTOCOL.md).")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0, help="0 (the default) picks a free port")
     serve.add_argument("--agent", default="simulated",
@@ -59,10 +75,33 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
                             "random one printed once)")
     serve.add_argument("--allow-faults", action="store_true",
                        help="honour the fault-injection row fields drop_reply and receipt_delay_s")
+    serve.add_argument("--checkpoint-lease-s", type=_lease_s, default=DEFAULT_CHECKPOINT_LEASE_S,
+                       help="a checkpoint id holds admission until this many seconds past its "
+                            "deadline_ts with no further call for it; then the server aborts it "
+                            "(0: no lease)")
+    serve.add_argument("--checkpoint-root", default=None,
+                       help="confine commit's checkpoint_dir to this directory (relative paths "
+                            "resolve inside it; anything else is refused with 422)")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument("--log-level", default="warning",
                        choices=["debug", "info", "warning", "error", "critical"])
     serve.set_defaults(func=gym_serve)
+
+    abort = gym_sub.add_parser(
+        "abort", help="abort the checkpoint that holds a Gym server (resume its id)",
+        description="Send resume for --checkpoint-id: admission reopens and the id is spent. "
+                    "Works against our server and a real NeMo Gym alike.")
+    abort.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
+    abort.add_argument("--checkpoint-id", required=True)
+    abort.add_argument("--token", default=None,
+                       help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN)")
+    abort.add_argument("--timeout-s", type=float, default=10.0)
+    abort.set_defaults(func=gym_abort)
+
+
+def participant_options(args: argparse.Namespace) -> dict[str, object]:
+    """The Participant keyword arguments that ``gym serve`` flags set."""
+    return {"lease_s": args.checkpoint_lease_s or None, "checkpoint_root": args.checkpoint_root}
 
 
 def gym_serve(args: argparse.Namespace) -> int:
@@ -85,7 +124,7 @@ def gym_serve(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
         return 2
-    participant = Participant(agent, store)
+    participant = Participant(agent, store, **participant_options(args))
     try:
         server = GymServer(participant, token=token, host=args.host, port=args.port,
                            max_body_bytes=args.max_body_bytes, faults=faults,
@@ -103,6 +142,34 @@ def gym_serve(args: argparse.Namespace) -> int:
         print(json.dumps(line), flush=True)
 
     asyncio.run(server.serve(on_ready=ready))
+    return 0
+
+
+def gym_abort(args: argparse.Namespace) -> int:
+    import time
+
+    from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
+    from rl_gym_actors.errors import RlGymError
+    from rl_gym_actors.gym.client import GymClient
+
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if not token:
+        print(f"rl-gym-actors gym abort: a token is needed (--token or ${TOKEN_ENV})",
+              file=sys.stderr)
+        return 2
+
+    async def abort() -> dict:
+        async with GymClient(GymEndpoint(url=args.url, token=token)) as client:
+            answer = await client.resume(args.checkpoint_id,
+                                         deadline_ts=time.time() + args.timeout_s)
+        return answer.model_dump(mode="json", exclude_none=True)
+
+    try:
+        answer = asyncio.run(abort())
+    except (RlGymError, ValueError) as exc:
+        print(f"rl-gym-actors gym abort: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"checkpoint_id": args.checkpoint_id, "url": args.url, **answer}))
     return 0
 
 

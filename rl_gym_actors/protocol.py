@@ -1,7 +1,10 @@
-"""Wire models of the Gym checkpoint participant protocol (see PROTOCOL.md) and the canonical digest.
+"""Wire models of the Gym checkpoint participant protocol (docs/PROTOCOL.md) and the canonical
+digest.
 
 Requests are strict (unknown fields refused); answers are lenient (unknown fields kept), so the
-client copes with a real Gym server that adds fields. Nothing here does I/O.
+client copes with a real Gym server that adds fields, and our server answers with these same
+models. Every integer on the wire is bounded to what a signed 64-bit store column holds
+(:data:`WIRE_INT_MAX`). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import re
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints,
+                      model_validator)
 
 CONTROL_PREFIX = "/ng-control/v1/agent-checkpoint"
 CAPABILITIES_PATH = "/ng-control/v1/capabilities"
@@ -30,7 +34,10 @@ RolloutId = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1,
                                              max_length=ROLLOUT_ID_MAX)]
 CheckpointId = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1,
                                                 max_length=CHECKPOINT_ID_MAX)]
-AttemptIndex = Annotated[int, Field(ge=0)]
+WIRE_INT_MAX = 2**63 - 1            # what SQLite's INTEGER (a signed 64-bit int) holds
+AttemptIndex = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
+Generation = Annotated[int, Field(ge=1, le=WIRE_INT_MAX)]
+Count = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 ExecutionKey = tuple[str, int]     # (rollout_id, attempt_index): one execution on a Gym server
 
@@ -42,6 +49,12 @@ def is_valid_rollout_id(value: object) -> bool:
 def is_valid_checkpoint_id(value: object) -> bool:
     return (isinstance(value, str) and 0 < len(value) <= CHECKPOINT_ID_MAX
             and bool(_ID_RE.match(value)))
+
+
+def is_valid_attempt_index(value: object) -> bool:
+    """An int (not a bool) in ``0 .. WIRE_INT_MAX``."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and 0 <= value <= WIRE_INT_MAX)
 
 
 # ---------------------------------------------------------------- digest and identity
@@ -87,34 +100,76 @@ class ExecutionState(str, Enum):
 
 
 class CompletionReceipt(BaseModel):
-    """What proves one execution's result. Byte-identical across replays."""
+    """What proves one execution's result. Byte-identical across replays.
+
+    The model-lineage pair ``manifest_capture_key`` / ``terminal_model_call_id`` (NeMo RL's
+    checkpoint work) is optional: both or neither. Absent fields are left out of the JSON.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rollout_id: RolloutId
     attempt_index: AttemptIndex
-    execution_generation: Annotated[int, Field(ge=1)]
+    execution_generation: Generation
     result_identity: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
     result_digest: Digest
+    manifest_capture_key: Annotated[str, StringConstraints(
+        pattern=ID_PATTERN, min_length=1, max_length=ROLLOUT_ID_MAX + 24)] | None = None
+    terminal_model_call_id: Annotated[str, StringConstraints(min_length=1,
+                                                             max_length=1024)] | None = None
+
+    @model_validator(mode="after")
+    def _lineage_pair(self) -> "CompletionReceipt":
+        if (self.manifest_capture_key is None) != (self.terminal_model_call_id is None):
+            raise ValueError("manifest_capture_key and terminal_model_call_id come together "
+                             "or not at all")
+        return self
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.rollout_id, self.attempt_index)
 
+    def wire(self) -> dict[str, Any]:
+        """The receipt as JSON data, absent lineage fields left out."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def canonical(self) -> bytes:
+        """The receipt's canonical JSON (what a server keeps and compares)."""
+        return canonical_json(self.wire())
+
     @classmethod
     def for_reply(cls, rollout_id: str, attempt_index: int, generation: int,
-                  reply: Any) -> "CompletionReceipt":
+                  reply: Any, lineage: "ModelLineage | None" = None) -> "CompletionReceipt":
         digest = result_digest(reply)
+        extra = {} if lineage is None else {
+            "manifest_capture_key": lineage.manifest_capture_key,
+            "terminal_model_call_id": lineage.terminal_model_call_id}
         return cls(rollout_id=rollout_id, attempt_index=attempt_index,
                    execution_generation=generation,
-                   result_identity=result_identity(reply, digest), result_digest=digest)
+                   result_identity=result_identity(reply, digest), result_digest=digest,
+                   **extra)
+
+
+class ModelLineage(BaseModel):
+    """Where a result's model calls are recorded (NeMo RL's checkpoint work): the capture key
+    (the rollout id for attempt 0, ``<id>-a<k>`` for attempt k) and the last model call's id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manifest_capture_key: Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1)]
+    terminal_model_call_id: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+def capture_key(rollout_id: str, attempt_index: int) -> str:
+    """NeMo Gym's attempt-qualified capture key of an execution."""
+    return rollout_id if attempt_index == 0 else f"{rollout_id}-a{attempt_index}"
 
 
 class PhaseRequest(_Strict):
     """Body of prepare and resume."""
 
     checkpoint_id: CheckpointId
-    deadline_ts: float
+    deadline_ts: FiniteFloat
 
 
 class RetireRequest(PhaseRequest):
@@ -127,7 +182,7 @@ class CommitRequest(PhaseRequest):
 
 
 class AckBatchRequest(_Strict):
-    schema_version: int = 1
+    schema_version: Count = 1
     executions: Annotated[list[CompletionReceipt], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -153,17 +208,36 @@ class RetireAnswer(_Lenient):
     retired: bool
     tombstoned: bool
     completed_unacknowledged: bool = False
+    acknowledged: bool | None = None          # (ext) true when the key was already released
 
 
 class AttemptInfo(_Lenient):
     rollout_id: str
     attempt_index: int
-    state: str
+    state: str                                # a real Gym also says "park_requested"
     completion_receipt: CompletionReceipt | None = None
+    execution_generation: int | None = None   # (ext)
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.rollout_id, self.attempt_index)
+
+
+class ExpiredCheckpoint(_Lenient):
+    """(ext) The last checkpoint id that its lease aborted."""
+
+    checkpoint_id: str
+    phase: str                                # the phase it was left in
+    lease_until: float
+    expired_at: float
+
+
+class LeaseInfo(_Lenient):
+    """(ext) The checkpoint lease of a server that has one."""
+
+    lease_s: float
+    lease_until: float | None = None          # when the active checkpoint id lapses
+    last_expired: ExpiredCheckpoint | None = None
 
 
 class StatusReport(_Lenient):
@@ -179,6 +253,9 @@ class StatusReport(_Lenient):
     blocking_attempts: list[AttemptInfo] = Field(default_factory=list)
     completed_unacknowledged_attempts: list[AttemptInfo] = Field(default_factory=list)
     executions: list[AttemptInfo] = Field(default_factory=list)
+    phase: str | None = None                  # (ext) the fence's phase
+    checkpoint_id: str | None = None          # (ext) the active checkpoint id
+    checkpoint_lease: LeaseInfo | None = None  # (ext)
 
     def summary(self) -> str:
         return (f"ready_to_commit={self.ready_to_commit} running={self.running} "
@@ -197,12 +274,15 @@ class ResumeAnswer(_Lenient):
 
 class ReceiptAnswer(_Lenient):
     state: str                                # "completed" or "acknowledged"
-    completion_receipt: CompletionReceipt
+    # None only for an ACKed key whose receipt a server without a state dir no longer keeps
+    completion_receipt: CompletionReceipt | None = None
 
 
 class ErrorDetail(_Lenient):
     code: str
     detail: str = ""
+    active_checkpoint_id: str | None = None   # (ext) on checkpoint_conflict: the id in the way
+    phase: str | None = None                  # (ext) on checkpoint_conflict: its phase
 
 
 class ErrorBody(_Lenient):
@@ -210,10 +290,28 @@ class ErrorBody(_Lenient):
     report: StatusReport | None = None        # (ext) on a prepare 409
 
 
+class MultiProcess(_Lenient):
+    mode: str = "single_worker"               # "single_worker", "coordinator" or "unmanaged"
+    num_workers: int = 1
+
+
 class Capabilities(_Lenient):
-    protocol: str = "agent-checkpoint/v1"
-    features: list[str] = Field(default_factory=list)
+    """``GET /ng-control/v1/capabilities``, in the shape NeMo RL's checkpoint client validates
+    strictly (so a server sends these fields and no others). ``features`` lists what the server
+    supports beyond the base contract; our client needs only ``features`` and ``phase``."""
+
+    component: str = "responses_api_agents"
+    name: str = "rl_gym_actors"
+    schema_version: int = 1
+    admission_states: list[str] = Field(default_factory=lambda: ["accepting", "paused"])
+    checkpoint_mode: str = "export_restore"
+    concurrency_contract: str = "transactional_parallel"
+    multi_process: MultiProcess = Field(default_factory=MultiProcess)
+    instance_role: str | None = None
     phase: str = "idle"
+    active_checkpoint_id: str | None = None
+    deadline_ts: float | None = None
+    features: list[str] = Field(default_factory=list)
 
 
 def prepare_incomplete_detail(report: StatusReport) -> str:

@@ -1,5 +1,8 @@
 """Agent adapters. An agent is an async callable ``row -> reply`` (a JSON object).
 
+An agent may return :class:`LineagedReply` (the reply and its model lineage) to have the
+completion receipt carry ``manifest_capture_key`` and ``terminal_model_call_id``.
+
 - :func:`simulated_agent`: ``{"id": "r-<rollout_id>", "reward": <reward>}`` after ``sleep_s``;
   raises when ``fail`` is true. Every other row field is ignored.
 - :func:`load_callable`: a Python callable named ``module:function`` (async, or sync and then run
@@ -21,14 +24,23 @@ import importlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ModelLineage
 
 Agent = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class LineagedReply:
+    """An agent's reply with the model lineage its receipt carries (the reply alone is sent)."""
+
+    reply: Any
+    lineage: ModelLineage
 
 SIMULATED = "simulated"
 

@@ -6,7 +6,7 @@ from :func:`rl_gym_actors.errors.gym_error`; transport failures become ``Connect
 Idempotent calls retry inside their deadline (see :mod:`rl_gym_actors.gym.retry`); ``run`` never
 does.
 
-Coping with a real Gym server (PROTOCOL.md, last sections):
+Coping with a real Gym server (docs/PROTOCOL.md, section 7):
 
 - FastAPI's default 422 body ``{"detail": [...]}`` -> ``InvalidRequest``; a 401 with
   ``{"detail": "..."}`` -> ``Unauthorized``.
@@ -347,7 +347,7 @@ class GymClient:
                           deadline_ts: float) -> AckAnswer:
         """ACK one completed execution by its receipt. Raises ``AckRejected`` when the key is
         unknown, not completed, or any receipt field differs."""
-        body = _receipt(receipt).model_dump(mode="json")
+        body = _receipt(receipt).model_dump(mode="json", exclude_none=True)
         return await self._control_call(AckAnswer, "POST", "/acknowledge", body=body,
                                         deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
 
@@ -356,7 +356,7 @@ class GymClient:
         """ACK a batch, all or nothing (at least one receipt, keys unique)."""
         request = _request_model(AckBatchRequest, executions=[_receipt(r) for r in receipts])
         answer = await self._control_call(AckBatchAnswer, "POST", "/acknowledge-completed",
-                                          body=request.model_dump(mode="json"),
+                                          body=request.model_dump(mode="json", exclude_none=True),
                                           deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
         sent = {r.key for r in request.executions}
         if not {r.key for r in answer.acknowledged} <= sent:

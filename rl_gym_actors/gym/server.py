@@ -1,14 +1,18 @@
-"""The Gym server's HTTP app: routes, auth and error mapping, and nothing else (PROTOCOL.md).
+"""The Gym server's HTTP app: routes, auth and error mapping, and nothing else (docs/PROTOCOL.md).
 
 :func:`create_app` builds the FastAPI app around a :class:`~rl_gym_actors.gym.participant.Participant`;
 :class:`GymServer` serves it with uvicorn on a socket it binds itself (port 0: a free port, known
 before serving starts), from the CLI (``rl-gym-actors gym serve``) or in-process.
 
-Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorized``, 413
-``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation, 404
-and 405 for unknown routes, 409 for the participant's rejections (a prepare 409 also carries the
-full status as ``report``), 500 ``agent_failed``, 503 ``unavailable``. Bad input never gets a 500.
-``GET /metrics`` serves the counts of :class:`rl_gym_actors.metrics.GymServerMetrics`.
+Every answer is a model of :mod:`rl_gym_actors.protocol`, sent without its absent (None)
+fields. Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorized``, 413
+``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation
+(integers beyond the store's 64 bits included), 404 and 405 for unknown routes, 409 for the
+participant's rejections (a prepare 409 also carries the full status as ``report``; a
+``checkpoint_conflict`` names ``active_checkpoint_id`` and its ``phase``), 500 ``agent_failed``,
+503 ``unavailable``, ``store_write_failed`` or ``store_unavailable``. Bad input never gets a 500.
+``GET /metrics`` serves the counts of :class:`rl_gym_actors.metrics.GymServerMetrics`;
+``GET /ready`` answers 200 while the store takes writes, else 503 ``store_unavailable``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import contextlib
 import hmac
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -36,21 +39,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
-from rl_gym_actors.gym.participant import Participant
+from rl_gym_actors.gym.participant import Participant, StoreUnavailable
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckBatchRequest,
-                                    Capabilities, CommitRequest, CompletionReceipt, PhaseRequest,
-                                    ExecutionKey, RetireRequest,
-                                    is_valid_checkpoint_id, is_valid_rollout_id)
+                                    REPLAYED_HEADER, ROLLOUT_ID_FIELD, WIRE_INT_MAX,
+                                    AckBatchRequest, Capabilities, CommitRequest,
+                                    CompletionReceipt, ExecutionKey, PhaseRequest, RetireRequest,
+                                    is_valid_attempt_index, is_valid_checkpoint_id,
+                                    is_valid_rollout_id)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 JSON = "application/json"
-FEATURES = ("run-replay", "replayed-header", "acknowledge", "acknowledge-completed", "retire",
-            "status", "prepare", "prepare-report", "commit", "resume", "receipt",
-            "lenient-status-retire")
+READY_PATH = "/ready"
+# what every server of ours supports; "completed_result_acknowledgement" is the name a real Gym
+# and NeMo RL's checkpoint client use, the others are (ext)
+FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header", "acknowledge",
+            "acknowledge-completed", "retire", "status", "prepare", "prepare-report", "commit",
+            "resume", "receipt", "completion-receipt", "lenient-status-retire",
+            "conflict-names-checkpoint", "ready")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,7 +75,12 @@ class FaultHooks(Protocol):
 
 def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
                    ) -> Response:
-    raw = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    if isinstance(body, BaseModel):
+        raw = body.model_dump_json(exclude_none=True).encode()
+    elif isinstance(body, bytes):
+        raw = body
+    else:
+        raw = json.dumps(body, separators=(",", ":")).encode()
     return Response(raw, status_code=status, media_type=JSON, headers=headers)
 
 
@@ -123,13 +136,9 @@ def _validation_detail(exc: ValidationError) -> str:
 
 def _parse(model: type[M], raw: bytes) -> M:
     try:
-        parsed = model.model_validate_json(raw, strict=True)
+        return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         raise InvalidRequest(_validation_detail(exc), status=422) from exc
-    deadline = getattr(parsed, "deadline_ts", 0.0)
-    if not math.isfinite(deadline):
-        raise InvalidRequest("deadline_ts: must be a finite number", status=422)
-    return parsed
 
 
 def _run_key(row: Any) -> ExecutionKey:
@@ -140,9 +149,9 @@ def _run_key(row: Any) -> ExecutionKey:
     if not is_valid_rollout_id(rollout_id):
         raise InvalidRequest(f"{ROLLOUT_ID_FIELD}: required, matching [A-Za-z0-9][A-Za-z0-9._-]* "
                              f"and at most 256 characters; got {rollout_id!r}", status=422)
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD}: must be an integer >= 0; got {attempt!r}",
-                             status=422)
+    if not is_valid_attempt_index(attempt):
+        raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD}: must be an integer in 0..{WIRE_INT_MAX}; "
+                             f"got {attempt!r}", status=422)
     return (rollout_id, attempt)
 
 
@@ -151,9 +160,10 @@ def _query_key(request: Request) -> ExecutionKey:
     rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
     if not is_valid_rollout_id(rollout_id):
         raise InvalidRequest(f"rollout_id: invalid {rollout_id!r}", status=422)
-    if not attempt.isascii() or not attempt.isdigit():
-        raise InvalidRequest(f"attempt_index: must be an integer >= 0; got {attempt!r}",
-                             status=422)
+    if not attempt.isascii() or not attempt.isdigit() or len(attempt) > 19 \
+            or int(attempt) > WIRE_INT_MAX:
+        raise InvalidRequest(f"attempt_index: must be an integer in 0..{WIRE_INT_MAX}; "
+                             f"got {attempt!r}", status=422)
     return (rollout_id, int(attempt))
 
 
@@ -186,8 +196,12 @@ def create_app(participant: Participant, *, token: str,
 
     @app.exception_handler(GymError)
     async def _gym_error(request: Request, exc: GymError) -> Response:
-        extra = {"report": exc.body} if exc.code == "agent_prepare_incomplete" else {}
-        return _error_response(exc.status or 409, exc.code, exc.detail, **extra)
+        if exc.code == "agent_prepare_incomplete":
+            return _error_response(exc.status or 409, exc.code, exc.detail, report=exc.body)
+        error = {"code": exc.code, "detail": exc.detail}
+        if isinstance(exc.body, Mapping):          # named fields of the error (ext)
+            error.update({k: v for k, v in exc.body.items() if k not in error})
+        return _json_response({"error": error}, exc.status or 409)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -223,15 +237,23 @@ def create_app(participant: Participant, *, token: str,
 
     # ------------------------------------------------------------ control plane
 
+    @app.get(READY_PATH)
+    async def ready(request: Request) -> Response:
+        if not participant.ready:
+            raise StoreUnavailable("the store is failing its writes", status=503)
+        return _json_response({"ready": True})
+
     @app.get(CAPABILITIES_PATH)
     async def capabilities(request: Request) -> Response:
         authorize(request)
-        features = [*FEATURES, *(["durable-store"] if participant.store.durable else []),
-                    *(["faults"] if faults is not None else [])]
-        return _json_response(Capabilities(features=features, **participant.capabilities())
-                              .model_dump(mode="json"))
+        return _json_response(Capabilities(features=features(), **participant.capabilities()))
 
-    @app.get(CONTROL_PREFIX + "/receipt")
+    def features() -> list[str]:
+        return [*FEATURES, *(["durable-store"] if participant.store.durable else []),
+                *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
+                *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
+                *(["faults"] if faults is not None else [])]
+
     async def receipt(request: Request) -> Response:
         authorize(request)
         key = _query_key(request)
@@ -239,6 +261,10 @@ def create_app(participant: Participant, *, token: str,
         if delay > 0:
             await asyncio.sleep(delay)
         return _json_response(await participant.receipt(key))
+
+    # ours, and the name NeMo RL's checkpoint client fetches
+    for name in ("/receipt", "/completion-receipt"):
+        app.add_api_route(CONTROL_PREFIX + name, receipt, methods=["GET"])
 
     @app.get(CONTROL_PREFIX + "/status")
     async def status(request: Request) -> Response:
@@ -264,8 +290,8 @@ def create_app(participant: Participant, *, token: str,
     async def retire(request: Request) -> Response:
         authorize(request)
         req = _parse(RetireRequest, await body(request))
-        return _json_response(await participant.retire(req.checkpoint_id,
-                                                       (req.rollout_id, req.attempt_index)))
+        return _json_response(await participant.retire(
+            req.checkpoint_id, (req.rollout_id, req.attempt_index), req.deadline_ts))
 
     @app.post(CONTROL_PREFIX + "/prepare")
     async def prepare(request: Request) -> Response:
@@ -277,7 +303,8 @@ def create_app(participant: Participant, *, token: str,
     async def commit(request: Request) -> Response:
         authorize(request)
         req = _parse(CommitRequest, await body(request))
-        return _json_response(await participant.commit(req.checkpoint_id, req.checkpoint_dir))
+        return _json_response(await participant.commit(req.checkpoint_id, req.checkpoint_dir,
+                                                       req.deadline_ts))
 
     @app.post(CONTROL_PREFIX + "/resume")
     async def resume(request: Request) -> Response:
@@ -383,6 +410,7 @@ class GymServer:
     async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         self._uvicorn = _Uvicorn(self._config, handle_signals=self._handle_signals,
                                  on_ready=on_ready, before_shutdown=self.participant.stop_runs)
+        await self.participant.start()
         try:
             await self._uvicorn.serve(sockets=[self.socket])
         finally:

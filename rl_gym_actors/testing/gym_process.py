@@ -196,13 +196,15 @@ class GymServerThread(_Base):
 
     def __init__(self, agent: Any = "simulated", token: str = "test-token",
                  state_dir: str | os.PathLike[str] | None = None, allow_faults: bool = True,
-                 args: Sequence[str] = (), max_body_bytes: int | None = None) -> None:
+                 args: Sequence[str] = (), max_body_bytes: int | None = None,
+                 store_factory: Any = None) -> None:
         self.agent = agent
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
         self.allow_faults = allow_faults
-        self.args = list(args)             # `gym serve` arguments; --max-body-bytes is used
+        self.args = list(args)             # `gym serve` arguments (all but host/port/agent)
         self.max_body_bytes = max_body_bytes
+        self.store_factory = store_factory  # state_dir -> a store (e.g. testing.store_faults)
         self.url: str | None = None
         self.server: Any = None
         self.faults: Any = None
@@ -252,13 +254,14 @@ class GymServerThread(_Base):
         from rl_gym_actors.gym.store import open_store
         from rl_gym_actors.testing.faults import FaultInjector
 
-        from rl_gym_actors.cli import build_parser
+        from rl_gym_actors.cli import build_parser, participant_options
 
         cli = build_parser().parse_args(["gym", "serve", *self.args])
         self.faults = FaultInjector() if self.allow_faults else None
-        store = open_store(self.state_dir)
+        store = (self.store_factory or open_store)(self.state_dir)
         try:
-            self.server = GymServer(Participant(make_agent(self.agent), store), token=self.token,
+            participant = Participant(make_agent(self.agent), store, **participant_options(cli))
+            self.server = GymServer(participant, token=self.token,
                                     host=HOST, port=port, faults=self.faults,
                                     max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                                     graceful_s=2.0)

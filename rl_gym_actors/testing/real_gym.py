@@ -1,6 +1,6 @@
 """A stand-in that makes our Gym server answer the way a real NeMo Gym server does.
 
-PROTOCOL.md ("What a real Gym server does differently") lists where a real Gym's answers differ
+docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real Gym's answers differ
 from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
@@ -10,7 +10,16 @@ front of one of our servers that rewrites its answers into the real Gym's forms:
   no ``report``;
 - 401 answers ``{"detail": "..."}``; 422 answers FastAPI's default ``{"detail": [{...}]}``;
 - the caller of a ``/run`` that a ``retire`` (sent through this proxy) cancelled gets a
-  plain-text 500 instead of a 409.
+  plain-text 500 instead of a 409;
+- an agent that raises: the caller gets a 500 whose body is the exception's repr as a JSON
+  string (``agent_error="repr"``, the default, as behind Gym's exception middleware) or plain
+  ``Internal Server Error`` (``agent_error="plain"``), with no ``agent_failed`` code. Our server
+  behind the proxy tombstones the key, which a retire cannot tell from a real Gym that stored
+  nothing: both answer ``{"retired": false, "tombstoned": true}``. (A second ``/run`` of that
+  same key, with no retire between, would run the agent again on a real Gym and is
+  ``stale_attempt`` here; the RL side retires first and never does it.)
+- while a prepare is in progress (``state`` is ``preparing``), ``status`` lists each running
+  attempt with the state ``park_requested`` (the counts stay as they are).
 
 A failure to reach the server answers a plain-text 502. It runs in a thread with its own event
 loop, on 127.0.0.1, as a context manager with ``.url``, ``.token`` and ``.endpoint``.
@@ -51,14 +60,32 @@ def _error_of(raw: bytes) -> tuple[dict[str, Any], str | None, str]:
     return body, err.get("code"), str(err.get("detail", ""))
 
 
+def _park_requested(report: dict[str, Any]) -> dict[str, Any]:
+    """A status while preparing, as a real Gym lists it: running attempts are park_requested."""
+    if report.get("state") != "preparing":
+        return report
+    out = dict(report)
+    for name in ("executions", "blocking_attempts"):
+        if isinstance(report.get(name), list):
+            out[name] = [{**a, "state": "park_requested"}
+                         if isinstance(a, dict) and a.get("state") == "running" else a
+                         for a in report[name]]
+    return out
+
+
 class RealGymStandIn:
     """A reverse proxy that answers like a real Gym server (see the module docstring)."""
 
-    def __init__(self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0,
+                 agent_error: str = "repr") -> None:
+        if agent_error not in ("repr", "plain"):
+            raise ValueError(f"agent_error must be 'repr' or 'plain', got {agent_error!r}")
         self.upstream = upstream
         self.token = upstream.token
+        self.agent_error = agent_error
         self.url: str | None = None
         self.retired_while_running = 0           # runs answered with the plain-text 500
+        self.agent_failures = 0                  # agent errors answered as a real Gym does
         self._start_timeout_s = start_timeout_s
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -147,6 +174,13 @@ class RealGymStandIn:
             self._cancelled_keys.discard(key)
             self.retired_while_running += 1
             return web.Response(status=500, text="Internal Server Error")
+        if key is not None and status == 500 and code == "agent_failed":
+            self.agent_failures += 1
+            if self.agent_error == "plain":
+                return web.Response(status=500, text="Internal Server Error")
+            return _json(500, detail)            # the repr, as a JSON string
+        if path == CONTROL_PREFIX + "/status" and status == 200:
+            return _json(200, _park_requested(body))
         if status == 401:
             return _json(401, {"detail": detail or "Unauthorized"})
         if status == 422:

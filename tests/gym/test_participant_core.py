@@ -10,8 +10,8 @@ from rl_gym_actors.errors import (AckRejected, AdmissionClosed, CheckpointConfli
 from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
 from rl_gym_actors.gym.participant import (ParticipantCore, PrepareIncomplete, Replay, Start,
                                            encode_reply)
-from rl_gym_actors.gym.store import Execution, SpentCheckpoint
-from rl_gym_actors.protocol import CompletionReceipt
+from rl_gym_actors.gym.store import Execution, FenceRecord, SpentCheckpoint
+from rl_gym_actors.protocol import CompletionReceipt, ResumeAnswer
 from rl_gym_actors.protocol import ExecutionState as S
 
 
@@ -96,24 +96,27 @@ def test_prepare_incomplete_carries_the_report():
     with pytest.raises(PrepareIncomplete) as refused:
         core.finish_prepare("c1")
     assert refused.value.status == 409 and refused.value.code == "agent_prepare_incomplete"
-    assert refused.value.body["completed_unacknowledged"] == 1
+    assert refused.value.body["completed_unacknowledged"] == 1       # the body is JSON data
     assert "completed_unacknowledged=1" in refused.value.detail
 
 
 def test_loaded_state_is_counted_and_not_written_again():
     core = ParticipantCore([Execution("a", 0, S.ACKNOWLEDGED, 1, None, b"{}"),
                             Execution("b", 0, S.TOMBSTONED, 0)], {"c0": b"{}"})
+    assert core.state_of(("a", 0)) is S.ACKNOWLEDGED and core.get(("a", 0)) is None
     assert core.count(S.ACKNOWLEDGED) == 1 and core.count(S.TOMBSTONED) == 1
     assert core.take_records() == []
     with pytest.raises(StaleCheckpoint):
         core.status("c0")
 
 
-def test_resume_records_the_spent_id():
+def test_resume_records_the_spent_id_and_the_fence():
     core = ParticipantCore()
     answer = core.resume("c1")
-    assert core.take_records() == [SpentCheckpoint("c1", core.fence.spent["c1"])]
-    assert core.resume("c1") == answer
+    spent, fence = core.take_records()
+    assert spent == SpentCheckpoint("c1", b'{"state":"accepting","released":0}')
+    assert fence == FenceRecord(core.fence.state())
+    assert core.resume("c1") == answer == ResumeAnswer(state="accepting", released=0)
 
 
 # ---------------------------------------------------------------- the fence's table

@@ -317,15 +317,16 @@ async def test_capabilities(wire):
     got = await wire.capabilities()
     assert got.status == 200
     body = got.json
-    assert body["protocol"] == "agent-checkpoint/v1" and body["phase"] == "idle"
-    assert {"receipt", "replayed-header", "prepare-report", "faults"} <= set(body["features"])
+    assert body["component"] == "responses_api_agents" and body["phase"] == "idle"
+    assert {"completed_result_acknowledgement", "receipt", "replayed-header", "prepare-report", "faults"} <= set(body["features"])
     assert "durable-store" not in body["features"]
 
 
 # ---------------------------------------------------------------- auth
 
 CONTROL_ROUTES = [("GET", CAPABILITIES_PATH), ("GET", CONTROL_PREFIX + "/status"),
-                  ("GET", CONTROL_PREFIX + "/receipt"), ("POST", CONTROL_PREFIX + "/acknowledge"),
+                  ("GET", CONTROL_PREFIX + "/receipt"),
+                  ("GET", CONTROL_PREFIX + "/completion-receipt"), ("POST", CONTROL_PREFIX + "/acknowledge"),
                   ("POST", CONTROL_PREFIX + "/acknowledge-completed"),
                   ("POST", CONTROL_PREFIX + "/retire"), ("POST", CONTROL_PREFIX + "/prepare"),
                   ("POST", CONTROL_PREFIX + "/commit"), ("POST", CONTROL_PREFIX + "/resume")]

@@ -1,0 +1,121 @@
+"""Our server against the strict schema of NeMo RL's Gym checkpoint client.
+
+The models below are written here from the shapes that client validates (capabilities,
+completion receipts with the optional model-lineage pair); like the client's, they refuse
+unknown fields, so an (ext) field of ours in the wrong place fails these tests.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rl_gym_actors.gym.agents import LineagedReply, simulated_agent
+from rl_gym_actors.protocol import ModelLineage, capture_key
+from rl_gym_actors.testing.gym_process import GymServerThread
+
+ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+NonNegative = Annotated[int, Field(strict=True, ge=0)]
+Positive = Annotated[int, Field(strict=True, ge=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Workers(_Strict):
+    mode: Literal["single_worker", "coordinator", "unmanaged"]
+    num_workers: Positive
+
+
+class StrictCapabilities(_Strict):
+    component: Literal["responses_api_models", "responses_api_agents", "resources_servers"]
+    name: str = Field(min_length=1)
+    schema_version: Literal[1]
+    admission_states: list[Literal["accepting", "draining", "paused"]]
+    checkpoint_mode: Literal["stateless", "export_restore"]
+    concurrency_contract: Literal["stateless", "serialized_per_session",
+                                  "transactional_parallel"]
+    multi_process: Workers
+    instance_role: Literal["policy", "auxiliary"] | None = None
+    phase: Literal["idle", "preparing", "prepared", "committing", "committed_paused",
+                   "restoring", "restore_failed_paused", "restored_paused"]
+    active_checkpoint_id: str | None = None
+    deadline_ts: float | None = None
+    features: list[str] = Field(default_factory=list)
+
+
+class StrictReceipt(_Strict):
+    rollout_id: str = Field(min_length=1, pattern=ID)
+    attempt_index: NonNegative
+    execution_generation: Positive
+    result_identity: str = Field(min_length=1, max_length=512)
+    result_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    manifest_capture_key: str | None = Field(default=None, min_length=1, pattern=ID)
+    terminal_model_call_id: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _pair(self) -> "StrictReceipt":
+        assert (self.manifest_capture_key is None) == (self.terminal_model_call_id is None)
+        return self
+
+
+async def lineaged_agent(row):
+    """The simulated agent, naming the model call its reply ended with."""
+    reply = await simulated_agent(row)
+    key = capture_key(row["_ng_rollout_id"], row.get("_ng_attempt_index", 0))
+    return LineagedReply(reply, ModelLineage(manifest_capture_key=key,
+                                             terminal_model_call_id=f"call-{key}"))
+
+
+async def test_capabilities_validate_in_every_phase(wire):
+    caps = StrictCapabilities.model_validate((await wire.capabilities()).json)
+    assert caps.component == "responses_api_agents" and caps.phase == "idle"
+    assert caps.checkpoint_mode == "export_restore"
+    assert "completed_result_acknowledgement" in caps.features
+    assert caps.active_checkpoint_id is None
+    assert (await wire.prepare("cp-n1")).status == 200
+    caps = StrictCapabilities.model_validate((await wire.capabilities()).json)
+    assert (caps.phase, caps.active_checkpoint_id) == ("prepared", "cp-n1")
+    await wire.resume("cp-n1")
+
+
+@pytest.mark.parametrize("route", ["/receipt", "/completion-receipt"])
+async def test_both_receipt_routes_answer_a_strict_receipt(wire, route):
+    await wire.run("rN")
+    got = await wire.request("GET", "/ng-control/v1/agent-checkpoint" + route,
+                             params={"rollout_id": "rN", "attempt_index": "0"})
+    assert got.status == 200 and got.json["state"] == "completed"
+    receipt = StrictReceipt.model_validate(got.json["completion_receipt"])
+    assert receipt.manifest_capture_key is None                 # neither field, not nulls
+    assert "manifest_capture_key" not in got.json["completion_receipt"]
+
+
+async def test_lineage_fields_pass_through_receipt_status_and_ack(wire_for):
+    with GymServerThread(agent=lineaged_agent) as srv:
+        wire = wire_for(srv)
+        await wire.run("rL", 2)
+        got = (await wire.receipt("rL", 2)).json["completion_receipt"]
+        receipt = StrictReceipt.model_validate(got)
+        assert (receipt.manifest_capture_key, receipt.terminal_model_call_id) == (
+            "rL-a2", "call-rL-a2")
+        [listed] = (await wire.status()).json["completed_unacknowledged_attempts"]
+        assert listed["completion_receipt"] == got
+        # an ACK must carry the pair as issued; without it the receipt differs
+        without = {k: v for k, v in got.items() if k not in ("manifest_capture_key",
+                                                              "terminal_model_call_id")}
+        refused = await wire.ack(without)
+        assert refused.code == "completed_execution_acknowledgement_error"
+        assert (await wire.ack(got)).json == {"acknowledged": True, "idempotent": False}
+
+
+async def test_a_receipt_with_half_the_lineage_pair_is_refused(wire):
+    receipt = await wire.complete("rH")
+    got = await wire.ack({**receipt, "manifest_capture_key": "rH"})
+    assert (got.status, got.code) == (422, "invalid_request")
+    # nulls for both are the same as neither (as NeMo RL sends them)
+    ok = await wire.ack({**receipt, "manifest_capture_key": None,
+                         "terminal_model_call_id": None})
+    assert ok.json == {"acknowledged": True, "idempotent": False}
