@@ -21,6 +21,10 @@ the restart ACKs or retires what the dead trainer left behind. A reward enters t
 once: the rollouts the policy has counted are saved with it and checked on every update.
 
     .venv/bin/python examples/train_loop.py --quick      # about a minute; what CI runs
+    .venv/bin/python examples/train_loop.py --quick --via-nemo-rl
+
+``--via-nemo-rl`` runs the same trainer through the NeMo RL drop-in, driven the way NeMo RL's
+rollout code drives its Gym actor (see ``examples/train_loop_nemo_rl.py``).
 
 It prints the reward curve, the checkpoints committed, the tries adopted instead of rerun, and
 the check that no rollout was counted twice; ``--json FILE`` writes the same as JSON. The exit
@@ -243,7 +247,8 @@ def train(args: argparse.Namespace) -> int:
 
 def _child(args: argparse.Namespace, gym_url: str, crash_in_step: int) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--gym-url", gym_url,
-           "--crash-in-step", str(crash_in_step)]
+           "--crash-in-step", str(crash_in_step)] + (["--via-nemo-rl"] if args.via_nemo_rl
+                                                      else [])
     for name in ("workdir", "steps", "prompts", "actions", "group", "ckpt_every", "lr", "seed",
                  "fault_rate", "max_sleep_s", "rollout_s", "receipt_s", "pool_size", "per_actor"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -372,6 +377,7 @@ def summarize(args: argparse.Namespace, meta: dict[str, Any], runs: list[dict[st
         "every_checkpoint_committed": [c["step"] for c in meta["checkpoints"]]
         == [s for s in range(1, args.steps + 1) if s % args.ckpt_every == 0 or s == args.steps],
         "adopted_tries": sum(h["adopted"] for h in history),
+        "redispatches": sum(h.get("redispatches", 0) for h in runs),
         "adopted_tries_all_runs": sum(r["adopted"] for r in runs),
         "replayed_after_restart": sum(h["replayed_after_restart"] for h in history),
         "faults": {k_: sum(h["faults"][k_] for h in history)
@@ -396,8 +402,9 @@ def print_summary(r: dict[str, Any]) -> None:
         print(f"  step {i:3d}  {m:.3f}  {e:.3f}  {'#' * int(round(40 * m))}")
     print("checkpoints committed:")
     for c in r["checkpoints"]:
-        print(f"  {c['checkpoint_id']}: {c['records']} Gym records; adopted {c['adopted']}, "
-              f"orphans ACKed {c['orphans_acked']}, retired {c['retired']}")
+        gate = "" if c["adopted"] is None else (f"; adopted {c['adopted']}, orphans ACKed "
+                                                f"{c['orphans_acked']}, retired {c['retired']}")
+        print(f"  {c['checkpoint_id']}: {c['records']} Gym records{gate}")
     f = r["faults"]
     print(f"faults injected: {f['drop_reply']} dropped replies, {f['receipt_delay']} late "
           f"receipts, {f['deadline']} first tries past their deadline")
@@ -445,6 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=150.0)
     p.add_argument("--json", default=None, help="write the summary here")
     p.add_argument("--verbose", action="store_true", help="echo the trainer's lines")
+    p.add_argument("--via-nemo-rl", action="store_true",
+                   help="roll out through the NeMo RL drop-in, as NeMo RL drives it")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.prompts, args.group, args.ckpt_every = 8, 6, 4, 3
@@ -455,6 +464,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.role == "trainer" and args.via_nemo_rl:
+        from train_loop_nemo_rl import train_via_nemo_rl
+
+        return train_via_nemo_rl(args, sys.modules[__name__])
     if args.role == "trainer":
         return train(args)
     if args.workdir is None:

@@ -59,3 +59,24 @@ def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop
     assert result["adopted_tries"] > 0                                  # faults were adopted
     assert result["gym"]["completed_unacknowledged"] == 0               # nothing left behind
     assert "no rollout counted twice True" in proc.stdout
+
+
+@pytest.mark.slow
+def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loop, tmp_path):
+    out = tmp_path / "summary.json"
+    env = {**os.environ, "RLGA_PROGRESS": "0"}
+    proc = subprocess.run([sys.executable, loop.__file__, "--via-nemo-rl", "--steps", "4",
+                           "--prompts", "4", "--group", "3", "--ckpt-every", "2",
+                           "--crash-in-step", "3", "--fault-rate", "0.1", "--workdir",
+                           str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["every_checkpoint_committed"] and len(result["checkpoints"]) == 2
+    assert result["crash"]["processes_killed"] > 1 and result["crash"]["running_on_gym"] > 0
+    assert 3 in result["steps_redone_after_restart"]
+    assert result["counted"] == result["counted_distinct"] == 4 * 4 * 3  # counted once each
+    assert result["no_rollout_counted_twice"]
+    assert result["redispatches"] > 0                # infrastructure failures re-dispatched
+    assert result["gym"]["completed_unacknowledged"] == 0
+    assert "no rollout counted twice True" in proc.stdout
