@@ -3,7 +3,8 @@
 The orchestrator leases a slot per row as before and awaits :meth:`ChunkSender.run` for the
 row's outcome. Rows leased on the same actor within one turn of the loop leave as one
 ``run_chunk`` call, a Ray streaming generator that hands back each outcome as soon as its
-rollout ends (bunched when several end together). A failure of the call itself (the actor died)
+rollout ends (bunched when several end together); a lone row goes as a plain ``run_rollout``
+call, which costs less than a stream of one. A failure of the call itself (the actor died)
 fails each of its rows that had not ended with that error, exactly as a call per row would; a
 row whose waiter was cancelled is skipped when its outcome arrives.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+
+from ray.exceptions import RayTaskError
 
 from rl_gym_actors.errors import PoolClosed
 
@@ -59,6 +62,12 @@ class ChunkSender:
     async def _send(handle: Any, entries: list[tuple[tuple, asyncio.Future]]) -> None:
         futures = [fut for _, fut in entries]
         try:
+            if len(entries) == 1:
+                # a chunk of one is a plain call: a stream of one item costs more than its reply
+                outcome = await handle.run_rollout.remote(*entries[0][0])
+                if not futures[0].done():
+                    futures[0].set_result(outcome)
+                return
             stream = handle.run_chunk.remote([args for args, _ in entries])
             async for ref in stream:
                 for pos, result in await ref:
@@ -71,6 +80,8 @@ class ChunkSender:
                         fut.set_result(result)
             error: BaseException = PoolClosed("the rollout actor ended a chunk without an "
                                               "outcome for this row")
+        except RayTaskError as exc:      # run_rollout raised (a bad argument, or closed)
+            error = exc.cause if isinstance(exc.cause, BaseException) else exc
         except Exception as exc:         # the call failed (actor died or unreachable)
             error = exc
         for fut in futures:
