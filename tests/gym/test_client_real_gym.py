@@ -117,7 +117,8 @@ async def test_a_run_cancelled_by_retire_is_a_lost_reply_that_retire_resolves(cl
 async def test_idempotent_calls_retry_across_a_server_restart(tmp_path: Path, caplog):
     with GymServerProcess(token="test-token", state_dir=tmp_path / "state") as srv:
         policy = RetryPolicy(attempts=200, backoff_initial_s=0.05, backoff_max_s=0.2)
-        async with GymClient(srv.endpoint, retry=policy) as c:
+        # the breaker stays closed through the restart: this test is about the retry policy
+        async with GymClient(srv.endpoint, retry=policy, down_span_s=120) as c:
             r = rid()
             res = await c.run({"reward": 0.25}, rollout_id=r, attempt_index=0,
                               deadline_ts=soon())
