@@ -60,6 +60,12 @@ def _thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def _own_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s own threads: not its reaped children (py-spy runs as the
+    driver's children, and its CPU must not count as the driver's)."""
+    return sum(_thread_cpu(pid).values())
+
+
 def _frame(raw: str) -> str:
     """``func (path/to/module.py:12)`` -> ``func (to/module.py)``."""
     if " (" not in raw:
@@ -138,16 +144,19 @@ def body(result: Result, args: Any) -> None:
             done = [0]
 
             def load() -> None:
-                while not stop.is_set():
-                    done[0] += batch()
+                while not stop.is_set():        # counted as each rollout ends
+                    rows = [{"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
+                            for _ in range(200)]
+                    for _, outcome in orch.stream(rows):
+                        assert outcome.status == "sealed", outcome
+                        done[0] += 1
 
-            cpu0 = {k: common.process_cpu_s(p) for k, p in pids.items()}
-            thr0 = {k: _thread_cpu(p) for k, p in pids.items()}
             worker = threading.Thread(target=load, daemon=True)
             worker.start()
             time.sleep(0.5)
             n0, t0 = done[0], time.perf_counter()
-            cpu0 = {k: common.process_cpu_s(p) for k, p in pids.items()}
+            cpu0 = {k: _own_cpu(p) for k, p in pids.items()}
+            thr0 = {k: _thread_cpu(p) for k, p in pids.items()}
             spies = {}
             for kind, pid in pids.items():
                 out = RESULTS_DIR / f"hotpath_{args.label}_{kind.split(':')[-1]}.txt"
@@ -158,7 +167,7 @@ def body(result: Result, args: Any) -> None:
             for _, proc in spies.values():
                 proc.wait(timeout=window_s + 60)
             wall = time.perf_counter() - t0
-            cpu1 = {k: common.process_cpu_s(p) for k, p in pids.items()}
+            cpu1 = {k: _own_cpu(p) for k, p in pids.items()}
             thr1 = {k: _thread_cpu(p) for k, p in pids.items()}
             n1 = done[0]
             stop.set()
@@ -175,8 +184,7 @@ def body(result: Result, args: Any) -> None:
                    for name, v in thr0[kind].items() if thr1[kind].get(name, 0.0) - v > 0.01}
         procs[kind] = {
             "pid": pids[kind],
-            "cpu_ms_per_rollout": round(((cpu1[kind] or 0) - (cpu0[kind] or 0)) * 1e3 / rollouts,
-                                        3),
+            "cpu_ms_per_rollout": round((cpu1[kind] - cpu0[kind]) * 1e3 / rollouts, 3),
             "threads_cpu_ms_per_rollout": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
             **prof}
     result.extra.update(label=args.label, rollouts=rollouts, wall_s=round(wall, 2),
