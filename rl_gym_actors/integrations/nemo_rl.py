@@ -55,6 +55,7 @@ from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_checkpoint_calls import CheckpointCalls
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl_feed import RolloutFeed, check_json
 from rl_gym_actors.integrations.nemo_rl_participants import ReceiptBook
 from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimAction, RolloutBook,
                                                      RolloutTransportError, StreamTimer,
@@ -91,6 +92,7 @@ class GymRolloutEnv(CheckpointCalls):
         prefix = check_prefix(f"{self.cfg.run_id}-{uuid.uuid4().hex[:8]}")
         self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
         self._orch: Any = None
+        self._feed: RolloutFeed | None = None
         self._servers: OwnServers | None = None
         self.endpoints: list[GymEndpoint] = list(self.cfg.endpoints)
         self._tokenizer: Any = None
@@ -127,6 +129,7 @@ class GymRolloutEnv(CheckpointCalls):
                                 progress=False, start=False)
             await orch.astart()
             self._orch = orch
+            self._feed = RolloutFeed(orch)
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """Install the tokenizer message logs are built with (once, at spin-up)."""
@@ -174,6 +177,9 @@ class GymRolloutEnv(CheckpointCalls):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            await feed.aclose()
         orch, self._orch = self._orch, None
         if orch is not None:
             await orch.aclose()
@@ -330,7 +336,8 @@ class GymRolloutEnv(CheckpointCalls):
             with self._steps.running(rid):
                 # the orchestrator remembers the rollout's earlier tries: a rollout that comes
                 # again retires its last try first, and adopts it if it had finished
-                (outcome,) = await self._orch.arun_batch([row])
+                check_json(row)            # a bad row fails alone, not the shared stream
+                outcome = await self._feed.run(row)
         except asyncio.CancelledError:
             self._book.settle(rid, ok=False, now=time.time())
             raise
