@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
+from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
@@ -52,8 +53,8 @@ def test_a_redispatch_after_actor_death_adopts_the_later_try_that_finished(ray_s
         assert (rid, 0) in agent.cancelled and (rid, 1) in agent.finished
         assert gym.participant.snapshot()["completed_unacknowledged"] == 1
         assert agent.runs_of(rid) == 2
-        (victim,) = orch._pool.handles.values()
-        ray.kill(victim, no_restart=True)
+        victim = orch.snapshot().pool.leases[rid]               # the actor holding the rollout
+        ray.kill(ray.get_actor(victim, namespace=RAY_NAMESPACE), no_restart=True)
         (lost,) = first.result(timeout=30)
         assert lost.status == "failed" and lost.failure is FailureKind.ACTOR_DIED
 

@@ -16,7 +16,7 @@ every try of it lies within ``[first, first + max_tries)``. Until the ledger's a
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rl_gym_actors.outcome import Outcome
 
@@ -33,7 +33,7 @@ class RolloutFacts:
     current_known: bool = True          # False while a dead actor's last try is unknown
     kept: Outcome | None = None         # a result nobody took; the rollout's next row gets it
     running: bool = False               # a dispatch is in flight
-    abandons: set[int] = field(default_factory=set)   # dispatches (by first try) abandoned early
+    abandons: frozenset[int] = frozenset()  # dispatches (by first try) abandoned early
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,8 @@ class RolloutMemory:
         try, and what was known still holds), with a result or without one."""
         facts = self._touch(rollout_id)
         facts.dispatched_from = first_attempt
-        facts.abandons = {f for f in facts.abandons if f > first_attempt}
+        if facts.abandons:
+            facts.abandons = frozenset(f for f in facts.abandons if f > first_attempt)
         if attempt is None:
             return
         facts.current, facts.current_known = attempt, True
@@ -175,7 +176,8 @@ class RolloutMemory:
         if facts is not None and facts.dispatched_from is not None \
                 and facts.dispatched_from >= first_attempt:
             return
-        self._touch(rollout_id).abandons.add(first_attempt)
+        facts = self._touch(rollout_id)
+        facts.abandons = facts.abandons | {first_attempt}
 
     def take_abandon(self, rollout_id: str, first_attempt: int) -> bool:
         """Whether the dispatch starting now at ``first_attempt`` was abandoned before it
@@ -184,7 +186,7 @@ class RolloutMemory:
         if facts is None or not facts.abandons:
             return False
         hit = first_attempt in facts.abandons
-        facts.abandons = {f for f in facts.abandons if f > first_attempt}
+        facts.abandons = frozenset(f for f in facts.abandons if f > first_attempt)
         return hit
 
     # ------------------------------------------------------------ bounds

@@ -32,6 +32,7 @@ from typing import Any
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import (AdmissionClosed, AgentFailed, ConfigError, GymError,
                                   GymUnavailable, ProtocolViolation, RlGymError)
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome, reward_of
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, CompletionReceipt, StatusReport
@@ -169,13 +170,14 @@ class AsIsRunner:
                     self.stats.tries_given_up["abandoned"] += 1
                 outcomes[i] = Outcome(rollout_id=ids[i], status="abandoned", attempt_index=att,
                                       tries=0 if att is None else att + 1, endpoint=ep,
-                                      reason="batch abandoned: another row failed")
+                                      reason="batch abandoned: another row failed",
+                                      failure=FailureKind.ABANDONED)
         return outcomes  # type: ignore[return-value]
 
     async def _rollout(self, row: Mapping[str, Any], rollout_id: str, on_try) -> Outcome:
         endpoint = choose_endpoint(row, rollout_id, self.endpoints)
         client = self.client(endpoint)
-        reason = "no try made"
+        reason, kind = "no try made", FailureKind.INTERNAL
         for attempt in range(self.policy.max_tries):
             on_try(attempt, endpoint.url)
             sent = without_faults(row) if self.transient_faults and attempt > 0 else dict(row)
@@ -186,23 +188,25 @@ class AsIsRunner:
             except _TryLost as lost:
                 # the as-is flaw: no retire; Gym keeps this try (and, once done, its reply)
                 reason = str(lost)
+                kind = failure_kind(lost.__cause__ or lost)
                 self.stats.tries_given_up[reason.split(":")[0]] += 1
                 continue
             except AgentFailed as exc:
                 return Outcome(rollout_id=rollout_id, status="failed", attempt_index=attempt,
                                tries=attempt + 1, endpoint=endpoint.url,
-                               reason=f"agent_failed: {exc.detail}")
+                               reason=f"agent_failed: {exc.detail}",
+                               failure=FailureKind.AGENT_FAILED)
             except RlGymError as exc:
                 return Outcome(rollout_id=rollout_id, status="failed", attempt_index=attempt,
                                tries=attempt + 1, endpoint=endpoint.url,
-                               reason=f"{type(exc).__name__}: {exc}")
+                               reason=f"{type(exc).__name__}: {exc}", failure=failure_kind(exc))
             acked = await self._ack(client, receipt)
             return Outcome(rollout_id=rollout_id, status="sealed", attempt_index=attempt,
                            reply=reply, reward=reward_of(reply), receipt=receipt, acked=acked,
                            tries=attempt + 1, endpoint=endpoint.url)
         return Outcome(rollout_id=rollout_id, status="failed",
                        attempt_index=self.policy.max_tries - 1, tries=self.policy.max_tries,
-                       endpoint=endpoint.url, reason=f"out of tries: {reason}")
+                       endpoint=endpoint.url, reason=f"out of tries: {reason}", failure=kind)
 
     async def _one_try(self, client: GymClient, row: dict[str, Any], rollout_id: str,
                        attempt: int) -> tuple[Any, CompletionReceipt]:
