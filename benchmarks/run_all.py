@@ -28,7 +28,7 @@ from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, m
 from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
 BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
-              "gym_server", "hotpath_profile"]
+              "gym_server", "chaos", "hotpath_profile"]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
@@ -210,10 +210,30 @@ def say_ledger(res: dict) -> str:
         f"counters incrementally.")
 
 
+def say_chaos(res: dict) -> str:
+    rows = _rows(res)
+    if not rows:
+        return ""
+    good = [r for r in rows if r["ok"]]
+    by = {r["name"]: r for r in rows}
+    dead = by.get("gym_dead", {}).get("extra", {})
+    parts = [f"{len(good)} of {len(rows)} faults ended as a user expects: no row failed "
+             f"without a reason, no reward was counted twice, and wherever a checkpoint can "
+             f"commit it did, leaving nothing running or un-ACKed on Gym."]
+    if dead:
+        parts.append(f"With Gym dead, 60 rows ended in {dead['batch_s']:.1f} s (bound "
+                     f"{dead['bound_s']:.0f} s), every reason naming the refused connection, "
+                     f"and the checkpoint failed after {dead['checkpoint_s']:.2f} s of its 3 s.")
+    missing = [r["name"] for r in rows if not r["ok"]]
+    if missing:
+        parts.append(f"Not as expected: {', '.join(missing)}.")
+    return " ".join(parts)
+
+
 SAY: dict[str, Callable[[dict], str]] = {
     "throughput": say_throughput, "concurrency": say_concurrency,
     "fault_storm": say_fault_storm, "checkpoint": say_checkpoint, "cluster": say_cluster,
-    "ledger": say_ledger}
+    "ledger": say_ledger, "chaos": say_chaos}
 
 
 # ---------------------------------------------------------------- plots
@@ -373,7 +393,8 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
     titles = {"throughput": "Throughput", "concurrency": "Concurrency",
               "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
               "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
-              "gym_server": "Gym server on its own (written by the server engineer)"}
+              "gym_server": "Gym server on its own (written by the server engineer)",
+              "chaos": "Chaos: one fault per row"}
     for name in BENCHMARKS:
         if name not in titles:
             continue                     # shown in the hot-path section

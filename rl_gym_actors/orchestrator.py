@@ -155,6 +155,8 @@ class Orchestrator:
         self.run_id = self.id if run_id is None else run_id
         if not is_valid_rollout_id(self.run_id) or len(self.run_id) > 200:
             raise ConfigError(f"invalid run_id {self.run_id!r}")
+        self._run_prefix = self.run_id + "-"
+        self._claims: set[str] = set()   # dispatched ids without the prefix, since a commit
         self.progress = progress
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: Any = None
@@ -472,9 +474,13 @@ class Orchestrator:
         if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
                 or not deadline_s > 0):
             raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
-        return await self._ledger_call("checkpoint", checkpoint_id, str(checkpoint_dir),
-                                       float(deadline_s), bool(sweep_foreign),
-                                       timeout_s=deadline_s + CALL_SLACK_S)
+        claims = sorted(self._claims)
+        report = await self._ledger_call("checkpoint", checkpoint_id, str(checkpoint_dir),
+                                         float(deadline_s), bool(sweep_foreign), claims,
+                                         timeout_s=deadline_s + CALL_SLACK_S)
+        # what the commit covered is settled on Gym; rollouts still running keep their claim
+        self._claims.difference_update(r for r in claims if not self._memory.running(r))
+        return report
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         await self._ready()
@@ -535,6 +541,10 @@ class Orchestrator:
             rid = f"{self.run_id}-{uuid.uuid4().hex}"
         if not is_valid_rollout_id(rid):
             raise ConfigError(f"row {i}: invalid {ROLLOUT_ID_FIELD} {rid!r}")
+        if not rid.startswith(self._run_prefix):
+            # an id of the trainer's own: the gate learns it is this run's with the next
+            # checkpoint, even if the actor that ran it died before reporting it
+            self._claims.add(rid)
         if rid in seen or self._memory.running(rid):
             raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
         seen.add(rid)

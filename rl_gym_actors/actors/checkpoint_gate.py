@@ -123,11 +123,14 @@ class CheckpointGate:
     def __init__(self, book: Book, endpoints: Sequence[GymEndpoint],
                  clients: Sequence[GymClient], owners: Owners, config: LedgerConfig, *,
                  run_id: str | None = None, sweep_foreign: bool = False,
+                 claims: frozenset[str] = frozenset(),
                  clock: Callable[[], float] = time.time) -> None:
         self._book = book
-        # shared servers: with a run id, attempts of other runs are never touched (see core/gate)
+        # shared servers: with a run id, attempts of other runs are never touched (see
+        # core/prepare_plan); this run's are those with its prefix and the ids it claims
+        prefix = f"{run_id}-"
         self._own = (None if run_id is None or sweep_foreign
-                     else lambda rid: rid.startswith(run_id + "-"))
+                     else lambda rid: rid.startswith(prefix) or rid in claims)
         self._clients = list(clients)
         self._owners = owners
         self._config = config

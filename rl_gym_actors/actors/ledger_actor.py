@@ -204,12 +204,14 @@ class LedgerActor:
         return self._book.current_attempt(rollout_id)
 
     async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
-                         deadline_s: float, sweep_foreign: bool = False) -> CheckpointReport:
+                         deadline_s: float, sweep_foreign: bool = False,
+                         claims: Sequence[str] = ()) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
         an endpoint is not ready by the deadline. One checkpoint at a time. With a ``run_id``,
         attempts of other runs on the same servers are left alone (waited for) unless
-        ``sweep_foreign``."""
+        ``sweep_foreign``; ``claims`` are rollout ids of this run without its prefix (the
+        trainer's own ids dispatched since the last commit)."""
         if not is_valid_checkpoint_id(checkpoint_id):
             raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
@@ -231,7 +233,7 @@ class LedgerActor:
         try:
             gate = CheckpointGate(self._book, self._endpoints, self._clients, self._owners,
                                   self._config, run_id=self._run_id,
-                                  sweep_foreign=bool(sweep_foreign))
+                                  sweep_foreign=bool(sweep_foreign), claims=frozenset(claims))
             report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)
