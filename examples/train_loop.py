@@ -174,6 +174,29 @@ def load_latest(workdir: Path, shape: tuple[int, int]) -> tuple[np.ndarray, dict
 
 # ---------------------------------------------------------------- the trainer (child process)
 
+def count_once(seen: set[str], counted: list[str], rollout: str) -> None:
+    """A rollout's reward enters the policy at most once; the trainer stops if not."""
+    if rollout in seen:
+        raise SystemExit(f"rollout {rollout} would be counted twice")
+    seen.add(rollout)
+    counted.append(rollout)
+
+
+def log_step(meta: dict[str, Any], log: Any, record: dict[str, Any], note: str) -> None:
+    meta["history"].append(record)
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+    print(f"step {record['step']}: mean reward {record['mean_reward']:.3f} ({note})",
+          flush=True)
+
+
+def checkpoint_place(workdir: Path, step: int, incarnation: str) -> tuple[str, Path]:
+    """The checkpoint id and directory of a step (Gym's part goes into ``<dir>/gym``)."""
+    ckpt_dir = workdir / "ckpt" / f"step-{step:04d}"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return f"step-{step}-{incarnation}", ckpt_dir
+
+
 def train(args: argparse.Namespace) -> int:
     from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 
@@ -203,10 +226,7 @@ def train(args: argparse.Namespace) -> int:
             outcomes = orch.run_batch(rows)
             used = [(r, o) for r, o in zip(rows, outcomes) if o.status == "sealed"]
             for _, o in used:
-                if o.rollout_id in seen:
-                    raise SystemExit(f"rollout {o.rollout_id} would be counted twice")
-                seen.add(o.rollout_id)
-                counted.append(o.rollout_id)
+                count_once(seen, counted, o.rollout_id)
             logits = ray.get(update.remote(logits, [r["prompt"] for r, _ in used],
                                            [r["action"] for r, _ in used],
                                            [o.reward for _, o in used], args.lr))
@@ -220,15 +240,10 @@ def train(args: argparse.Namespace) -> int:
                       "replayed_after_restart": sum(o.adopted for r, o in zip(rows, outcomes)
                                                     if not _faulty(r)),
                       "tries": sum(o.tries for o in outcomes), "faults": faults}
-            meta["history"].append(record)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            print(f"step {step}: mean reward {record['mean_reward']:.3f} "
-                  f"(adopted {record['adopted']}, tries {record['tries']})", flush=True)
+            log_step(meta, log, record,
+                     f"adopted {record['adopted']}, tries {record['tries']}")
             if step % args.ckpt_every == 0 or step == args.steps:
-                cid = f"step-{step}-{incarnation}"
-                ckpt_dir = workdir / "ckpt" / f"step-{step:04d}"
-                ckpt_dir.mkdir(parents=True, exist_ok=True)
+                cid, ckpt_dir = checkpoint_place(workdir, step, incarnation)
                 report = orch.checkpoint(cid, str(ckpt_dir / "gym"), deadline_s=60.0)
                 meta["checkpoints"].append({"checkpoint_id": cid, "step": step,
                                             "adopted": report.adopted,

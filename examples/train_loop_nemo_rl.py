@@ -19,7 +19,6 @@ Gym are replayed from Gym's store rather than rerun, and the counted-once check 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -29,20 +28,6 @@ import numpy as np
 
 REDISPATCHES = 4
 AGENT = "toy"
-
-
-class CodePointTokenizer:
-    """Characters to code points: the toy's tokenizer."""
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def batch_decode(self, batches: list[list[int]]) -> list[str]:
-        return ["".join(map(chr, ids)) for ids in batches]
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True
-                            ) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
 
 
 def spin_up(args: Any, incarnation: str) -> Any:
@@ -60,7 +45,7 @@ def spin_up(args: Any, incarnation: str) -> Any:
         "pool": {"size": args.pool_size, "rollouts_per_actor": args.per_actor},
         "orchestrator_id": f"tln{incarnation}", "untrained_replies": "tokenize"}}}
     return nemo_gym.spinup_nemo_gym_actor(env_configs, base_urls=[], model_name="toy-policy",
-                                          tokenizer=CodePointTokenizer())
+                                          tokenizer=nemo_gym.CodePointTokenizer())
 
 
 def rollout(ray: Any, actor: Any, rows: list[dict[str, Any]]) -> tuple[dict[int, Any], int]:
@@ -138,10 +123,7 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
         for i in sorted(got):
             agent_ref, result = got[i]
             receipt = result["gym_completion_receipt"]
-            if receipt["rollout_id"] in seen:
-                raise SystemExit(f"rollout {receipt['rollout_id']} would be counted twice")
-            seen.add(receipt["rollout_id"])
-            counted.append(receipt["rollout_id"])
+            loop.count_once(seen, counted, receipt["rollout_id"])
             owned.append({"receipt": receipt, "agent_name": agent_ref["name"]})
             used.append((rows[i], float(result["full_result"]["reward"])))
         logits = ray.get(update.remote(logits, [r["prompt"] for r, _ in used],
@@ -154,15 +136,9 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
                   "rows": len(rows), "sealed": len(used), "adopted": adopted,
                   "replayed_after_restart": 0, "tries": len(rows) + redispatches,
                   "redispatches": redispatches, "faults": faults}
-        meta["history"].append(record)
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-        print(f"step {step}: mean reward {record['mean_reward']:.3f} (adopted {adopted}, "
-              f"re-dispatches {redispatches})", flush=True)
+        loop.log_step(meta, log, record, f"adopted {adopted}, re-dispatches {redispatches}")
         if step % args.ckpt_every == 0 or step == args.steps:
-            cid = f"step-{step}-{incarnation}"
-            ckpt_dir = workdir / "ckpt" / f"step-{step:04d}"
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            cid, ckpt_dir = loop.checkpoint_place(workdir, step, incarnation)
             committed = checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
             owned = []
             meta["checkpoints"].append({

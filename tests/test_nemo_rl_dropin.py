@@ -16,7 +16,7 @@ from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import wait_for
-from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
+from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nemo_gym_config
 
 import nemo_rl_checkpoint_models as models
 
@@ -27,20 +27,8 @@ POLICY = {"rollout_s": 2.0, "receipt_s": 0.5, "max_tries": 1, "control_s": 2.0,
 
 
 def stand_in_tokenizer():
-    """A tokenizer stand-in: characters to code points. Built in a function so that Ray pickles
-    the class by value (the actor's worker cannot import test modules)."""
-
-    class StandInTokenizer:
-        def encode(self, text):
-            return [ord(c) for c in text]
-
-        def batch_decode(self, batches):
-            return ["".join(chr(i) for i in ids) for ids in batches]
-
-        def apply_chat_template(self, messages, tokenize=True):
-            return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
-
-    return StandInTokenizer()
+    """Characters to code points (the package's stand-in, importable by the actor)."""
+    return CodePointTokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -16,19 +16,7 @@ from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings
 from rl_gym_actors.integrations.nemo_rl_results import (MissingGenerationData, NanLogprobs,
                                                         detect_flags, to_nemo_rl_result)
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError
-
-
-class StandInTokenizer:
-    """Token ids are code points; enough to check what goes where."""
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def batch_decode(self, batches):
-        return ["".join(chr(i) for i in ids) for ids in batches]
-
-    def apply_chat_template(self, messages, tokenize=True):
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages))
+from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer
 
 
 def ids(text):
@@ -61,7 +49,7 @@ def two_turns():
 
 
 def test_turns_split_flags_set_and_strings_decoded_as_nemo_rl_does():
-    out = to_nemo_rl_result({"_rowidx": 0}, two_turns(), StandInTokenizer())
+    out = to_nemo_rl_result({"_rowidx": 0}, two_turns(), CodePointTokenizer())
     log = out["message_log"]
     assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
     assert [m["token_ids"] for m in log] == [ids("Q"), ids("T"), ids("R"), ids("A3")]
@@ -87,7 +75,7 @@ def test_detection_uses_the_configured_patterns_and_tags():
     repeated = {"type": "reasoning", "summary": [{"text": "<think>a</think><think>b"}]}
     assert detect_flags(repeated) == (False, True)
     settings = NemoRLSettings(invalid_tool_call_patterns=["ANSWER:"])
-    out = to_nemo_rl_result({}, reply(message("ANSWER: 3", "Q", "x")), StandInTokenizer(),
+    out = to_nemo_rl_result({}, reply(message("ANSWER: 3", "Q", "x")), CodePointTokenizer(),
                             settings=settings)
     assert out["message_log"][1]["is_invalid_tool_call"] is True
 
@@ -99,7 +87,7 @@ def test_detection_uses_the_configured_patterns_and_tags():
 ])
 def test_a_reply_without_generation_data_is_a_value_error(bad):
     with pytest.raises(MissingGenerationData) as raised:
-        to_nemo_rl_result({}, bad, StandInTokenizer())
+        to_nemo_rl_result({}, bad, CodePointTokenizer())
     assert isinstance(raised.value, ValueError) and isinstance(raised.value, RolloutDataError)
     assert "no generation data" in str(raised.value)
     again = pickle.loads(pickle.dumps(raised.value))            # crosses Ray as it is
@@ -109,7 +97,7 @@ def test_a_reply_without_generation_data_is_a_value_error(bad):
 def test_untrained_replies_can_be_tokenized_by_choice():
     plain = reply({"type": "message", "content": [{"type": "output_text", "text": "ok"}]})
     out = to_nemo_rl_result({"responses_create_params": {"input": "hi"}}, plain,
-                            StandInTokenizer(), untrained="tokenize")
+                            CodePointTokenizer(), untrained="tokenize")
     assert out["message_log"][0]["token_ids"] == ids("<user>hi")
     assert out["message_log"][1]["token_ids"] == ids("ok")
     assert out["message_log"][1]["generation_logprobs"] == [0.0, 0.0]
@@ -118,14 +106,14 @@ def test_untrained_replies_can_be_tokenized_by_choice():
 def test_nan_logprobs_are_a_runtime_error():
     with pytest.raises(NanLogprobs) as raised:
         to_nemo_rl_result({}, reply(message("x", "Q", "ab", [-0.1, math.nan])),
-                          StandInTokenizer())
+                          CodePointTokenizer())
     assert isinstance(raised.value, RuntimeError)
 
 
 def test_non_contiguous_turns_are_a_data_failure():
     bad = reply(message("a", "Q", "T"), message("b", "XTR", "A"))
     with pytest.raises(RolloutDataError, match="non-contiguous"):
-        to_nemo_rl_result({}, bad, StandInTokenizer())
+        to_nemo_rl_result({}, bad, CodePointTokenizer())
 
 
 def envelope(rows, dtype="int16"):
@@ -141,14 +129,14 @@ def test_routed_experts_are_split_per_message_and_the_prefill_fixes_the_last_rou
     turn2 = [[[10 * t, 1]] for t in range(5)]             # QTU + R + A: 5 tokens
     r = reply(message("a", "Q", "TU", routed_experts=encode(turn1)),
               message("b", "QTUR", "A", routed_experts=encode(turn2)))
-    log = to_nemo_rl_result({}, r, StandInTokenizer(),
+    log = to_nemo_rl_result({}, r, CodePointTokenizer(),
                             settings=NemoRLSettings(require_routed_experts=True))["message_log"]
     assert log[0]["routed_experts"] == turn1[:1]
     assert log[1]["routed_experts"] == [turn1[1], turn2[2]]   # last route from the prefill
     assert log[2]["routed_experts"] == turn2[3:4] and log[3]["routed_experts"] == turn2[4:]
     with pytest.raises(MissingGenerationData, match="routed_experts"):
-        to_nemo_rl_result({}, reply(message("a", "Q", "T")), StandInTokenizer(),
+        to_nemo_rl_result({}, reply(message("a", "Q", "T")), CodePointTokenizer(),
                           settings=NemoRLSettings(require_routed_experts=True))
     with pytest.raises(MissingGenerationData, match="rows"):
         to_nemo_rl_result({}, reply(message("a", "Q", "TU", routed_experts=encode(turn1[:2]))),
-                          StandInTokenizer())
+                          CodePointTokenizer())

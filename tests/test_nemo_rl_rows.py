@@ -23,20 +23,6 @@ from rl_gym_actors.integrations.nemo_rl_rows import (
 from rl_gym_actors.protocol import is_valid_rollout_id
 
 
-class StandInTokenizer:
-    """Characters to code points; enough to check what goes where."""
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def batch_decode(self, batches):
-        return ["".join(chr(i) for i in ids) for ids in batches]
-
-    def apply_chat_template(self, messages, tokenize=True):
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return self.encode(text) if tokenize else text
-
-
 def rows(*specs):
     return [{"_rowidx": i, **spec} for i, spec in enumerate(specs)]
 

@@ -22,6 +22,21 @@ NEMO_GYM_VENV_PYTHON = sys.executable
 TOP_LEVEL_KNOBS = ("invalid_tool_call_patterns", "thinking_tags", "tokenizer_config")
 
 
+class CodePointTokenizer:
+    """A tokenizer stand-in: characters to code points (and back)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def batch_decode(self, batches: list[list[int]]) -> list[str]:
+        return ["".join(map(chr, ids)) for ids in batches]
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True
+                            ) -> list[int] | str:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return self.encode(text) if tokenize else text
+
+
 @ray.remote(num_cpus=0)
 class NemoGym:
     """NeMo RL's own Gym actor, reduced to saying that it is the one that was created."""
