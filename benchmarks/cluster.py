@@ -124,9 +124,10 @@ def body(result: Result, args: Any) -> None:
         t_batch_end = time.perf_counter()
         killer.join()
         by_status = Counter(o.status for o in outcomes)
-        reasons = Counter((o.reason or "").split(":")[0][:60] for o in outcomes
+        # tallied by the outcome's typed failure kind, never by its reason's text
+        reasons = Counter(o.failure.value if o.failure else "none" for o in outcomes
                           if o.status != "sealed")
-        unexplained = [o for o in outcomes if o.status != "sealed" and not o.reason]
+        unexplained = [o for o in outcomes if o.status != "sealed" and o.failure is None]
         progress(f"batch: {dict(by_status)} in {t_batch_end - t_batch:.1f}s; reasons "
                  f"{dict(reasons)}")
 
@@ -153,7 +154,7 @@ def body(result: Result, args: Any) -> None:
                           "abandoned": st["abandoned"], "seconds": time.perf_counter() - tk,
                           "replaced": snap_k.pool.replaced, "alive": snap_k.actors.actors,
                           "without_reason": sum(1 for o in outs
-                                                if o.status != "sealed" and not o.reason)})
+                                                if o.status != "sealed" and o.failure is None)})
             progress(f"batch {k}: {dict(st)}; pool replaced {snap_k.pool.replaced}, alive "
                      f"{snap_k.actors.actors}")
             if snap_k.actors.actors >= p["actors"] and st["sealed"] == p["rows"]:

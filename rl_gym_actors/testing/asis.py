@@ -51,7 +51,7 @@ class AsIsStats:
     tries_started: int = 0
     replies_received: int = 0
     acked: int = 0
-    tries_given_up: Counter = field(default_factory=Counter)   # reason -> count
+    tries_given_up: Counter = field(default_factory=Counter)   # step -> count
     rollouts_abandoned: int = 0
     checkpoints_tried: int = 0
     checkpoints_committed: int = 0
@@ -73,7 +73,11 @@ class AsIsCheckpoint:
 
 
 class _TryLost(Exception):
-    """Internal: this try's reply did not reach us; the reason is the message."""
+    """Internal: this try's reply did not reach us at ``step`` (``run`` or ``receipt``)."""
+
+    def __init__(self, step: str, cause: BaseException) -> None:
+        self.step = step
+        super().__init__(f"{step}: {type(cause).__name__}")
 
 
 def choose_endpoint(row: Mapping[str, Any], rollout_id: str,
@@ -189,7 +193,7 @@ class AsIsRunner:
                 # the as-is flaw: no retire; Gym keeps this try (and, once done, its reply)
                 reason = str(lost)
                 kind = failure_kind(lost.__cause__ or lost)
-                self.stats.tries_given_up[reason.split(":")[0]] += 1
+                self.stats.tries_given_up[lost.step] += 1
                 continue
             except AgentFailed as exc:
                 return Outcome(rollout_id=rollout_id, status="failed", attempt_index=attempt,
@@ -225,12 +229,12 @@ class AsIsRunner:
                 await asyncio.sleep(_ADMISSION_POLL_S)
                 deadline = time.time() + p.rollout_s
             except GymUnavailable as exc:
-                raise _TryLost(f"run: {type(exc).__name__}") from exc
+                raise _TryLost("run", exc) from exc
         self.stats.replies_received += 1
         try:
             answer = await client.receipt(rollout_id, attempt, deadline_ts=time.time() + p.receipt_s)
         except (GymUnavailable, GymError) as exc:
-            raise _TryLost(f"receipt: {type(exc).__name__}") from exc
+            raise _TryLost("receipt", exc) from exc
         if answer.completion_receipt.result_digest != result.digest:
             raise ProtocolViolation(f"{rollout_id}/{attempt}: reply digest differs from receipt")
         return result.reply, answer.completion_receipt
