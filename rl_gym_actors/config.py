@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tenacity import RetryCallState, wait_exponential
@@ -15,7 +15,8 @@ TOKEN_ENV = "RL_GYM_CONTROL_TOKEN"
 
 
 class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are refused in every setting: a deadline of inf never fires
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GymEndpoint(_Settings):
@@ -117,6 +118,12 @@ class TryPolicy(_Settings):
     ``retry`` is how every call to Gym repeats itself inside its deadline (the rollout actors'
     and the ledger's); a rollout repeats a step itself only for what a call does not retry (a
     checkpoint in the way, a key not completed yet), backing off by the same policy.
+
+    ``ack`` says when Gym may release a sealed result: ``"at_checkpoint"`` (the default) leaves it
+    completed and un-ACKed on Gym until the checkpoint gate ACKs it just before prepare, so a
+    trainer that restarts from its last checkpoint gets every later result replayed, not rerun;
+    ``"on_seal"`` ACKs it as soon as the rollout seals it (Gym's memory comes back sooner, but a
+    result the trainer loses in a crash is gone).
     """
 
     rollout_s: Annotated[float, Field(gt=0)] = 60.0
@@ -125,6 +132,7 @@ class TryPolicy(_Settings):
     control_s: Annotated[float, Field(gt=0)] = 10.0
     admission_wait_s: Annotated[float, Field(gt=0)] = 600.0
     retry: RetryPolicy = RetryPolicy()
+    ack: Literal["at_checkpoint", "on_seal"] = "at_checkpoint"
 
 
 class PoolConfig(_Settings):

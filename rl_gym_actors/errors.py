@@ -16,7 +16,8 @@
     │   │   ├── CheckpointNotReady      a commit before a ready prepare
     │   │   ├── Unauthorized            unauthorized
     │   │   ├── InvalidRequest          invalid_request (422) or any other 4xx
-    │   │   └── AgentFailed             agent_failed: the agent raised; the key is tombstoned
+    │   │   └── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
+    │   │                               failed (status and the body's text kept)
     │   ├── AdmissionClosed         agent_admission_closed: wait for resume, then try again
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
     ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
@@ -130,6 +131,9 @@ class InvalidRequest(GymRejected):
 
 
 class AgentFailed(GymRejected):
+    """``/run`` answered ``agent_failed`` or any 5xx: the agent or its server failed. ``status``
+    and ``detail`` (the error text) say how; the key did not complete."""
+
     code = "agent_failed"
 
 

@@ -55,7 +55,7 @@ class FailureKind(str, Enum):
     # name = (code, infrastructure?, who repeats it, the exceptions that raise it)
     LOST = ("connection_lost", True, Repeat.IN_CALL, errors.ConnectionLost, errors.GymUnavailable)
     SERVER_ERROR = ("server_error", True, Repeat.IN_CALL, errors.GymServerError)
-    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)         # a 5xx
+    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)   # any 5xx to /run
     DEADLINE = ("deadline_exceeded", True, Repeat.IN_CALL, errors.DeadlineExceeded, TimeoutError)
     ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)   # not sent at all
     LEDGER_LOST = ("ledger_lost", True, Repeat.NO, errors.LedgerLost)
@@ -72,6 +72,8 @@ class FailureKind(str, Enum):
     PROTOCOL = ("protocol_violation", False, Repeat.LATER, errors.ProtocolViolation)
     REJECTED = ("rejected", False, Repeat.NO, errors.GymRejected, errors.ConfigError)  # a 4xx
     INVALID_REPLY = ("invalid_reply", False, Repeat.NO)          # the reply cannot become a result
+    FORGOTTEN = ("forgotten_rollout", False, Repeat.NO)   # sealed before, no longer remembered:
+                                                          # another try would seal it twice
 
     @property
     def may_pass(self) -> bool:

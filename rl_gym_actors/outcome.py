@@ -24,6 +24,8 @@ class Outcome(BaseModel):
     fresh ``/run`` dispatches this rollout made. ``failure`` is the kind of what ``reason``
     says (None when there is no reason): read it, never the reason's text, to decide what to do
     (``failure.is_transport``: infrastructure, re-dispatch; ``failure.is_data``: the row's own).
+    ``repeated``: the rollout id had sealed before in this run and was sent again; this is that
+    same sealed result, handed back without an agent run: not a new result (count it once).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -40,6 +42,7 @@ class Outcome(BaseModel):
     endpoint: str = ""
     reason: str | None = None
     failure: FailureKind | None = None
+    repeated: bool = False
 
     @property
     def has_result(self) -> bool:

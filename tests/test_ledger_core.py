@@ -317,6 +317,28 @@ def test_seed_scenario_plan():
     assert orphan.action is PrepareAction.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
 
 
+def test_a_committed_checkpoint_prunes_settled_rollouts_and_keeps_the_counters():
+    ep = EPS[0]
+    book = book_of([
+        AttemptReport("done", 0, ep, AttemptState.TOMBSTONED, "o-a"),
+        AttemptReport("done", 1, ep, AttemptState.ACKED, "o-a", released=True),
+        AttemptReport("sealed", 0, ep, AttemptState.SEALED, "o-a", released=True),
+        AttemptReport("held", 0, ep, AttemptState.ACKED, "o-b"),           # not released
+        AttemptReport("live", 0, ep, AttemptState.RUNNING, "o-b")])
+    before = book.snapshot().endpoints[ep]
+    book.record_checkpoint("c1", committed=False)
+    assert book.snapshot().attempts == 5                       # a failed checkpoint keeps all
+    book.record_checkpoint("c2", committed=True)
+    snap = book.snapshot()
+    assert (snap.rollouts, snap.attempts, snap.pruned) == (3, 3, 2)
+    assert book.attempt("done", 1) is None and book.attempt("sealed", 0) is not None
+    assert snap.endpoints[ep] == before and snap.invariant_ok
+    assert snap.owners == {"o-b": 2}
+    book.record_gate_acked(ep, "sealed", 0)
+    book.record_checkpoint("c3", committed=True)
+    assert book.snapshot().attempts == 2 and book.snapshot().endpoints[ep].acked == 3
+
+
 def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():
     ep = EPS[0]
     book = book_of([AttemptReport("r", 0, ep, AttemptState.ACKED, "o-a"),
@@ -328,8 +350,8 @@ def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():
     book.record_checkpoint("c1", committed=True)
     book.record_checkpoint("c2", committed=False)
     snap = book.snapshot()
-    assert (snap.orphans_acked, snap.retired, snap.checkpoints_committed,
-            snap.checkpoints_failed, snap.last_checkpoint_id) == (2, 1, 1, 1, "c1")
+    assert (snap.orphans_acked, snap.sealed_acked, snap.retired, snap.checkpoints_committed,
+            snap.checkpoints_failed, snap.last_checkpoint_id) == (1, 1, 1, 1, 1, "c1")
     counts = snap.endpoints[ep]
     assert (counts.dispatched, counts.acked, counts.tombstoned) == (4, 3, 1)
     assert snap.owners == {"o-a": 2} and snap.invariant_ok     # not released: still held

@@ -11,7 +11,7 @@ from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
 POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=4.0,
-                   admission_wait_s=5.0)
+                   admission_wait_s=5.0, ack="on_seal")
 RID = "r7"
 REPLY = {"id": "r-r7", "reward": 0.5}
 RETIRED = RetireAnswer(retired=True, tombstoned=True)
@@ -195,23 +195,87 @@ def test_abandon_during_admission_wait_retires():
     assert isinstance(last(m.handle(r.AbandonRequested(1.01))), r.Retire)
 
 
-def test_stale_on_fresh_try_moves_to_next_try():
+def test_stale_on_a_later_try_moves_to_the_next_try():
     m = machine()
     m.handle(r.Start(0.0))
-    fx = m.handle(r.RunFailed(1.0, r.FailureKind.STALE, "retired by restore"))
-    assert last(fx) == r.StartRun(1, 11.0)
+    m.handle(r.DeadlineFired(10.0))
+    assert last(m.handle(r.RetireAnswered(10.1, RETIRED))) == r.StartRun(1, 20.1)
+    fx = m.handle(r.RunFailed(11.0, r.FailureKind.STALE, "retired by restore"))
+    assert last(fx) == r.StartRun(2, 21.0)
+    assert reports(fx)[0] == (1, AttemptState.TOMBSTONED, False)
+
+
+def test_stale_first_try_of_a_new_rollout_that_was_acked_fails_forgotten():
+    m = machine()
+    m.handle(r.Start(0.0))
+    fx = m.handle(r.RunFailed(1.0, r.FailureKind.STALE, "completed result was acknowledged"))
+    assert last(fx) == r.FetchReceipt(0, 5.0) and m.phase is r.RolloutPhase.STALE_CHECK
+    fx = m.handle(r.DigestMismatch(1.1, receipt(), "no reply in hand"))
+    out = last(fx).outcome
+    assert out.status == "failed" and out.failure is r.FailureKind.FORGOTTEN and out.tries == 1
+    assert out.failure.is_data and out.reward is None
+    assert not any(isinstance(e, r.StartRun) for e in fx)
+
+
+def test_stale_first_try_of_a_new_rollout_that_was_tombstoned_moves_on():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.RunFailed(1.0, r.FailureKind.STALE, "retired"))
+    fx = m.handle(r.StepFailed(1.1, r.FailureKind.STALE, "tombstoned"))
+    assert last(fx) == r.StartRun(1, 11.1)
     assert reports(fx)[0] == (0, AttemptState.TOMBSTONED, False)
 
 
-def test_agent_failed_every_try_fails_with_reason_kept():
+def test_agent_failed_retires_each_try_then_fails_typed_with_its_text():
     m = machine()
     fx = m.handle(r.Start(0.0))
     for i in range(3):
-        assert last(fx) == r.StartRun(i, 10.0 * 0 + 10.0)
+        assert last(fx) == r.StartRun(i, 10.0)
         fx = m.handle(r.RunFailed(0.0, r.FailureKind.AGENT_FAILED, "boom"))
+        assert last(fx) == r.Retire(i, 4.0)
+        fx = m.handle(r.RetireAnswered(0.0, RetireAnswer(retired=False, tombstoned=True)))
     out = last(fx).outcome
     assert out.status == "failed" and out.tries == 3 and "agent_failed: boom" in out.reason
     assert out.failure is r.FailureKind.AGENT_FAILED and out.failure.is_transport
+
+
+def test_agent_failed_whose_try_completed_after_all_is_adopted():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.RunFailed(0.5, r.FailureKind.AGENT_FAILED, "502 Bad Gateway"))
+    assert last(m.handle(r.RetireAnswered(0.6, COMPLETED))) == r.Replay(0, 4.6)
+
+
+def test_duplicate_waits_for_the_running_key_and_takes_its_reply():
+    m = machine()
+    m.handle(r.Start(0.0))
+    fx = m.handle(r.RunFailed(1.0, r.FailureKind.DUPLICATE, "running"))
+    assert isinstance(last(fx), r.WaitUntil) and m.phase is r.RolloutPhase.ADMISSION_WAIT
+    assert last(m.handle(r.Woke(1.05))) == r.StartRun(0, 11.05)       # the same key again
+    assert last(m.handle(r.RunReplied(2.0, REPLY, replayed=True))) == r.FetchReceipt(0, 4.0)
+    fx = m.handle(r.ReceiptReceived(2.1, receipt()))
+    assert fx[0].adopted is True and m.tries == 1
+
+
+def test_duplicate_past_rollout_s_retires_and_moves_on():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.RunFailed(1.0, r.FailureKind.DUPLICATE))
+    m.handle(r.Woke(1.05))
+    assert last(m.handle(r.RunFailed(11.5, r.FailureKind.DUPLICATE))) == r.Retire(0, 15.5)
+    assert last(m.handle(r.RetireAnswered(11.6, RETIRED))) == r.StartRun(1, 21.6)
+
+
+def test_at_checkpoint_seals_without_ack_and_hands_the_result_to_the_ledger():
+    m = r.RolloutMachine(RID, endpoint="http://127.0.0.1:1", owner="a0",
+                         policy=POLICY.model_copy(update={"ack": "at_checkpoint"}))
+    m.handle(r.Start(0.0))
+    m.handle(r.RunReplied(1.0, REPLY))
+    fx = m.handle(r.ReceiptReceived(1.5, receipt()))
+    assert not any(isinstance(e, r.Ack) for e in fx)
+    assert reports(fx) == [(0, AttemptState.SEALED, False), (0, AttemptState.SEALED, True)]
+    out = last(fx).outcome
+    assert out.status == "sealed" and out.acked is False and out.reward == 0.5
 
 
 def test_rejected_run_retires_and_fails_without_next_try():

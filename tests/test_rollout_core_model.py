@@ -20,7 +20,7 @@ from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
 POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=3, control_s=2.0,
-                   admission_wait_s=3.0)
+                   admission_wait_s=3.0, ack="on_seal")
 RID = "roll-1"
 LOSS_S = 0.4          # time a lost answer costs
 

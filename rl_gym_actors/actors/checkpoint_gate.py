@@ -81,6 +81,7 @@ class _Tally:
     label: str
     adopted: int = 0
     orphans_acked: int = 0
+    sealed_acked: int = 0
     retired: int = 0
     rounds: int = 0
     last: StatusReport | None = None
@@ -174,7 +175,7 @@ class CheckpointGate:
             endpoints=[EndpointCheckpoint(
                 endpoint=t.endpoint.url, label=t.endpoint.label,
                 checkpoint_dir=_subdir(checkpoint_dir, t.label), adopted=t.adopted,
-                orphans_acked=t.orphans_acked, retired=t.retired, prepare_rounds=t.rounds,
+                orphans_acked=t.orphans_acked, sealed_acked=t.sealed_acked, retired=t.retired, prepare_rounds=t.rounds,
                 commit=t.commit) for t in self._tallies])
 
     def _foreign(self, rollout_id: str) -> bool:
@@ -383,9 +384,11 @@ class CheckpointGate:
                 logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
                 continue
             # an owner may have ACKed one since the status was read: the book does not count it
-            counted = sum(self._book.record_orphan_acked(url, r.rollout_id, r.attempt_index)
-                          for r in acked)
+            kinds = [self._book.record_gate_acked(url, r.rollout_id, r.attempt_index)
+                     for r in acked]
+            counted = kinds.count("orphan")
             tally.orphans_acked += counted
+            tally.sealed_acked += kinds.count("sealed")
             metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
 
     @staticmethod

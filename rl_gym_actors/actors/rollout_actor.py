@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.reports import ReportOutbox, Send
+from rl_gym_actors.actors.runtime import watch_driver
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.attempt_reports import AttemptState
@@ -93,6 +94,7 @@ class _Live:
     endpoint_index: int
     signals: list[core.Event] = field(default_factory=list)
     waiter: asyncio.Future | None = None      # the driver's wait on its call or a signal
+    task: asyncio.Task | None = None
     watchers: list[asyncio.Future] = field(default_factory=list)
     reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
     receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
@@ -148,6 +150,7 @@ class RolloutWorker:
              "receipts_fetched"), 0)
         self._closed = False
         self._chunk_linger_s = CHUNK_LINGER_S
+        self.driver_gone = False
 
     # ------------------------------------------------------------ the API
 
@@ -172,6 +175,7 @@ class RolloutWorker:
         live = _Live(machine, row, self._client(endpoint_index), first_attempt, endpoint_index)
         if self._memory.take_abandon(rollout_id, first_attempt):
             live.signal(core.AbandonRequested(self._clock()))
+        live.task = asyncio.current_task()
         self._live[rollout_id] = live
         self._counts["started"] += 1
         try:
@@ -266,6 +270,16 @@ class RolloutWorker:
         return RolloutActorSnapshot(name=self.name, slots=self._slots, in_flight=len(self._live),
                                     reports_sent=self._outbox.sent,
                                     reports_pending=self._outbox.pending, **self._counts)
+
+    def stop_for_good(self) -> None:
+        """The driver is gone: nothing more is dispatched, retired or ACKed for it. Every live
+        rollout stops where it stands (a /run in flight keeps going on Gym, whose result stays
+        completed and un-ACKed for the next driver to replay); later rollouts raise PoolClosed."""
+        self.driver_gone = self._closed = True
+        self._outbox.close()
+        for live in list(self._live.values()):
+            if live.task is not None:
+                live.task.cancel()
 
     async def close(self) -> None:
         """Close the Gym clients; later rollouts raise PoolClosed."""
@@ -509,3 +523,10 @@ class RolloutActor(RolloutWorker):
 
         super().__init__(name, endpoints, policy, ledger_config,
                          send=send if ledger is not None else None, slots=slots)
+        self._watch: asyncio.Task | None = None
+
+    async def ping(self) -> str:
+        # the first call runs on the actor's loop: the driver watch starts there
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(watch_driver(self.stop_for_good))
+        return self.name

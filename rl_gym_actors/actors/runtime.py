@@ -90,3 +90,33 @@ class LoopThread:
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+DRIVER_POLL_S = 0.5          # how often a rollout actor asks whether its driver still lives
+
+
+async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
+    """Call ``on_gone()`` once the driver of this Ray job is dead, then return.
+
+    Ray kills a job's actors some seconds after its driver dies; meanwhile they must not act for
+    a driver that can no longer take their results. Runs inside an actor: it asks the GCS for
+    this job's record (one small async call per ``interval_s``). A failed call is no verdict."""
+    import ray
+    from ray._private import worker
+
+    job_id = ray.get_runtime_context().get_job_id()
+    gcs = worker.global_worker.gcs_client
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            infos = await gcs.async_get_all_job_info(
+                job_or_submission_id=job_id, skip_submission_job_info_field=True,
+                skip_is_running_tasks_field=True, timeout=max(interval_s, 1.0))
+        except Exception as exc:          # the GCS is busy or restarting: ask again
+            logger.debug("driver check failed: %r", exc)
+            continue
+        info = next(iter(infos.values()), None)
+        if info is not None and info.is_dead:
+            logger.warning("the driver of job %s is gone: dispatching nothing more", job_id)
+            on_gone()
+            return

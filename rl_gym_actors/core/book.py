@@ -14,6 +14,10 @@ rollout actors and may arrive out of order, so the fold is commutative and idemp
 Per endpoint counters are kept incrementally so that :meth:`Book.snapshot` costs O(endpoints +
 owners), not O(attempts). Each attempt sits in exactly one state bucket, so
 ``dispatched = running + completed_unacked + acked + tombstoned`` holds after every fold.
+
+At each committed checkpoint :meth:`Book.prune` drops the rollouts that are settled (every attempt
+ACKed or tombstoned, no owner holding the rollout): the counters keep them, the book's memory
+stays one checkpoint interval deep.
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ class EndpointSnapshot(BaseModel):
 
 class LedgerSnapshot(BaseModel):
     """A frozen view of the book. ``owners`` maps an owner to the rollouts it holds (not released);
-    ``orphans_acked``, ``adoptions`` and ``retired`` count what the checkpoint gate did itself."""
+    ``orphans_acked``, ``sealed_acked``, ``adoptions`` and ``retired`` count what the checkpoint
+    gate did itself (``sealed_acked``: results a rollout had sealed, released with the checkpoint);
+    ``pruned`` counts attempts dropped from the book at committed checkpoints."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -77,8 +83,10 @@ class LedgerSnapshot(BaseModel):
     owners: dict[str, int]
     live_owners: list[str] = []
     orphans_acked: int = 0
+    sealed_acked: int = 0
     adoptions: int = 0
     retired: int = 0
+    pruned: int = 0
     checkpoints_committed: int = 0
     checkpoints_failed: int = 0
     last_checkpoint_id: str | None = None
@@ -152,8 +160,10 @@ class Book:
         self._held: dict[str, int] = {}
         self.reports = 0
         self.orphans_acked = 0
+        self.sealed_acked = 0
         self.adoptions = 0
         self.retired = 0
+        self.pruned = 0
         self.checkpoints_committed = 0
         self.checkpoints_failed = 0
         self.last_checkpoint_id: str | None = None
@@ -186,21 +196,53 @@ class Book:
         self.record(endpoint, rollout_id, attempt_index, AttemptState.TOMBSTONED)
 
     def record_orphan_acked(self, endpoint: str, rollout_id: str, attempt_index: int) -> bool:
-        """The gate ACKed the attempt as an orphan. False (and not counted) when the book already
-        knew it as ACKed: its owner got there first and Gym answered idempotently."""
+        """The gate ACKed the attempt (an orphan, or a result a rollout sealed and left to the
+        checkpoint). False (and not counted) when the book already knew it as ACKed: its owner
+        got there first and Gym answered idempotently."""
+        return self.record_gate_acked(endpoint, rollout_id, attempt_index) != ""
+
+    def record_gate_acked(self, endpoint: str, rollout_id: str, attempt_index: int) -> str:
+        """The gate ACKed the attempt: ``"sealed"`` when a rollout had sealed it (its result is
+        the trainer's), ``"orphan"`` for any other, ``""`` when the book knew it ACKed already."""
         attempt = self._attempts.get((rollout_id, attempt_index))
-        fresh = attempt is None or attempt.state is not AttemptState.ACKED
-        if fresh:
+        if attempt is not None and attempt.state is AttemptState.ACKED:
+            kind = ""
+        elif attempt is not None and attempt.state is AttemptState.SEALED:
+            kind = "sealed"
+            self.sealed_acked += 1
+        else:
+            kind = "orphan"
             self.orphans_acked += 1
         self.record(endpoint, rollout_id, attempt_index, AttemptState.ACKED)
-        return fresh
+        return kind
 
     def record_checkpoint(self, checkpoint_id: str, committed: bool) -> None:
+        """Count a checkpoint; a committed one also prunes the book."""
         if committed:
             self.checkpoints_committed += 1
             self.last_checkpoint_id = checkpoint_id
+            self.prune()
         else:
             self.checkpoints_failed += 1
+
+    def prune(self) -> int:
+        """Drop every settled rollout: all its attempts ACKed or tombstoned and no owner holding
+        it. The counters, the owners' holdings and the invariant are unchanged; returns how many
+        attempts were dropped."""
+        final = (AttemptState.ACKED, AttemptState.TOMBSTONED)
+        unsettled = {rid for (rid, _), a in self._attempts.items() if a.state not in final}
+        drop = [rid for rid, rollout in self._rollouts.items()
+                if rid not in unsettled and not self._holder(rid, rollout)]
+        if not drop:
+            return 0
+        gone = set(drop)
+        before = len(self._attempts)
+        # rebuilt, not deleted from: a dict never shrinks its table on deletes
+        self._attempts = {k: a for k, a in self._attempts.items() if k[0] not in gone}
+        self._rollouts = {r: v for r, v in self._rollouts.items() if r not in gone}
+        dropped = before - len(self._attempts)
+        self.pruned += dropped
+        return dropped
 
     def _fold(self, rid: str, att: int, endpoint: str, state: AttemptState, owner: str,
               adopted: bool, released: bool) -> None:
@@ -301,7 +343,8 @@ class Book:
             endpoints=endpoints, rollouts=len(self._rollouts), attempts=len(self._attempts),
             reports=self.reports, owners=dict(sorted(self._held.items())),
             live_owners=sorted(live_owners), orphans_acked=self.orphans_acked,
-            adoptions=self.adoptions, retired=self.retired,
+            sealed_acked=self.sealed_acked, adoptions=self.adoptions, retired=self.retired,
+            pruned=self.pruned,
             checkpoints_committed=self.checkpoints_committed,
             checkpoints_failed=self.checkpoints_failed,
             last_checkpoint_id=self.last_checkpoint_id,

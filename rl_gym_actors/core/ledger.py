@@ -21,7 +21,8 @@ from rl_gym_actors.protocol import CommitAnswer
 
 class EndpointCheckpoint(BaseModel):
     """What the gate did on one endpoint: ``adopted`` (owners asked, answered True),
-    ``orphans_acked``, ``retired``, ``prepare_rounds`` and Gym's commit answer."""
+    ``orphans_acked``, ``sealed_acked`` (results rollouts sealed, ACKed with this checkpoint:
+    ``ack="at_checkpoint"``), ``retired``, ``prepare_rounds`` and Gym's commit answer."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -30,6 +31,7 @@ class EndpointCheckpoint(BaseModel):
     checkpoint_dir: str
     adopted: int = 0
     orphans_acked: int = 0
+    sealed_acked: int = 0
     retired: int = 0
     prepare_rounds: int = 0
     commit: CommitAnswer
@@ -53,6 +55,10 @@ class CheckpointReport(BaseModel):
     @property
     def orphans_acked(self) -> int:
         return sum(e.orphans_acked for e in self.endpoints)
+
+    @property
+    def sealed_acked(self) -> int:
+        return sum(e.sealed_acked for e in self.endpoints)
 
     @property
     def retired(self) -> int:

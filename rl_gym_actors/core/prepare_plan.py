@@ -8,7 +8,7 @@ ADOPT          completed, not ACKed, still its rollout's current try, and a live
                holds it: ask that owner to ``adopt(rid, att)`` (replay, seal, ACK)
 ORPHAN_ACK     completed, not ACKed, and no live owner holds it as its current try:
                take its receipt (from the status, else fetch it) and ACK it
-RETIRE         running or parked and no live owner holds it as its current try,
+RETIRE         running or parked (or park_requested) and no live owner holds it as its current try,
                including attempts the book never heard of: cancel it on Gym
 WAIT           running or parked and a live owner holds it as its current try: let it
                finish; or, with ``retire_unknown=False``, an attempt the book never heard
@@ -33,7 +33,9 @@ from enum import Enum
 from rl_gym_actors.core.book import Book
 from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, ExecutionState, StatusReport
 
-_RUNNING = frozenset({ExecutionState.RUNNING.value, ExecutionState.PARKED.value})
+# a real Gym lists a running attempt as "park_requested" while a prepare is in progress
+PARK_REQUESTED = "park_requested"
+_RUNNING = frozenset({ExecutionState.RUNNING.value, ExecutionState.PARKED.value, PARK_REQUESTED})
 _COMPLETED = ExecutionState.COMPLETED.value
 
 

@@ -65,6 +65,7 @@ class RolloutPhase(str, Enum):
     ADOPT_RECEIPT = "adopt_receipt"    # stored reply in hand; fetching its receipt
     ACKING = "acking"                  # sealed; ACK in flight
     RELEASING = "releasing"            # ACKing a stored reply that could not be sealed
+    STALE_CHECK = "stale_check"        # a new rollout's first try is stale: ACKed or tombstoned?
     DONE = "done"
 
 
@@ -111,6 +112,7 @@ class RolloutMachine:
         self._retries = 0
         self._asleep = False
         self._admission_since: float | None = None
+        self._duplicate_until: float | None = None
         self._reported: dict[int, AttemptState] = {}
         self._released: set[int] = set()
 
@@ -163,7 +165,7 @@ class RolloutMachine:
         self._next_index += 1
         self.tries += 1
         self._reply, self._replayed = None, False
-        self._admission_since = None
+        self._admission_since = self._duplicate_until = None
         self._report(out, AttemptState.RUNNING)
         self._dispatch(now, out)
 
@@ -180,16 +182,52 @@ class RolloutMachine:
 
     def _on_run_failed(self, ev: RunFailed, out: list[Effect]) -> None:
         f = ev.failure
+        text = f"{f.value}: {ev.detail}" if ev.detail else f.value
         if f is FailureKind.ADMISSION_CLOSED:
             self._on_admission_closed(RunAdmissionClosed(ev.now), out)
-        elif f in (FailureKind.STALE, FailureKind.AGENT_FAILED):
-            # Gym already tombstoned the key (someone retired it, or the agent raised).
-            self._why(f"{f.value}: {ev.detail}" if ev.detail else f.value, f)
+        elif f is FailureKind.STALE and self.previous_attempt is None and self.tries == 1:
+            # The first try of a rollout its dispatcher calls new is stale on Gym: tombstoned
+            # (someone retired it: the next try is fine) or ACKed, i.e. it sealed before and was
+            # forgotten (another try would seal it a second time). Its receipt tells which.
+            self._why(text, f)
+            self._begin_step(RolloutPhase.STALE_CHECK, ev.now, self.policy.control_s, out,
+                             lambda d: FetchReceipt(self._attempt, d))
+        elif f is FailureKind.STALE:
+            # Gym already tombstoned the key (someone retired it).
+            self._why(text, f)
             self._report(out, AttemptState.TOMBSTONED)
             self._after_try(ev.now, out)
+        elif f is FailureKind.DUPLICATE:
+            self._on_duplicate(ev, out)
         else:
-            self._give_up(ev.now, out, reason=f"/run failed: {f.value} {ev.detail}".strip(),
-                          failure=f, next_try=f.may_pass or f is FailureKind.DUPLICATE)
+            # an agent failure (a 5xx) too: retire first, which confirms it did not complete
+            self._give_up(ev.now, out, reason=f"/run failed: {text}", failure=f,
+                          next_try=f.may_pass or f is FailureKind.AGENT_FAILED)
+
+    def _on_duplicate(self, ev: RunFailed, out: list[Effect]) -> None:
+        # The key already runs on Gym, started by an earlier dispatcher (a driver that died):
+        # wait for it and take its stored reply instead of running the agent again.
+        if self._duplicate_until is None:
+            self._duplicate_until, self._retries = ev.now + self.policy.rollout_s, 0
+        if ev.now >= self._duplicate_until:
+            self._give_up(ev.now, out, reason="the key kept running elsewhere past rollout_s",
+                          failure=FailureKind.DUPLICATE, next_try=True)
+            return
+        self.phase = RolloutPhase.ADMISSION_WAIT
+        self._sleep(ev.now, self._duplicate_until, out)
+
+    def _on_stale_result(self, ev: ReceiptReceived | DigestMismatch, out: list[Effect]) -> None:
+        # a receipt exists: the key completed once and was ACKed (released) since
+        self._report(out, AttemptState.ACKED)
+        self._finish_failed(f"rollout id {self.rollout_id} sealed before and was forgotten: "
+                            f"try {self._attempt} is ACKed on Gym", FailureKind.FORGOTTEN, out)
+
+    def _on_stale_no_result(self, ev: StepFailed, out: list[Effect]) -> None:
+        if self._may_repeat(ev.failure, ev.now, out):
+            return
+        # no receipt (tombstoned, or not telling): the try never completed; the next one may run
+        self._report(out, AttemptState.TOMBSTONED)
+        self._after_try(ev.now, out)
 
     def _on_admission_closed(self, ev: RunAdmissionClosed, out: list[Effect]) -> None:
         if self._admission_since is None:
@@ -226,6 +264,13 @@ class RolloutMachine:
     def _on_receipt(self, ev: ReceiptReceived, out: list[Effect]) -> None:
         adopted = self._replayed or self.phase is RolloutPhase.ADOPT_RECEIPT
         self._seal(ev.receipt, adopted, out)
+        if self.policy.ack == "at_checkpoint":
+            # Gym keeps it completed and un-ACKed; the checkpoint gate ACKs it with the trainer's
+            # checkpoint (_finish hands the sealed attempt over to the ledger)
+            self._finish("abandoned" if self.abandoning else "sealed", out,
+                         reason="abandoned" if self.abandoning else None,
+                         failure=FailureKind.ABANDONED if self.abandoning else None)
+            return
         self._begin_step(RolloutPhase.ACKING, ev.now, self.policy.control_s, out,
                          lambda d: Ack(ev.receipt, d))
 
@@ -457,7 +502,8 @@ class RolloutMachine:
 # ---------------------------------------------------------------- the transition table
 
 _STEP_PHASES = (RolloutPhase.RECEIPT, RolloutPhase.RETIRING, RolloutPhase.REPLAYING,
-                RolloutPhase.ADOPT_RECEIPT, RolloutPhase.ACKING, RolloutPhase.RELEASING)
+                RolloutPhase.ADOPT_RECEIPT, RolloutPhase.ACKING, RolloutPhase.RELEASING,
+                RolloutPhase.STALE_CHECK)
 
 
 def _table() -> dict[tuple[RolloutPhase, type], str]:
@@ -480,6 +526,9 @@ def _table() -> dict[tuple[RolloutPhase, type], str]:
         (RolloutPhase.ADOPT_RECEIPT, ReceiptReceived): "_on_receipt",
         (RolloutPhase.ADOPT_RECEIPT, StepFailed): "_on_receipt_failed",
         (RolloutPhase.ADOPT_RECEIPT, DigestMismatch): "_on_digest_mismatch",
+        (RolloutPhase.STALE_CHECK, ReceiptReceived): "_on_stale_result",
+        (RolloutPhase.STALE_CHECK, DigestMismatch): "_on_stale_result",
+        (RolloutPhase.STALE_CHECK, StepFailed): "_on_stale_no_result",
         (RolloutPhase.RETIRING, RetireAnswered): "_on_retire_answered",
         (RolloutPhase.RETIRING, StepFailed): "_on_retire_failed",
         (RolloutPhase.REPLAYING, ReplayReplied): "_on_replay_replied",

@@ -10,9 +10,11 @@ Coping with a real Gym server (docs/PROTOCOL.md, section 7):
 
 - FastAPI's default 422 body ``{"detail": [...]}`` -> ``InvalidRequest``; a 401 with
   ``{"detail": "..."}`` -> ``Unauthorized``.
-- A run that ``retire`` cancels answers a plain-text 500 there. Whether we retired it is not
-  knowable here, so every non-JSON 5xx becomes ``ConnectionLost`` carrying the text. Callers
-  treat it like a lost reply: they retire the try next, and the retire answer resolves it.
+- On ``/run``, any 5xx is the server or its agent failing (a real Gym answers an agent that
+  raised, and a run that ``retire`` cancelled, with a 500 whose body is a JSON string or plain
+  text): ``AgentFailed`` carrying the status and the body's text. The caller retires the try
+  next, which confirms it did not complete. No answer at all stays ``ConnectionLost``. On a
+  control call, a non-JSON 5xx is ``ConnectionLost`` carrying the text (repeated if idempotent).
 - Its prepare 409 carries counts only; :meth:`GymClient.prepare` then reads the lists from
   ``status``.
 
@@ -43,7 +45,7 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import (CheckpointConflict, ConfigError, ConnectionLost,
+from rl_gym_actors.errors import (AgentFailed, CheckpointConflict, ConfigError, ConnectionLost,
                                   DeadlineExceeded, GymError, PoolClosed, ProtocolViolation,
                                   RlGymError, gym_error)
 from rl_gym_actors.gym import health as _health
@@ -134,6 +136,24 @@ def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
         return gym_error(status, "invalid_request" if status == 422 else None,
                          _validation_summary(detail), url=url, body=body)
     return gym_error(status, None, "" if detail is None else str(detail), url=url, body=body)
+
+
+def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed:
+    """A 5xx answer to ``/run`` (pure): the agent or its server failed. The text is the error
+    body's ``detail``, a JSON string body itself (a real Gym's exception repr), or the plain text."""
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, Mapping) and isinstance(err.get("detail"), str):
+        text = err["detail"]
+    elif isinstance(body, str):
+        text = body
+    else:
+        text = _text(raw)
+    return AgentFailed(text[:_TEXT_LIMIT], status=status, url=url,
+                       body=body if isinstance(body, dict) else None)
 
 
 def _json(answer: _Answer) -> Any:
@@ -299,7 +319,8 @@ class GymClient:
                   deadline_ts: float) -> RunResult:
         """``POST /run`` for the key (rollout_id, attempt_index). Never retried.
 
-        Raises ``StaleAttempt``, ``DuplicateExecution``, ``AdmissionClosed``, ``AgentFailed``;
+        Raises ``StaleAttempt``, ``DuplicateExecution``, ``AdmissionClosed``, ``AgentFailed``
+        (any 5xx: the agent or its server failed; ``status`` and ``detail`` say how);
         ``ConnectionLost`` or ``DeadlineExceeded`` when no answer came (Gym may still finish the
         run: retire the try next, and its answer says whether to adopt or cancel).
         """
@@ -326,6 +347,8 @@ class GymClient:
         async def attempt(try_deadline: float) -> RunResult:
             answer = await self._send("POST", "/run", control=False, data=data,
                                       deadline_ts=try_deadline)
+            if answer.status >= 500 and kind is RetryOn.NOTHING:
+                raise run_failure(answer.status, answer.raw, url=answer.url)
             return RunResult(reply=_ok(answer), replayed=answer.replayed, raw=answer.raw,
                              receipt=_header_receipt(answer))
 
