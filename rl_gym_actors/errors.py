@@ -27,6 +27,7 @@
     ├── ProtocolViolation           an answer that breaks the contract (digest mismatch, bad body)
     ├── CheckpointFailed            the checkpoint gate gave up; ``blockers`` says on what
     ├── LedgerLost                  the ledger actor is gone and Ray could not bring it back
+    ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
     └── PoolClosed                  the orchestrator or its pool was shut down
 
 Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
@@ -199,6 +200,16 @@ class LedgerLost(RlGymError):
 
     def __init__(self, message: str, *, cause: str = "") -> None:
         self.cause = cause
+        super().__init__(message)
+
+
+class EndpointCheckFailed(RlGymError):
+    """``Orchestrator.start()`` found a Gym endpoint down, refusing the control token, or
+    answering no status. ``endpoint`` is its URL; ``error`` the name of the error it gave."""
+
+    def __init__(self, message: str, *, endpoint: str = "", error: str = "") -> None:
+        self.endpoint = endpoint
+        self.error = error
         super().__init__(message)
 
 

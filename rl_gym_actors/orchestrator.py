@@ -71,13 +71,16 @@ from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
+from rl_gym_actors.gym.probe import probe_endpoints
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
+from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, WIRE_INT_MAX,
+                                    is_valid_attempt_index, is_valid_rollout_id)
 
 logger = logging.getLogger(__name__)
 
 ENDPOINT_FIELD = "_ng_endpoint"
 MEMORY = 1_000_000            # rollout ids remembered (oldest forgotten first)
+WARN_UNACKED = 50_000         # sealed results held un-ACKed on Gym before a warning
 CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own deadline
 START_TIMEOUT_S = 120.0
 LEDGER_RESTARTS = 16          # Ray restarts a dead ledger this often (then LedgerLost)
@@ -138,9 +141,22 @@ class Orchestrator:
                  pool_size: int | None = None, rollouts_per_actor: int | None = None,
                  pool: PoolConfig | None = None, ledger: LedgerConfig | None = None,
                  orchestrator_id: str | None = None, run_id: str | None = None,
-                 progress: bool | None = None, start: bool = True) -> None:
+                 progress: bool | None = None, ack: str | None = None,
+                 warn_unacked: int = WARN_UNACKED, check_endpoints: bool = True,
+                 start: bool = True) -> None:
         self.endpoints = _endpoints(endpoints)
         self.policy = policy or TryPolicy()
+        if ack is not None:
+            try:
+                self.policy = TryPolicy.model_validate({**self.policy.model_dump(), "ack": ack})
+            except ValueError as exc:
+                raise ConfigError(f"ack must be 'at_checkpoint' or 'on_seal', got {ack!r}") from exc
+        if not isinstance(warn_unacked, int) or isinstance(warn_unacked, bool) or warn_unacked < 1:
+            raise ConfigError(f"warn_unacked must be an int >= 1, got {warn_unacked!r}")
+        self.warn_unacked = warn_unacked
+        self.check_endpoints = check_endpoints
+        self._unacked = 0                # sealed results left un-ACKed since the last checkpoint
+        self._warned_at = 0
         updates = {k: v for k, v in (("size", pool_size), ("rollouts_per_actor",
                                                              rollouts_per_actor)) if v is not None}
         try:
@@ -345,6 +361,8 @@ class Orchestrator:
             if self._pool is not None:
                 return
             ensure_ray()
+            if self.check_endpoints:
+                await probe_endpoints(self.endpoints)
             # Ray restarts a ledger that dies and sends the calls in flight again; the
             # restarted ledger rebuilds its book from the rollout actors it finds by name
             ledger = LedgerActor.options(name=ledger_name(self.id), namespace=RAY_NAMESPACE,
@@ -452,6 +470,8 @@ class Orchestrator:
                                        failure_kind(cause))
             else:
                 self._memory.finish_outcome(rid, item.first_attempt, outcome)
+                if outcome.has_result and not outcome.acked:
+                    self._held_on_gym(1)
             finally:
                 batch.running.pop(rid, None)
         if outcome.status == "failed" and batch.fail_fast:
@@ -480,7 +500,29 @@ class Orchestrator:
                                          timeout_s=deadline_s + CALL_SLACK_S)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
+        self._committed()
         return report
+
+    def _committed(self) -> None:
+        """A checkpoint committed: the trainer's state now holds every sealed result handed out,
+        and Gym has released them. Forget those rollouts (a row sent again later fails typed,
+        ``forgotten_rollout``); keep the ones in flight, failed, or holding a result the trainer
+        has not taken yet."""
+        self._unacked = self._warned_at = 0
+        self._memory.forget_settled()
+
+    def _held_on_gym(self, n: int) -> None:
+        """Count sealed results Gym holds un-ACKed until the next checkpoint; warn at the
+        threshold and at each doubling of it."""
+        self._unacked += n
+        if self._unacked >= max(self.warn_unacked, 2 * self._warned_at):
+            self._warned_at = self._unacked
+            logger.warning(
+                "%d sealed results are held un-ACKed on Gym since the last checkpoint (ack=%r): "
+                "Gym keeps each in memory until a checkpoint releases it. Call "
+                "Orchestrator.checkpoint() more often, or pass ack='on_seal' to release each "
+                "result at once (a crash then loses the results since the last checkpoint).",
+                self._unacked, self.policy.ack)
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         await self._ready()
@@ -533,6 +575,10 @@ class Orchestrator:
                 self._memory.hand_out(item.rollout_id)
         return items
 
+    def _handed_out(self, item: _Item) -> None:
+        if item.ready is not None:
+            self._known[item.rollout_id].handed_out = True
+
     def _plan_row(self, i: int, row: Any, seen: set[str]) -> _Item:
         if not isinstance(row, Mapping):
             raise ConfigError(f"row {i} must be a mapping, got {type(row).__name__}")
@@ -549,8 +595,9 @@ class Orchestrator:
             raise ConfigError(f"row {i}: rollout {rid} is already in this or a running batch")
         seen.add(rid)
         first = row.get(ATTEMPT_INDEX_FIELD, 0)
-        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-            raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int >= 0")
+        if not is_valid_attempt_index(first):
+            raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int from 0 to "
+                              f"{WIRE_INT_MAX}, got {first!r}")
         gym_row = {k: v for k, v in row.items()
                    if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
         try:

@@ -247,10 +247,12 @@ def test_minted_ids_are_valid_and_endpoints_follow_a_stable_hash(orch, gyms):
     urls = [g.url for g in gyms]
     assert [o.endpoint for o in outs] == [urls[endpoint_index_for(o.rollout_id, 2)]
                                           for o in outs]
-    # the same ids again: same endpoints, and each continues after its sealed try
+    # the same ids again: never played again; the same sealed results, marked repeated
     again = orch.run_batch([{"_ng_rollout_id": o.rollout_id} for o in outs])
     assert [o.endpoint for o in again] == [o.endpoint for o in outs]
-    assert all(o.status == "sealed" and o.attempt_index == 1 for o in again)
+    assert all(o.status == "sealed" and o.attempt_index == 0 and o.repeated and o.tries == 0
+               for o in again)
+    assert [(o.reward, o.receipt) for o in again] == [(o.reward, o.receipt) for o in outs]
     assert endpoint_index_for("some-rollout", 7) == endpoint_index_for("some-rollout", 7)
 
 

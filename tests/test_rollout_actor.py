@@ -23,8 +23,9 @@ from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until
 
-QUICK = TryPolicy(rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0)
-PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0)
+QUICK = TryPolicy(rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0,
+                  ack="on_seal")
+PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0, ack="on_seal")
 
 # one event loop for the module, so that its Gym client (bound to a loop) serves every test
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -233,7 +233,8 @@ class RolloutWorker:
     async def adopt(self, rollout_id: str, attempt_index: int) -> bool:
         """The ledger's request: make sure this attempt ends sealed and ACKed. True when this
         actor owns it as its rollout's current try and it now is; False when it does not own it
-        (or it ended otherwise: cancelled, or handed over to the ledger). Raises
+        (or it ended otherwise: cancelled, handed over to the ledger, or sealed and left
+        un-ACKed for the checkpoint with ``ack="at_checkpoint"``). Raises
         DeadlineExceeded when it does not settle in time: the ledger then asks again."""
         self._counts["adopt_requests"] += 1
         live = self._live.get(rollout_id)
@@ -251,7 +252,13 @@ class RolloutWorker:
                                        f"settle in time")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.changed(), left)
-        return self._sealed_and_acked(m, attempt_index)
+        if self._sealed_and_acked(m, attempt_index):
+            return True
+        if m.sealed is not None and m.sealed.attempt_index == attempt_index:
+            # sealed, left to the checkpoint (ack="at_checkpoint"): the ledger ACKs it itself,
+            # and learns first that it is a sealed result, not an orphan
+            await self._outbox.flush()
+        return False
 
     async def rereport(self) -> int:
         """A restarted ledger asks: report again the last state of every attempt of every

@@ -32,6 +32,8 @@ class RolloutFacts:
     dispatched_from: int | None = None  # first try of the latest dispatch that ended
     current_known: bool = True          # False while a dead actor's last try is unknown
     kept: Outcome | None = None         # a result nobody took; the rollout's next row gets it
+    result: Outcome | None = None       # its sealed result, handed out: a row sent again gets
+                                        # it back (repeated), until a checkpoint forgets it
     running: bool = False               # a dispatch is in flight
     abandons: frozenset[int] = frozenset()  # dispatches (by first try) abandoned early
 
@@ -83,14 +85,19 @@ class RolloutMemory:
         if facts.kept is not None:
             ready = facts.kept.model_copy(update=dict(
                 status="sealed", adopted=True, reason=None, failure=None, tries=0))
+        elif facts.settled and facts.result is not None:
+            # sealed before: never played again; the same result, not a new one
+            ready = facts.result.model_copy(update=dict(
+                status="sealed", reason=None, failure=None, tries=0, repeated=True))
         return Dispatch(max(named_attempt, facts.next_fresh),
                         None if facts.settled else facts.current, ready)
 
     def hand_out(self, rollout_id: str) -> None:
         """The kept result went to a row: it is not kept any more."""
         facts = self._facts.get(rollout_id)
-        if facts is not None:
-            facts.kept = None
+        if facts is not None and facts.kept is not None:
+            facts.result, facts.kept = facts.kept.model_copy(update=dict(
+                status="sealed", adopted=True, reason=None, failure=None)), None
 
     def begin(self, rollout_id: str) -> None:
         """A dispatch of the rollout is in flight."""
@@ -109,9 +116,11 @@ class RolloutMemory:
     # ------------------------------------------------------------ what came of a dispatch
 
     def finish(self, rollout_id: str, first_attempt: int, attempt: int | None, *,
-               result: bool, acked: bool = False, kept: Outcome | None = None) -> None:
+               result: bool, acked: bool = False, kept: Outcome | None = None,
+               sealed: Outcome | None = None) -> None:
         """A dispatch that began at ``first_attempt`` ended at try ``attempt`` (None: it made no
-        try, and what was known still holds), with a result or without one."""
+        try, and what was known still holds), with a result or without one; ``sealed`` is the
+        result handed out (remembered for a row that sends the rollout again)."""
         facts = self._touch(rollout_id)
         facts.dispatched_from = first_attempt
         if facts.abandons:
@@ -122,18 +131,20 @@ class RolloutMemory:
         facts.settled, facts.acked = result, result and acked
         facts.next_fresh = max(facts.next_fresh, attempt + 1, first_attempt)
         facts.kept = kept if result else None
+        facts.result = sealed if result else None
 
     def finish_outcome(self, rollout_id: str, first_attempt: int, outcome: Outcome) -> None:
         """:meth:`finish` from the dispatch's outcome; an abandoned result is kept."""
         self.finish(rollout_id, first_attempt, outcome.attempt_index, result=outcome.has_result,
                     acked=outcome.acked,
-                    kept=outcome if outcome.status == "abandoned" else None)
+                    kept=outcome if outcome.status == "abandoned" else None,
+                    sealed=outcome if outcome.status == "sealed" else None)
 
     def keep(self, outcome: Outcome) -> None:
         """An outcome with a result the trainer never took: the rollout's next row gets it."""
         facts = self._facts.get(outcome.rollout_id)
         if outcome.has_result and facts is not None and facts.settled:
-            facts.kept = outcome
+            facts.kept, facts.result = outcome, None
 
     def lose(self, rollout_id: str, first_attempt: int, max_tries: int) -> None:
         """The dispatch's rollout actor died (or the caller gave up on it): its tries lie within
@@ -190,6 +201,17 @@ class RolloutMemory:
         return hit
 
     # ------------------------------------------------------------ bounds
+
+    def forget_settled(self) -> int:
+        """Forget every rollout that sealed and whose result was handed out (a committed
+        checkpoint holds it now): not in flight, nothing kept. Rollouts that failed stay (their
+        current try and next fresh index matter to their next row). Returns how many went."""
+        keep = OrderedDict((rid, f) for rid, f in self._facts.items()
+                           if f.running or f.kept is not None or f.abandons
+                           or not (f.settled and f.result is not None))
+        gone = len(self._facts) - len(keep)
+        self._facts = keep                 # rebuilt: a dict never shrinks its table on deletes
+        return gone
 
     def _touch(self, rollout_id: str) -> RolloutFacts:
         facts = self._facts.get(rollout_id)

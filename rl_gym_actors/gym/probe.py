@@ -1,0 +1,42 @@
+"""Before any row runs: is each Gym endpoint there, and does it take our control token?
+
+:func:`probe_endpoints` asks every endpoint for its participant status (a control route, so the
+bearer token is checked) under a checkpoint id no checkpoint ever uses, and raises
+:class:`~rl_gym_actors.errors.EndpointCheckFailed` naming the first endpoint that is down, refuses
+the token, or answers something that is no status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.errors import EndpointCheckFailed, RlGymError
+from rl_gym_actors.gym.client import GymClient
+
+PROBE_S = 10.0
+
+
+async def probe_endpoint(endpoint: GymEndpoint, *, timeout_s: float = PROBE_S) -> None:
+    """Raise EndpointCheckFailed unless ``endpoint`` answers a status with our token."""
+    probe_id = f"rlga-probe-{uuid.uuid4().hex[:16]}"
+    async with GymClient(endpoint, control_limit=1) as client:
+        try:
+            await client.status(probe_id, deadline_ts=time.time() + timeout_s)
+        except RlGymError as exc:
+            raise EndpointCheckFailed(
+                f"Gym endpoint {endpoint.label} failed its start check: {type(exc).__name__}: "
+                f"{exc}", endpoint=endpoint.url, error=type(exc).__name__) from exc
+
+
+async def probe_endpoints(endpoints: Sequence[GymEndpoint], *,
+                          timeout_s: float = PROBE_S) -> None:
+    """Probe every endpoint at once; raise for the first (in the given order) that fails."""
+    results = await asyncio.gather(*(probe_endpoint(e, timeout_s=timeout_s) for e in endpoints),
+                                   return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
