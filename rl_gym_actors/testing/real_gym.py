@@ -164,6 +164,9 @@ class RealGymStandIn:
                 raw, status = await resp.read(), resp.status
                 content_type = resp.content_type
         except aiohttp.ClientError as exc:
+            if key is not None and request.transport is not None:
+                # the server dropped a /run without answering: so does a real Gym (no answer)
+                request.transport.close()
             return web.Response(status=502, text=f"Bad Gateway: {type(exc).__name__}")
         finally:
             if key is not None:

@@ -27,7 +27,7 @@ from rl_gym_actors.errors import (ERROR_BY_CODE, AgentFailed, CheckpointConflict
                                   ConnectionLost, DeadlineExceeded, GymRejected, GymServerError,
                                   InvalidRequest, PoolClosed, ProtocolViolation, RlGymError,
                                   StaleAttempt, Unauthorized, gym_error)
-from rl_gym_actors.gym.client import GymClient, RunResult, error_for_response
+from rl_gym_actors.gym.client import GymClient, RunResult, error_for_response, run_failure
 from rl_gym_actors.gym.retry import (RetryOn, RetryPolicy, call_with_retry, check_deadline,
                                      is_retryable, remaining)
 from rl_gym_actors.protocol import CompletionReceipt, result_digest
@@ -98,6 +98,19 @@ def test_plain_text_500_is_a_lost_connection_carrying_the_text():
     assert isinstance(err, ConnectionLost) and "Internal Server Error" in str(err)
     assert isinstance(error_for_response(502, b""), ConnectionLost)
     assert isinstance(error_for_response(503, b"[1, 2]"), ConnectionLost)
+
+
+@pytest.mark.parametrize("status, raw, text", [
+    (500, b'"RuntimeError(\'the agent raised\')"', "RuntimeError('the agent raised')"),
+    (500, b"Internal Server Error", "Internal Server Error"),
+    (502, b"", ""),
+    (500, b'{"error": {"code": "agent_failed", "detail": "boom"}}', "boom"),
+    (503, b'{"error": {"code": "store_unavailable", "detail": "disk"}}', "disk"),
+])
+def test_a_5xx_to_run_is_agent_failed_with_status_and_text(status, raw, text):
+    err = run_failure(status, raw, url="http://h/run")
+    assert type(err) is AgentFailed and err.status == status and err.detail == text
+    assert err.url == "http://h/run"
 
 
 def test_json_5xx_maps_by_code_and_unknown_codes_are_server_errors():

@@ -17,7 +17,8 @@ import pytest
 import pytest_asyncio
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import ConnectionLost, InvalidRequest, StaleAttempt, Unauthorized
+from rl_gym_actors.errors import (AgentFailed, ConnectionLost, InvalidRequest, StaleAttempt,
+                                  Unauthorized)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.faults import with_faults
@@ -92,7 +93,7 @@ async def test_a_fastapi_style_401_is_unauthorized_and_409s_pass_as_they_are(rea
 
 
 @aio
-async def test_a_run_cancelled_by_retire_is_a_lost_reply_that_retire_resolves(client, real_gym):
+async def test_a_run_cancelled_by_retire_is_a_5xx_that_retire_resolves(client, real_gym):
     r = rid()
     run = asyncio.create_task(client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0,
                                          deadline_ts=soon(60)))
@@ -103,10 +104,10 @@ async def test_a_run_cancelled_by_retire_is_a_lost_reply_that_retire_resolves(cl
     await until(running, what="the run to start")
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert answer.retired is True
-    with pytest.raises(ConnectionLost) as info:       # a plain-text 500 on a real Gym
+    with pytest.raises(AgentFailed) as info:          # a plain-text 500 on a real Gym
         await asyncio.wait_for(run, 5)
-    assert "500" in str(info.value) and real_gym.retired_while_running == 1
-    # the caller treats it as a lost reply and retires the try: the answer settles it
+    assert info.value.status == 500 and real_gym.retired_while_running == 1
+    # the caller retires the try after any 5xx: the answer settles it
     again = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert (again.retired, again.tombstoned, again.completed_unacknowledged) == \
         (False, True, False)
