@@ -28,7 +28,7 @@ from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, m
 from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
 BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
-              "gym_server", "chaos", "hotpath_profile"]
+              "soak", "gym_server", "chaos", "hotpath_profile"]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
@@ -233,7 +233,13 @@ def say_chaos(res: dict) -> str:
 SAY: dict[str, Callable[[dict], str]] = {
     "throughput": say_throughput, "concurrency": say_concurrency,
     "fault_storm": say_fault_storm, "checkpoint": say_checkpoint, "cluster": say_cluster,
-    "ledger": say_ledger, "chaos": say_chaos}
+    "ledger": say_ledger, "chaos": say_chaos, "soak": lambda res: _soak().say(res)}
+
+
+def _soak():
+    import soak
+
+    return soak
 
 
 # ---------------------------------------------------------------- plots
@@ -307,6 +313,8 @@ def _plot(name: str, res: dict, path: Path) -> bool:
         ax.set_ylabel("seconds to committed")
         ax.set_title("Checkpoint latency")
         ax.legend(fontsize=6)
+    elif name == "soak":
+        _soak().plot(res, ax)
     elif name == "ledger":
         rs = sorted(rows, key=lambda r: r["batch_size"])
         ax.plot([r["batch_size"] for r in rs], [r["events_per_s"] for r in rs], "o-",
@@ -393,6 +401,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
     titles = {"throughput": "Throughput", "concurrency": "Concurrency",
               "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
               "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
+              "soak": "Soak: memory over a long run",
               "gym_server": "Gym server on its own (written by the server engineer)",
               "chaos": "Chaos: one fault per row"}
     for name in BENCHMARKS:

@@ -50,7 +50,9 @@ logger = logging.getLogger(__name__)
 
 DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by this much
 CHUNK_LINGER_S = 0.002       # run_chunk bunches outcomes that end within this of each other
-FINISHED_MEMORY = 10_000     # finished rollouts remembered for adopt() and late abandons
+# finished rollouts an actor remembers for adopt() and late abandons (they come within seconds
+# of the end); bounded so that an actor's memory stays flat over a long run
+FINISHED_MEMORY = 2_000
 
 
 class RolloutCounters(BaseModel):
