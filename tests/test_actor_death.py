@@ -60,9 +60,10 @@ def test_a_redispatch_after_actor_death_adopts_the_later_try_that_finished(ray_s
 
         (out,) = orch.run_batch([row])
         assert (out.status, out.attempt_index, out.adopted) == ("sealed", 1, True)
-        assert out.reward == 0.5 and out.acked
+        assert out.reward == 0.5 and not out.acked         # ack="at_checkpoint": Gym keeps it
         assert agent.runs_of(rid) == 2                    # adopted, not rerun
-        assert key_state(ep, rid, 1) == "acknowledged"
+        assert key_state(ep, rid, 1) == "completed"
         orch.checkpoint("after-death", str(tmp_path / "ck"), deadline_s=30.0)
+        assert key_state(ep, rid, 1) == "acknowledged"
         snap = gym.participant.snapshot()
         assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0, snap

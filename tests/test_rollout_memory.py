@@ -33,11 +33,19 @@ def test_a_failed_rollout_comes_again_at_its_next_try_after_retiring_its_last():
     assert memory.plan("r1", 7) == Dispatch(7, 2)     # a later named try is honoured
 
 
-def test_a_sealed_rollout_comes_again_fresh_with_nothing_to_retire():
+def test_a_sealed_rollout_sent_again_gets_its_result_back_repeated_until_forgotten():
     memory = RolloutMemory()
-    memory.finish_outcome("r1", 0, outcome("sealed", 1, result=True, acked=True))
-    assert memory.plan("r1") == Dispatch(2, None)
+    sealed = outcome("sealed", 1, result=True, acked=True)
+    memory.finish_outcome("r1", 0, sealed)
+    plan = memory.plan("r1")
+    assert (plan.first_attempt, plan.previous_attempt) == (2, None)      # nothing to retire
+    assert plan.ready is not None and plan.ready.repeated and plan.ready.tries == 0
+    assert (plan.ready.status, plan.ready.receipt) == ("sealed", sealed.receipt)
     assert memory.holds_result("r1", 1) and not memory.holds_result("r1", 0)
+    memory.finish_outcome("r2", 0, outcome("failed", 0, rid="r2"))
+    memory.begin("r3")
+    assert memory.forget_settled() == 1 and len(memory) == 2         # failed and in flight stay
+    assert memory.plan("r1") == Dispatch(0, None)                      # forgotten: Gym decides
 
 
 def test_an_abandoned_result_is_kept_for_the_next_row_once():
@@ -45,9 +53,10 @@ def test_an_abandoned_result_is_kept_for_the_next_row_once():
     memory.finish_outcome("r1", 0, outcome("abandoned", 0, result=True, acked=True))
     ready = memory.plan("r1").ready
     assert ready is not None and (ready.status, ready.adopted, ready.tries) == ("sealed", True, 0)
-    assert ready.reason is None and ready.failure is None
+    assert ready.reason is None and ready.failure is None and not ready.repeated
     memory.hand_out("r1")
-    assert memory.plan("r1").ready is None
+    again = memory.plan("r1").ready          # handed out once: from now on it is repeated
+    assert again is not None and again.repeated and again.adopted
 
 
 def test_an_untaken_result_is_kept_only_for_a_settled_rollout():
