@@ -12,7 +12,8 @@ import pytest
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.driver import DriverProcess
-from rl_gym_actors.testing.gym_process import GymServerThread, wait_for
+from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
