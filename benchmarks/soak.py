@@ -102,6 +102,7 @@ def body(result: Result, args: Any) -> None:
     from rl_gym_actors.gym.client import GymClient
     from rl_gym_actors.orchestrator import Orchestrator
     from rl_gym_actors.testing.gym_process import GymServerProcess
+    from rl_gym_actors.testing.polling import wait_for
 
     p = QUICK if args.quick else FULL
     result.params.update(p, faulty_fraction=1 / FAULTY_EVERY, paths=list(PATHS),
@@ -171,8 +172,8 @@ def body(result: Result, args: Any) -> None:
         orch.close()
         loop.run_until_complete(client.close())
         loop.close()
-    common.wait_until(lambda: read_meter(meter_path).running == 0, timeout_s=60,
-                      what="every agent run to end")
+    wait_for(lambda: read_meter(meter_path).running == 0, timeout_s=60, interval_s=0.05,
+             what="every agent run to end")
     meter = read_meter(meter_path)
     server.stop()
     runs_twice = sum(1 for (rid, att), runs in meter.runs.items()

@@ -317,6 +317,22 @@ def test_seed_scenario_plan():
     assert orphan.action is PrepareAction.ORPHAN_ACK and orphan.receipt == receipt_for("rD", 1)
 
 
+def test_park_requested_counts_as_running_in_the_plan_and_the_blockers():
+    """A real Gym lists a running attempt as park_requested while a prepare is in progress: a
+    live owner's try is waited for, a forgotten one retired, and both block."""
+    from rl_gym_actors.core.ledger import blockers
+
+    ep = EPS[0]
+    book = book_of([AttemptReport("live", 0, ep, AttemptState.RUNNING, "o-a")])
+    status = status_of({("live", 0): ("park_requested", False, False),
+                        ("gone", 0): ("park_requested", False, False)})
+    steps = {s.key: s for s in plan_endpoint(status, book, ep, {"o-a"})}
+    assert steps[("live", 0)].action is PrepareAction.WAIT and steps[("live", 0)].owner == "o-a"
+    assert steps[("gone", 0)].action is PrepareAction.RETIRE
+    assert [(b["rollout_id"], b["state"]) for b in blockers(status)] == [
+        ("gone", "park_requested"), ("live", "park_requested")]
+
+
 def test_a_committed_checkpoint_prunes_settled_rollouts_and_keeps_the_counters():
     ep = EPS[0]
     book = book_of([
