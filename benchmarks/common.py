@@ -406,6 +406,8 @@ def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
     import ray
 
     if not ray.is_initialized():
+        # address="local": a Ray of our own, never another process's cluster found in /tmp/ray
+        kwargs.setdefault("address", "local")
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, _node_ip_address="127.0.0.1", **kwargs)
     return ray
