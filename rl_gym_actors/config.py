@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Callable
@@ -11,7 +12,30 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tenacity import RetryCallState, wait_exponential
 from tenacity.wait import wait_base
 
+from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.protocol import is_valid_checkpoint_id
+
 TOKEN_ENV = "RL_GYM_CONTROL_TOKEN"
+
+
+# ---------------------------------------------------------------- a caller's arguments
+# One rule per input, for every RL-side entry point (orchestrator, ledger, client, drop-in);
+# the Gym server checks the same ids on the wire and answers 422 instead.
+
+def checkpoint_id_arg(value: object) -> str:
+    """A checkpoint id from a caller; :class:`ConfigError` unless it is a valid wire id."""
+    if not is_valid_checkpoint_id(value):
+        raise ConfigError(f"invalid checkpoint_id {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def deadline_s_arg(value: object) -> float:
+    """A time budget in seconds from a caller; :class:`ConfigError` unless it is a finite
+    number above 0 (a bool is not a number here)."""
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
+        raise ConfigError(f"deadline_s must be a positive number, got {value!r}")
+    return float(value)
 
 
 class _Settings(BaseModel):

@@ -66,7 +66,8 @@ from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
-from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy
+from rl_gym_actors.config import (GymEndpoint, LedgerConfig, PoolConfig, TryPolicy,
+                                  deadline_s_arg)
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
@@ -491,12 +492,10 @@ class Orchestrator:
     async def _checkpoint(self, checkpoint_id: str, checkpoint_dir: str, deadline_s: float,
                           sweep_foreign: bool = False) -> CheckpointReport:
         await self._ready()
-        if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
-                or not deadline_s > 0):
-            raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
+        deadline_s = deadline_s_arg(deadline_s)
         claims = sorted(self._claims)
         report = await self._ledger_call("checkpoint", checkpoint_id, str(checkpoint_dir),
-                                         float(deadline_s), bool(sweep_foreign), claims,
+                                         deadline_s, bool(sweep_foreign), claims,
                                          timeout_s=deadline_s + CALL_SLACK_S)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
@@ -526,10 +525,8 @@ class Orchestrator:
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         await self._ready()
-        if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
-                or not deadline_s > 0):
-            raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
-        return await self._ledger_call("abort_checkpoint", checkpoint_id, float(deadline_s),
+        deadline_s = deadline_s_arg(deadline_s)
+        return await self._ledger_call("abort_checkpoint", checkpoint_id, deadline_s,
                                        timeout_s=deadline_s + CALL_SLACK_S)
 
     async def _ledger_call(self, method: str, *args: Any, timeout_s: float) -> Any:

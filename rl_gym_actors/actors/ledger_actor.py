@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -35,12 +34,12 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from rl_gym_actors.actors.checkpoint_gate import (CONCURRENCY, AbortReport, CheckpointGate,
                                                   OwnerAnswer, abort_everywhere)
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
-from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.config import (GymEndpoint, LedgerConfig, TryPolicy, checkpoint_id_arg,
+                                  deadline_s_arg)
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.client import GymClient
-from rl_gym_actors.protocol import is_valid_checkpoint_id
 
 logger = logging.getLogger(__name__)
 
@@ -194,9 +193,9 @@ class LedgerActor:
     async def abort_checkpoint(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         """Resume ``checkpoint_id`` on every endpoint (see :func:`abort_everywhere`). Does not
         wait for a checkpoint of this ledger's own that is running."""
-        if not is_valid_checkpoint_id(checkpoint_id):
-            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
-        return await abort_everywhere(self._clients, checkpoint_id, time.time() + deadline_s)
+        checkpoint_id_arg(checkpoint_id)
+        return await abort_everywhere(self._clients, checkpoint_id,
+                                      time.time() + deadline_s_arg(deadline_s))
 
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""
@@ -212,13 +211,10 @@ class LedgerActor:
         attempts of other runs on the same servers are left alone (waited for) unless
         ``sweep_foreign``; ``claims`` are rollout ids of this run without its prefix (the
         trainer's own ids dispatched since the last commit)."""
-        if not is_valid_checkpoint_id(checkpoint_id):
-            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
+        checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
             raise ConfigError("checkpoint_dir must be a non-empty path")
-        if (not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool)
-                or not math.isfinite(deadline_s) or deadline_s <= 0):
-            raise ConfigError(f"deadline_s must be a positive number, got {deadline_s!r}")
+        deadline_s = deadline_s_arg(deadline_s)
         deadline_ts = time.time() + deadline_s
         try:                                     # a restarted ledger: owners report first
             await asyncio.wait_for(self._rebuilt(), 0.5 * deadline_s)

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.config import GymEndpoint, checkpoint_id_arg
 from rl_gym_actors.errors import (AgentFailed, CheckpointConflict, ConfigError, ConnectionLost,
                                   DeadlineExceeded, GymError, PoolClosed, ProtocolViolation,
                                   RlGymError, gym_error)
@@ -56,7 +56,7 @@ from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONT
                                     AckBatchAnswer, AckBatchRequest, Capabilities, CommitAnswer, CommitRequest,
                                     CompletionReceipt, PhaseRequest, ReceiptAnswer, ResumeAnswer,
                                     RetireAnswer, RetireRequest, StatusReport,
-                                    is_valid_checkpoint_id, is_valid_rollout_id, result_digest)
+                                    is_valid_rollout_id, result_digest)
 
 logger = logging.getLogger(__name__)
 
@@ -218,11 +218,6 @@ def _rollout_key(rollout_id: str, attempt_index: int) -> None:
         raise ConfigError(f"invalid rollout_id {rollout_id!r}")
     if not isinstance(attempt_index, int) or isinstance(attempt_index, bool) or attempt_index < 0:
         raise ConfigError(f"attempt_index must be an int >= 0, got {attempt_index!r}")
-
-
-def _checkpoint(checkpoint_id: str) -> None:
-    if not is_valid_checkpoint_id(checkpoint_id):
-        raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
 
 
 def _request_model(model: type[M], **fields: Any) -> M:
@@ -398,7 +393,7 @@ class GymClient:
 
     async def status(self, checkpoint_id: str, *, deadline_ts: float) -> StatusReport:
         """The participant's status, as seen for ``checkpoint_id``."""
-        _checkpoint(checkpoint_id)
+        checkpoint_id_arg(checkpoint_id)
         return await self._control_call(StatusReport, "GET", "/status",
                                         params={"checkpoint_id": checkpoint_id},
                                         deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
@@ -407,7 +402,7 @@ class GymClient:
         """Close admission and wait (server side, until shortly before ``deadline_ts``) for
         readiness. Not ready is a value, not an error: ``ready_to_commit`` False, with the
         blockers from the (ext) ``report`` of the 409, or else read from ``status``."""
-        _checkpoint(checkpoint_id)
+        checkpoint_id_arg(checkpoint_id)
 
         async def attempt(try_deadline: float) -> StatusReport | None:
             body = _request_model(PhaseRequest, checkpoint_id=checkpoint_id,
@@ -457,7 +452,7 @@ class GymClient:
 
     async def _phase_call(self, answer_model: type[M], request_model: type[BaseModel], path: str,
                           deadline_ts: float, kind: RetryOn, **fields: Any) -> M:
-        _checkpoint(fields["checkpoint_id"])
+        checkpoint_id_arg(fields["checkpoint_id"])
         _request_model(request_model, deadline_ts=check_deadline(deadline_ts), **fields)
 
         async def attempt(try_deadline: float) -> M:
