@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -25,6 +25,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# the edit loop: everything but the tests marked slow (the whole suite stays `make test`)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

@@ -14,7 +14,7 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=3.0)
 

@@ -23,7 +23,7 @@ from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 _ids = itertools.count()
 LONG_S = 30.0          # an agent run that no test waits for

@@ -13,7 +13,7 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 async def test_a_checkpoint_during_a_batch_waits_for_live_tries_and_commits(ray_session,

@@ -95,6 +95,7 @@ def test_bad_arguments_exit_2(gym, kw):
     assert code == 2 and err.startswith("error:")
 
 
+@pytest.mark.slow
 def test_the_installed_command_line_prints_the_table(gym, one_unacked):
     env = {**os.environ, "RL_GYM_CONTROL_TOKEN": "test-token"}
     proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "status", gym.url],

@@ -17,7 +17,7 @@ from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.core.ledger import LedgerSnapshot
 from rl_gym_actors.observe import ledger_command, snapshot_table
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 URL = "http://127.0.0.1:9"          # never contacted: the ledger only folds reports here
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 def test_the_demo_holds_end_to_end(ray_session, load_example):
     lines: list[str] = []

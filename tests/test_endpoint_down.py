@@ -49,6 +49,7 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
         server.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_cause(
         ray_session, tmp_path):

@@ -30,6 +30,7 @@ def ledger(ray_session):
     ray_session.kill(actor)
 
 
+@pytest.mark.slow
 def test_reports_in_any_order_from_many_callers_fold_like_the_book(ray_session, ledger):
     rnd = random.Random(7)
     reports = [AttemptReport(f"order-{i % 40}", i % 3, EP.url, rnd.choice(STATES),
@@ -50,6 +51,7 @@ def test_reports_in_any_order_from_many_callers_fold_like_the_book(ray_session, 
         exclude={"live_owners"})
 
 
+@pytest.mark.slow
 def test_report_throughput_in_batches_of_100(ray_session, ledger):
     """The ledger absorbs tens of thousands of events/s from a handful of senders."""
     batches = [[AttemptReport(f"tp-{b}-{i}", 0, EP.url, AttemptState.RUNNING, f"tp-owner-{b % 8}")

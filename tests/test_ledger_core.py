@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -200,6 +201,7 @@ def test_a_later_try_takes_the_rollout_back_after_a_release():
     assert book.claimant("r", 0, ep, {"o-a", "o-b"}) is None
 
 
+@pytest.mark.slow
 def test_snapshot_stays_cheap_at_100k_attempts():
     book = Book()
     reports = [AttemptReport(f"r{i}", 0, EPS[i % 2], AttemptState.RUNNING, f"o-{i % 64}")

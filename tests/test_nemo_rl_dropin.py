@@ -334,6 +334,7 @@ def test_health_and_status_see_the_ledger_the_pool_and_gym(ray_session, env, gym
     assert status["gym"][gym.url]["state"] == "accepting"
 
 
+@pytest.mark.slow
 def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(ray_session,
                                                                               env, gym):
     rows = [row(0, reward=0.25, agent_ref={"name": "math_agent"}), row(1, reward=0.5)]

@@ -17,7 +17,7 @@ from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
 
 from test_nemo_rl_dropin import drain, stand_in_tokenizer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 AGENT = "rl_gym_actors.integrations.nemo_rl_agent:chat_agent"
 
 

@@ -54,6 +54,7 @@ def nemo_gym_module(monkeypatch):
     return nemo_rl_stand_in
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_one_line_and_the_config_section_make_nemo_rls_spinup_create_the_drop_in(
         ray_session, nemo_gym_module):

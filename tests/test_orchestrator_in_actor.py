@@ -6,7 +6,7 @@ import pytest
 
 from rl_gym_actors.testing.gym_process import GymServerThread
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_an_async_ray_actor_runs_a_batch_and_a_checkpoint(ray_session, tmp_path):

@@ -119,6 +119,7 @@ async def test_astream_takes_rows_while_it_runs_keeping_n_in_flight(orch, gym, t
     await asyncio.to_thread(settled, orch, gym, tmp_path)
 
 
+@pytest.mark.slow
 async def test_astream_bad_row_raises_config_error_and_abandons_the_rest(orch, gym, agent,
                                                                          tmp_path):
     async def rows():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -301,6 +302,7 @@ SETTINGS = settings(max_examples=400, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data(), st.sampled_from([None, 0, 4]))
 def test_any_interleaving_ends_with_one_result_and_nothing_left_behind(data, previous):
@@ -315,6 +317,7 @@ def test_any_interleaving_ends_with_one_result_and_nothing_left_behind(data, pre
     check_end(d, reliable_control=False)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_with_a_reliable_control_plane_nothing_is_ever_handed_over(data):

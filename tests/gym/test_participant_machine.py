@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -286,3 +287,4 @@ class ParticipantMachine(RuleBasedStateMachine):
 ParticipantMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
                                                 deadline=None)
 TestParticipantMachine = ParticipantMachine.TestCase
+TestParticipantMachine.pytestmark = [pytest.mark.slow]
