@@ -41,7 +41,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
 
     async def rollout():
         await s.admitted()
-        with s.running("r1"):
+        async with s.running("r1"):
             await release.wait()
 
     task = asyncio.create_task(rollout())
@@ -72,7 +72,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
 
 async def test_prepare_past_its_deadline_names_the_blockers_and_keeps_admission_closed():
     s = steps()
-    with s.running("r-slow"):
+    async with s.running("r-slow"):
         with pytest.raises(CheckpointFailed) as failed:
             await s.prepare("ck", time.time() + 0.05)
         assert failed.value.blockers == {"in_flight": ["r-slow"]}
@@ -135,7 +135,7 @@ async def test_bad_ids_are_config_errors(bad):
 
 async def test_give_up_reopens_without_spending_the_id_and_commit_takes_its_own_deadline():
     s = steps()
-    with s.running("r-slow"):
+    async with s.running("r-slow"):
         with pytest.raises(CheckpointFailed):
             await s.prepare("ck", time.time() + 0.05)
         s.give_up("other")                                   # not the active one: no-op

@@ -97,7 +97,7 @@ class _Live:
     signals: list[core.Event] = field(default_factory=list)
     waiter: asyncio.Future | None = None      # the driver's wait on its call or a signal
     task: asyncio.Task | None = None
-    watchers: list[asyncio.Future] = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # the machine moved
     reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
     receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
 
@@ -109,16 +109,10 @@ class _Live:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    def changed(self) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self.watchers.append(fut)
-        return fut
-
-    def notify(self) -> None:
-        watchers, self.watchers = self.watchers, []
-        for fut in watchers:
-            if not fut.done():
-                fut.set_result(None)
+    async def notify(self) -> None:
+        """Wake whoever waits for this rollout's machine to move (an adopt call)."""
+        async with self.changed:
+            self.changed.notify_all()
 
 
 class RolloutWorker:
@@ -184,7 +178,7 @@ class RolloutWorker:
             return await self._drive(live)
         finally:
             del self._live[rollout_id]
-            live.notify()
+            await live.notify()
             m = machine
             self._memory.finish(rollout_id, first_attempt,
                                 m.sealed.attempt_index if m.sealed else m.attempt,
@@ -246,14 +240,15 @@ class RolloutWorker:
         if m.attempt != attempt_index:
             return False
         live.signal(core.AdoptRequested(self._clock()))
-        deadline = self._clock() + 2 * self._policy.control_s + self._policy.receipt_s
-        while not self._attempt_settled(m, attempt_index):
-            left = deadline - self._clock()
-            if left <= 0:
-                raise DeadlineExceeded(f"{self.name}: {rollout_id}/{attempt_index} did not "
-                                       f"settle in time")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(live.changed(), left)
+        budget = 2 * self._policy.control_s + self._policy.receipt_s
+        if not self._attempt_settled(m, attempt_index):
+            async with live.changed:
+                try:
+                    await asyncio.wait_for(live.changed.wait_for(
+                        lambda: self._attempt_settled(m, attempt_index)), budget)
+                except TimeoutError:
+                    raise DeadlineExceeded(f"{self.name}: {rollout_id}/{attempt_index} did not "
+                                           f"settle in time") from None
         if self._sealed_and_acked(m, attempt_index):
             return True
         if m.sealed is not None and m.sealed.attempt_index == attempt_index:
@@ -305,6 +300,7 @@ class RolloutWorker:
         effects = m.handle(core.Start(self._clock()))
         while True:
             step = self._apply(live, effects)
+            await live.notify()
             if m.done:
                 assert m.outcome is not None
                 return m.outcome
@@ -349,7 +345,6 @@ class RolloutWorker:
                 self._counts["handed_over"] += len(live.machine.handed_over)
             else:
                 step = e
-        live.notify()
         return step
 
     def _count_report(self, state: AttemptState, released: bool, adopted: bool) -> None:

@@ -333,7 +333,7 @@ class GymRolloutEnv(CheckpointCalls):
         rid = claim.rollout_id
         try:
             await self._steps.admitted()
-            with self._steps.running(rid):
+            async with self._steps.running(rid):
                 # the orchestrator remembers the rollout's earlier tries: a rollout that comes
                 # again retires its last try first, and adopts it if it had finished
                 check_json(row)            # a bad row fails alone, not the shared stream

@@ -24,15 +24,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
+from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
                                   ConfigError, GymRejected, StaleCheckpoint)
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
-from rl_gym_actors.protocol import is_valid_checkpoint_id
 
 SPENT_MEMORY = 256
 
@@ -68,7 +68,7 @@ class CheckpointSteps:
         self.committed = 0
         self._open = asyncio.Event()
         self._open.set()
-        self._changed = asyncio.Event()
+        self._drained = asyncio.Condition()      # notified whenever a rollout leaves in_flight
         self._active: _Active | None = None
         self._spent: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
@@ -85,23 +85,22 @@ class CheckpointSteps:
             raise RolloutTransportError("admission stayed closed (a checkpoint between prepare "
                                         "and resume) past admission_wait_s") from None
 
-    @contextmanager
-    def running(self, rollout_id: str) -> Iterator[None]:
+    @asynccontextmanager
+    async def running(self, rollout_id: str) -> AsyncIterator[None]:
         """Count a rollout as in flight while the block runs. Enter it right after
-        :meth:`admitted` returns, with no await in between."""
+        :meth:`admitted` returns, with no await in between (entering does not suspend)."""
         self.in_flight.add(rollout_id)
         try:
             yield
         finally:
             self.in_flight.discard(rollout_id)
-            self._changed.set()
-            self._changed = asyncio.Event()
+            async with self._drained:
+                self._drained.notify_all()
 
     # ------------------------------------------------------------ the steps
 
     def _check(self, checkpoint_id: str) -> dict[str, Any] | None:
-        if not is_valid_checkpoint_id(checkpoint_id):
-            raise ConfigError(f"invalid checkpoint_id {checkpoint_id!r}")
+        checkpoint_id_arg(checkpoint_id)
         active = self._active
         if active is not None and active.checkpoint_id != checkpoint_id:
             raise CheckpointConflict(f"checkpoint {active.checkpoint_id} is active", status=409)
@@ -121,18 +120,17 @@ class CheckpointSteps:
         active.deadline_ts = float(deadline_ts)
         self._open.clear()
         started = time.monotonic()
-        while self.in_flight:
-            left = active.deadline_ts - self._clock()
-            if left <= 0:
-                raise CheckpointFailed(
-                    f"checkpoint {checkpoint_id}: {len(self.in_flight)} rollouts still in "
-                    f"flight at the deadline; admission stays closed (prepare again, or abort)",
-                    checkpoint_id=checkpoint_id, blockers={"in_flight": sorted(self.in_flight)})
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                pass
+        if self.in_flight:
+            async with self._drained:
+                try:
+                    await asyncio.wait_for(self._drained.wait_for(lambda: not self.in_flight),
+                                           max(active.deadline_ts - self._clock(), 0))
+                except TimeoutError:
+                    raise CheckpointFailed(
+                        f"checkpoint {checkpoint_id}: {len(self.in_flight)} rollouts still in "
+                        f"flight at the deadline; admission stays closed (prepare again, or "
+                        f"abort)", checkpoint_id=checkpoint_id,
+                        blockers={"in_flight": sorted(self.in_flight)}) from None
         active.prepared = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
                            "drained_s": round(time.monotonic() - started, 6), **facts()}
         return active.prepared
