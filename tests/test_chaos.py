@@ -41,6 +41,7 @@ def test_gym_sigkill_and_restart_mid_batch(ray_session, tmp_path):
     assert_row(row)
 
 
+@pytest.mark.slow
 def test_a_rollout_actor_killed_mid_batch(ray_session, tmp_path):
     row = chaos.rollout_actor_killed(SMALL, tmp_path)
     assert row.failed_reason >= 1 and row.sealed + row.failed_reason == SMALL.rows

@@ -51,6 +51,7 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
 
 @pytest.mark.slow
 @pytest.mark.ray
+@pytest.mark.slow
 async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_cause(
         ray_session, tmp_path):
     from rl_gym_actors.orchestrator import Orchestrator

@@ -40,8 +40,8 @@ async def settled(orch, url: str, dispatched: int):
     return await until(all_in, timeout_s=10, what="every report to reach the ledger")
 
 
-@pytest.mark.parametrize("when", ["mid-batch",
-                                  pytest.param("mid-checkpoint", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["mid-batch", "mid-checkpoint"])
 async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_session, tmp_path,
                                                                          when):
     from rl_gym_actors.orchestrator import Orchestrator

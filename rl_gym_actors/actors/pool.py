@@ -237,7 +237,12 @@ class WarmPool:
         self._members[index] = new
         try:
             await asyncio.wait_for(new.handle.ping.remote(), START_TIMEOUT_S)
-            await self._ledger.register_owners.remote({new.name: new.handle})
+            try:
+                await self._ledger.register_owners.remote({new.name: new.handle})
+            except RayActorError as exc:
+                # a ledger Ray could not bring back: rollouts go on without it, and the
+                # orchestrator's snapshot and checkpoint say LedgerLost
+                logger.warning("ledger gone; %s not registered: %r", new.name, exc)
         finally:
             new.ready.set()
         self._replaced += 1

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,20 @@ def gym_counts(endpoint: GymEndpoint) -> tuple[int, int]:
     return asyncio.run(_gym_counts(endpoint))
 
 
+def _in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+    """``fn(*args, **kwargs)`` in a thread of its own; its result (or error) from the future."""
+    future: Future = Future()
+
+    def go() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:         # handed to whoever reads the result
+            future.set_exception(exc)
+
+    threading.Thread(target=go, daemon=True).start()
+    return future
+
+
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     wait_for(predicate, timeout_s=timeout_s, interval_s=0.02, what=what)
 
@@ -162,20 +177,14 @@ def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
     server = GymServerProcess(token="chaos", state_dir=tmp / "state").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
-            fault: dict[str, float] = {}
-
-            def crash() -> None:
-                _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
-                fault["at"] = time.monotonic()
-                server.kill()
-                server.start()
-
-            killer = threading.Thread(target=crash)
-            killer.start()
-            outcomes = orch.run_batch(_rows("gr", sizes))
-            killer.join()
+            batch = _in_background(orch.run_batch, _rows("gr", sizes))
+            _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
+            fault = time.monotonic()
+            server.kill()
+            server.start()
+            outcomes = batch.result()
             row.count(outcomes)
-            _after(row, orch, server.endpoint, tmp, "gr-after", fault["at"], outcomes)
+            _after(row, orch, server.endpoint, tmp, "gr-after", fault, outcomes)
             again = orch.run_batch(_rows("gr2", sizes, sleep_s=0.0))
             row.extra["next_batch_sealed"] = sum(o.status == "sealed" for o in again)
     finally:
@@ -266,34 +275,25 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
     server = GymServerThread(token="chaos").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
-            holder: dict[str, Any] = {}
-            rows = _rows("lk", sizes, sleep_s=max(sizes.sleep_s, 1.0))
-
-            def batch() -> None:
-                holder["outcomes"] = orch.run_batch(rows)
-
-            runner = threading.Thread(target=batch)
-            runner.start()
+            batch = _in_background(orch.run_batch,
+                                   _rows("lk", sizes, sleep_s=max(sizes.sleep_s, 1.0)))
             _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
-            ckpt: threading.Thread | None = None
+            during: Future | None = None
             if mid_checkpoint:
-                def checkpoint() -> None:
-                    try:
-                        orch.checkpoint("lk-during", str(tmp / "lk-during"), deadline_s=60)
-                        holder["during"] = True
-                    except Exception as exc:     # reported in the row
-                        holder["during"] = f"{type(exc).__name__}: {exc}"
-                ckpt = threading.Thread(target=checkpoint)
-                ckpt.start()
+                during = _in_background(orch.checkpoint, "lk-during", str(tmp / "lk-during"),
+                                        deadline_s=60)
                 _wait(lambda: _state(server.endpoint) == "preparing", 30, "prepare")
             fault = time.monotonic()
             ray.kill(orch.ledger, no_restart=False)
-            runner.join()
-            if ckpt is not None:
-                ckpt.join()
-                row.committed = holder.get("during") is True
+            outcomes = batch.result()
+            if during is not None:
+                try:
+                    during.result()
+                    row.committed = True
+                except Exception as exc:          # reported in the row
+                    row.committed = False
+                    row.happened += f" the checkpoint in flight: {type(exc).__name__}: {exc}"
                 row.recover_s = time.monotonic() - fault
-            outcomes = holder["outcomes"]
             row.count(outcomes)
             again = orch.run_batch(_rows("lk2", sizes, sleep_s=0.0))
             _after(row, orch, server.endpoint, tmp, "lk-after", fault, outcomes + again)
@@ -303,8 +303,6 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
                              agent_runs=server.participant.snapshot()["agent_starts"])
     finally:
         server.stop()
-    if mid_checkpoint and holder.get("during") is not True:
-        row.happened += f" the checkpoint in flight: {holder.get('during')}"
     runs = row.extra["agent_runs"]
     row.happened = (f"{row.sealed}/{row.rows} sealed; next batch "
                     f"{row.extra['next_batch_sealed']}/{sizes.rows}; invariant "
@@ -334,15 +332,12 @@ def rollout_actor_killed(sizes: Sizes, tmp: Path) -> ChaosRow:
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             victim = orch.snapshot().pool.actors[0]
-            holder: dict[str, Any] = {}
-            runner = threading.Thread(target=lambda: holder.update(
-                outcomes=orch.run_batch(_rows("ra", sizes, sleep_s=max(sizes.sleep_s, 1.0)))))
-            runner.start()
+            batch = _in_background(orch.run_batch,
+                                   _rows("ra", sizes, sleep_s=max(sizes.sleep_s, 1.0)))
             _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
             fault = time.monotonic()
             ray.kill(ray.get_actor(victim, namespace="rl_gym_actors"), no_restart=True)
-            runner.join()
-            outcomes = holder["outcomes"]
+            outcomes = batch.result()
             row.count(outcomes)
             _after(row, orch, server.endpoint, tmp, "ra-after", fault, outcomes)
             again = orch.run_batch(_rows("ra2", sizes, sleep_s=0.0))
@@ -494,15 +489,11 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
             orch = None
         if orch is None or victim is None:
             raise RuntimeError("SPREAD placed the pool on one node four times")
-        holder: dict[str, Any] = {}
-        runner = threading.Thread(target=lambda: holder.update(outcomes=orch.run_batch(
-            _rows("nl", sizes, sleep_s=2.0))))
-        runner.start()
+        batch = _in_background(orch.run_batch, _rows("nl", sizes, sleep_s=2.0))
         _wait(lambda: _running(server.endpoint) > 0, 60, "runs on Gym")
         fault = time.monotonic()
         cluster.remove_node(victim, allow_graceful=False)
-        runner.join()
-        outcomes = holder["outcomes"]
+        outcomes = batch.result()
         row.count(outcomes)
         _after(row, orch, server.endpoint, tmp, "nl-after", fault, outcomes, deadline_s=180)
         row.extra["lost_actors"] = placed[victim.node_id]
