@@ -33,11 +33,15 @@ def gym(agent):
 
 @pytest.mark.ray
 def test_a_sealed_id_sent_again_is_answered_not_played_then_forgotten_at_a_checkpoint(
-        ray_session, gym, agent, tmp_path):
+        ray_session, gym, agent, tmp_path, caplog):
     with Orchestrator([gym.endpoint], policy=POLICY, pool_size=1, rollouts_per_actor=4,
-                      run_id="guard", progress=False) as orch:
+                      run_id="guard", warn_unacked=3, progress=False) as orch:
         rows = [{"_ng_rollout_id": f"guard-{i}", "reward": i / 4} for i in range(4)]
-        first = orch.run_batch(rows)
+        with caplog.at_level("WARNING", logger="rl_gym_actors.orchestrator"):
+            first = orch.run_batch(rows)
+        # more sealed results held on Gym than warn_unacked: a warning that says what to do
+        (warning,) = [r.getMessage() for r in caplog.records if "un-ACKed" in r.getMessage()]
+        assert "checkpoint()" in warning and "on_seal" in warning
         assert [o.status for o in first] == ["sealed"] * 4 and not any(o.repeated for o in first)
         again = orch.run_batch(rows)
         assert [(o.status, o.repeated, o.tries) for o in again] == [("sealed", True, 0)] * 4
