@@ -148,7 +148,10 @@ def body(result: Result, args: Any) -> None:
                         for policy in ("ours", "direct"):
                             counter += 1
                             cid = f"bench-{counter}"
-                            _leave(kind, eps, n, f"{kind[0]}{counter}", gates[n_servers])
+                            # ids of the gate's own run: another run's would be foreign, only
+                            # waited for (a run that left attempts behind and restarted)
+                            gate = gates[n_servers]
+                            _leave(kind, eps, n, f"{gate.orch.run_id}-{kind[0]}{counter}", gate)
                             t0 = time.perf_counter()
                             if policy == "ours":
                                 report = gates[n_servers].checkpoint(cid, str(tmp / cid))
