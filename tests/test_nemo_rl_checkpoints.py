@@ -150,3 +150,16 @@ async def test_give_up_reopens_without_spending_the_id_and_commit_takes_its_own_
     assert 50 < gate.calls[0][2] <= 60                       # the commit's deadline, not prepare's
     s.give_up("ck")                                          # committed: give_up leaves it
     assert s.snapshot()["checkpoint"]["phase"] == "committed"
+
+
+async def test_give_up_reopens_admission_without_spending_the_id():
+    s = steps()
+    async with s.running("r-slow"):
+        with pytest.raises(CheckpointFailed):
+            await s.prepare("ck", time.time() + 0.05)
+        s.give_up("ck")
+        assert s.snapshot()["admission"] == "open" and s.snapshot()["checkpoint"] is None
+        await s.admitted()                                   # new rollouts go in at once
+    assert (await s.prepare("ck", time.time() + 1))["ready_to_commit"]   # the id is not spent
+    with pytest.raises(CheckpointConflict):
+        await s.prepare("other", time.time() + 1)

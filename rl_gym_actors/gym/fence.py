@@ -14,6 +14,9 @@ stands in for one):
   :class:`~rl_gym_actors.errors.StaleCheckpoint`, except a repeated ``resume``, which gets
   resume's recorded answer (a resume whose answer was lost may be sent again). A resume while
   idle spends a fresh id too, which fences off a prepare that arrives late.
+- ``release`` gives up a checkpoint that is preparing or prepared without spending its id: back
+  to idle, and the id may be prepared again (a participant whose prepare missed its deadline
+  and that reopens admission rather than holding it).
 - ``status`` and ``retire`` are lenient (:meth:`CheckpointFence.check_lenient`): any id that is
   not spent, in every phase.
 - **Lease** (optional, ``lease_s``): an active id holds the fence only until ``lease_until``,
@@ -41,7 +44,7 @@ from typing import Any, Literal
 
 from rl_gym_actors.errors import CheckpointConflict, CheckpointNotReady, StaleCheckpoint
 
-Operation = Literal["prepare", "prepared", "commit", "resume"]
+Operation = Literal["prepare", "prepared", "commit", "resume", "release"]
 
 #: resume's answer, also recorded for an id that a lease expiry aborted
 RESUMED = {"state": "accepting", "released": 0}
@@ -61,6 +64,8 @@ _TRANSITIONS: dict[tuple[str, CheckpointPhase], CheckpointPhase] = {
     ("prepared", CheckpointPhase.PREPARING): CheckpointPhase.PREPARED,
     ("commit", CheckpointPhase.PREPARED): CheckpointPhase.COMMITTED,
     **{("resume", p): CheckpointPhase.IDLE for p in CheckpointPhase},
+    ("release", CheckpointPhase.PREPARING): CheckpointPhase.IDLE,
+    ("release", CheckpointPhase.PREPARED): CheckpointPhase.IDLE,
 }
 
 
@@ -156,7 +161,8 @@ class CheckpointFence:
             self.active = None
             self.lease_until = None
             self._answers.clear()
-            self.spent[checkpoint_id] = answer
+            if operation != "release":
+                self.spent[checkpoint_id] = answer
         else:
             self.active = checkpoint_id
             if answer is not None:
