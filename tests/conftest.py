@@ -24,6 +24,24 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def agent():
+    """A counting simulated agent (:mod:`rl_gym_actors.testing.counting_agent`), one per module."""
+    from rl_gym_actors.testing.counting_agent import CountingAgent
+
+    return CountingAgent()
+
+
+@pytest.fixture(scope="module")
+def gym(agent):
+    """A real Gym server on loopback in a thread of this process, one per module: it runs
+    ``agent``, takes the token ``test-token`` and honours the fault fields of a row."""
+    from rl_gym_actors.testing.gym_process import GymServerThread
+
+    with GymServerThread(agent=agent, token="test-token", allow_faults=True) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def load_example():
     """Import ``examples/<name>.py`` as a module (the examples are scripts, not a package)."""

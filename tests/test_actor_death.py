@@ -12,8 +12,6 @@ import ray
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.testing.counting_agent import CountingAgent
-from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
@@ -21,17 +19,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 POLICY = TryPolicy(rollout_s=1.0, receipt_s=30.0, max_tries=3, control_s=5.0,
                    admission_wait_s=10.0)
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return CountingAgent()
-
-
-@pytest.fixture(scope="module")
-def gym(agent):
-    with GymServerThread(agent=agent) as server:
-        yield server
 
 
 def test_a_redispatch_after_actor_death_adopts_the_later_try_that_finished(ray_session, gym,

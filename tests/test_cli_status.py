@@ -16,13 +16,6 @@ import pytest
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.observe import status_command
 from rl_gym_actors.protocol import StatusReport
-from rl_gym_actors.testing.gym_process import GymServerThread
-
-
-@pytest.fixture(scope="module")
-def gym():
-    with GymServerThread(token="test-token", allow_faults=True) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

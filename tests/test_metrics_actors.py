@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate, OwnerAnswer
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.ledger import Book
 from rl_gym_actors.gym.client import GymClient
-from rl_gym_actors.testing.gym_process import GymServerThread
-
-
-@pytest.fixture(scope="module")
-def gym():
-    with GymServerThread(token="test-token", allow_faults=True) as server:
-        yield server
 
 
 class NoOwners:

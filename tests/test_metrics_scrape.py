@@ -11,18 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rl_gym_actors.errors import ConnectionLost
 from rl_gym_actors.gym.client import GymClient
-from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 
 Samples = dict[tuple[str, frozenset], float]
 RUN_200 = ("gym_request_duration_seconds_count",
            frozenset({"route": "/run", "method": "POST", "status": "200"}.items()))
-
-
-@pytest.fixture(scope="module")
-def gym():
-    with GymServerThread(token="test-token", allow_faults=True) as server:
-        yield server
 
 
 async def scrape(url: str) -> Samples:

@@ -14,7 +14,6 @@ from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, Checkpoi
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
-from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nemo_gym_config
@@ -30,12 +29,6 @@ POLICY = {"rollout_s": 2.0, "receipt_s": 0.5, "max_tries": 1, "control_s": 2.0,
 def stand_in_tokenizer():
     """Characters to code points (the package's stand-in, importable by the actor)."""
     return CodePointTokenizer()
-
-
-@pytest.fixture(scope="module")
-def gym():
-    with GymServerThread(token="test-token", allow_faults=True) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
-from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.ray
 POLICY = TryPolicy(rollout_s=1.0, receipt_s=1.0, max_tries=3, control_s=5.0,
                    admission_wait_s=10.0)
 _ckpt = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return CountingAgent()
 
 
 @pytest.fixture(scope="module")

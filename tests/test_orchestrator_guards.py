@@ -14,21 +14,8 @@ from rl_gym_actors.config import LedgerConfig, PoolConfig
 from rl_gym_actors.errors import ConfigError, EndpointCheckFailed
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import WIRE_INT_MAX
-from rl_gym_actors.testing.counting_agent import CountingAgent
-from rl_gym_actors.testing.gym_process import GymServerThread
 
 POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=2, control_s=5.0)
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return CountingAgent()
-
-
-@pytest.fixture(scope="module")
-def gym(agent):
-    with GymServerThread(agent=agent, token="test-token") as srv:
-        yield srv
 
 
 @pytest.mark.ray

@@ -15,8 +15,6 @@ import pytest
 
 from rl_gym_actors import GymEndpoint, IndexedOutcome, Orchestrator, TryPolicy
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.testing.counting_agent import CountingAgent
-from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
@@ -25,17 +23,6 @@ pytestmark = pytest.mark.ray
 POLICY = TryPolicy(rollout_s=60.0, receipt_s=1.0, max_tries=2, control_s=5.0,
                    admission_wait_s=10.0)
 _n = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return CountingAgent()
-
-
-@pytest.fixture(scope="module")
-def gym(agent):
-    with GymServerThread(agent=agent) as g:
-        yield g
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
-from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until
@@ -29,17 +28,6 @@ PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0, a
 
 # one event loop for the module, so that its Gym client (bound to a loop) serves every test
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest.fixture(scope="module")
-def agent():
-    return CountingAgent()
-
-
-@pytest.fixture(scope="module")
-def gym(agent):
-    with GymServerThread(agent=agent, token="test-token", allow_faults=True) as server:
-        yield server
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
