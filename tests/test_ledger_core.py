@@ -75,6 +75,16 @@ def book_of(reports: list[AttemptReport]) -> Book:
     return book
 
 
+def assert_same_book(reports: list[AttemptReport], other: list[AttemptReport]) -> None:
+    """Both lists fold into the same book (the report count apart)."""
+    a, b = book_of(reports), book_of(other)
+    assert a.snapshot().model_dump(exclude={"reports"}) == b.snapshot().model_dump(
+        exclude={"reports"})
+    for r in reports:
+        assert a.attempt(r.rollout_id, r.attempt_index) == b.attempt(r.rollout_id,
+                                                                     r.attempt_index)
+
+
 # ---------------------------------------------------------------------------- the book
 
 @settings(max_examples=150, deadline=None)
@@ -82,12 +92,7 @@ def book_of(reports: list[AttemptReport]) -> Book:
 def test_any_order_and_repetition_give_the_same_book(reports, rnd):
     shuffled = list(reports) + rnd.sample(reports, k=len(reports) // 2)   # some arrive twice
     rnd.shuffle(shuffled)
-    a, b = book_of(reports), book_of(shuffled)
-    assert a.snapshot().model_dump(exclude={"reports"}) == b.snapshot().model_dump(
-        exclude={"reports"})
-    for r in reports:
-        assert a.attempt(r.rollout_id, r.attempt_index) == b.attempt(r.rollout_id,
-                                                                     r.attempt_index)
+    assert_same_book(reports, shuffled)
 
 
 @settings(max_examples=150, deadline=None)
@@ -123,12 +128,7 @@ def test_an_outbox_that_merges_waiting_reports_gives_the_same_book(reports, batc
 
     asyncio.run(go())
     assert len(sent) <= len(reports)
-    a, b = book_of(reports), book_of(sent)
-    assert a.snapshot().model_dump(exclude={"reports"}) == b.snapshot().model_dump(
-        exclude={"reports"})
-    for r in reports:
-        assert a.attempt(r.rollout_id, r.attempt_index) == b.attempt(r.rollout_id,
-                                                                     r.attempt_index)
+    assert_same_book(reports, sent)
 
 
 @settings(max_examples=150, deadline=None)
