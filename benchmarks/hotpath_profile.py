@@ -81,27 +81,54 @@ def _frame(raw: str) -> str:
     return f"{func} ({short})"
 
 
+# where a sample's own time is spent, by the file of its innermost frame (first match wins)
+CATEGORIES = [
+    ("Ray (calls, streams, serialization, its worker loop)",
+     ("/ray/", "ray/_private", "_private/", "_raylet", "cloudpickle", "msgpack")),
+    ("HTTP client (aiohttp)", ("aiohttp/", "yarl/", "multidict/")),
+    ("retry (tenacity)", ("tenacity/", "gym/retry.py")),
+    ("this library", ("rl_gym_actors/",)),
+    ("pydantic", ("pydantic",)),
+    ("threads and executors", ("threading.py", "concurrent/futures")),
+    ("event loop and sockets (asyncio)", ("asyncio/", "selectors.py", "socket.py")),
+]
+
+
+def _category(raw_leaf: str) -> str:
+    where = raw_leaf.split(" (", 1)[1] if " (" in raw_leaf else raw_leaf
+    for name, marks in CATEGORIES:
+        if any(m in where for m in marks):
+            return name
+    return "other"
+
+
 def parse_collapsed(path: Path) -> dict[str, Any]:
-    """Self and total shares per function from py-spy's collapsed (``raw``) output."""
+    """Self and total shares per function from py-spy's collapsed (``raw``) output, and the
+    self shares summed per category (:data:`CATEGORIES`)."""
     own: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
     n = 0
     if not path.exists():
-        return {"samples": 0, "self": [], "total": []}
+        return {"samples": 0, "self": [], "total": [], "categories": {}}
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         k = int(count)
-        frames = [_frame(f) for f in stack.split(";")]
-        frames = [f for f in frames if not f.startswith(("process ", "thread "))] or frames
+        raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))] or [
+            stack]
+        frames = [_frame(f) for f in raw]
         n += k
         own[frames[-1]] += k
+        kinds[_category(raw[-1])] += k
         for f in set(frames):
             total[f] += k
     pct = (lambda c: [[f, round(100.0 * v / n, 1)] for f, v in c.most_common(40)]) if n else (
         lambda c: [])
-    return {"samples": n, "self": pct(own), "total": pct(total)}
+    return {"samples": n, "self": pct(own), "total": pct(total),
+            "categories": {c: round(100.0 * v / n, 1) for c, v in kinds.most_common()} if n
+            else {}}
 
 
 def _find(kind: str, exclude: list[int]) -> int | None:

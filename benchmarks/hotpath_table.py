@@ -219,5 +219,10 @@ def profile_section() -> list[str]:
             rows.append([kind, proc["cpu_ms_per_rollout"], threads, *_top(proc, 5)])
         out += [md_table(["process", "CPU ms / rollout", "busiest threads (ms / rollout)",
                           "#1", "#2", "#3", "#4", "#5"], rows), ""]
+        cats = [[kind, ", ".join(f"{c} {v}%" for c, v in proc["categories"].items())]
+                for kind, proc in ex["processes"].items() if proc.get("categories")]
+        if cats:
+            out += [f"{label}: own time by where it is spent (innermost frame's module):", "",
+                    md_table(["process", "share of busy samples"], cats), ""]
     return out
 
