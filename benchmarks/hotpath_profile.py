@@ -171,7 +171,11 @@ def body(result: Result, args: Any) -> None:
             done = [0]
 
             def load() -> None:
+                streams = hasattr(orch, "stream")  # e581378 (the "before") has no stream
                 while not stop.is_set():        # counted as each rollout ends
+                    if not streams:
+                        done[0] += batch()
+                        continue
                     rows = [{"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
                             for _ in range(200)]
                     for _, outcome in orch.stream(rows):
