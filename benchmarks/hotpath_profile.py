@@ -3,7 +3,7 @@
 One Gym server (subprocess, instant simulated agent), an orchestrator of 2 rollout actors x 8
 rollouts each (concurrency 16, the throughput benchmark's "8 per actor"), batches of 200 rows back
 to back. While they run, py-spy samples the driver, one rollout actor, the ledger actor and the Gym
-server for the same window; /proc gives each process's CPU over the window and per thread. The
+server for the same window; psutil gives each process's CPU over the window and per thread. The
 result is, per process, CPU ms per rollout and its top Python functions by own time ("self") and
 by time including callees ("total"), as a share of the process's busy samples.
 
@@ -26,6 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 import common
 from common import RESULTS_DIR, Result, bench_main, progress
 from fleet import Fleet
@@ -42,28 +44,30 @@ def _py_spy() -> str:
 
 
 def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread name of ``pid`` (threads of the same name summed)."""
+    """CPU seconds per thread name of ``pid`` (threads of the same name summed). psutil gives
+    each thread's times; the name is the thread's ``comm`` (Linux), which psutil does not read."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
         return out
-    for tid in tids:
+    for t in threads:
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            name = Path(f"/proc/{pid}/task/{t.id}/comm").read_text().strip()
         except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        rest = stat[stat.rindex(")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick
+            name = "?"
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
     return out
 
 
 def _own_cpu(pid: int) -> float:
     """CPU seconds of ``pid``'s own threads: not its reaped children (py-spy runs as the
     driver's children, and its CPU must not count as the driver's)."""
-    return sum(_thread_cpu(pid).values())
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
 
 
 def _frame(raw: str) -> str:
