@@ -55,10 +55,10 @@ JSON = "application/json"
 READY_PATH = "/ready"
 # what every server of ours supports; "completed_result_acknowledgement" is the name a real Gym
 # and NeMo RL's checkpoint client use, the others are (ext)
-FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header", "acknowledge",
-            "acknowledge-completed", "retire", "status", "prepare", "prepare-report", "commit",
-            "resume", "receipt", "completion-receipt", "lenient-status-retire",
-            "conflict-names-checkpoint", "ready")
+# features that are not a route; each control route (and /ready) is a feature under its last
+# path segment, read from the app's routes (see features() in create_app)
+FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header", "prepare-report",
+            "lenient-status-retire", "conflict-names-checkpoint")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -249,7 +249,9 @@ def create_app(participant: Participant, *, token: str,
         return _json_response(Capabilities(features=features(), **participant.capabilities()))
 
     def features() -> list[str]:
-        return [*FEATURES, *(["durable-store"] if participant.store.durable else []),
+        routes = [path.rsplit("/", 1)[-1] for path in (getattr(r, "path", "") for r in app.routes)
+                  if path.startswith(CONTROL_PREFIX + "/") or path == READY_PATH]
+        return [*FEATURES, *routes, *(["durable-store"] if participant.store.durable else []),
                 *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
                 *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
                 *(["faults"] if faults is not None else [])]
