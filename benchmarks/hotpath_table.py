@@ -223,7 +223,7 @@ def profile_section() -> list[str]:
            "Command: `.venv/bin/python benchmarks/hotpath_profile.py --quick --label after` "
            "(needs `pip install py-spy`; `run_all.py` runs it with `--label before` in the "
            f"{BEFORE_REV} worktree too). Instant agents, 2 actors x 8 rollouts, batches of 200 "
-           "back to back; py-spy samples each process for the same window; CPU from /proc. "
+           "back to back; py-spy samples each process for the same window; CPU from psutil. "
            "Top functions by own time, as a share of that process's busy samples. The rollout "
            "actor row is one of the two actors; its CPU is divided by every rollout, so the "
            "actors together cost twice its figure.", ""]

@@ -15,6 +15,7 @@ from rl_gym_actors.core.ledger import Book, PrepareAction, plan_endpoint
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 EP = "http://gym"
 RUNNING = AttemptState.RUNNING
@@ -69,18 +70,18 @@ async def test_attempts_a_gym_restart_tombstoned_leave_running_at_the_next_check
                                 progress=False, start=False) as orch:
             batch = asyncio.ensure_future(orch.arun_batch([{"sleep_s": 30.0}] * 2))
             async with GymClient(endpoint) as client:
-                deadline = time.monotonic() + 15
-                while (await client.status("probe", deadline_ts=time.time() + 5)).running < 2:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.02)
+                async def both_running() -> bool:
+                    status = await client.status("probe", deadline_ts=time.time() + 5)
+                    return status.running >= 2
+                await until(both_running, timeout_s=15, what="both runs to start")
             server.kill()                      # the runs' connections drop; retires cannot land
             outcomes = await asyncio.wait_for(batch, 30)
             assert [o.status for o in outcomes] == ["failed", "failed"]
             server.restart()                   # the restart tombstones what was running
-            deadline = time.monotonic() + 10
-            while (snap := await orch.asnapshot()).ledger.endpoints[server.url].running < 2:
-                assert time.monotonic() < deadline, snap.ledger
-                await asyncio.sleep(0.05)
+            async def ledger_counts_both() -> bool:
+                snap = await orch.asnapshot()
+                return snap.ledger.endpoints[server.url].running >= 2
+            await until(ledger_counts_both, interval_s=0.05, what="the ledger to see both runs")
             await orch.acheckpoint("after-restart", str(tmp_path / "ckpt"), deadline_s=20.0)
             ledger = (await orch.asnapshot()).ledger
             assert ledger.endpoints[server.url].running == 0

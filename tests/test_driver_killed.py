@@ -4,7 +4,6 @@ once the server's checkpoint lease lapses."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -12,8 +11,9 @@ import pytest
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.chaos import server_has_leases
-from rl_gym_actors.testing.driver import DriverProcess
+from rl_gym_actors.testing.driver import DriverProcess, alive
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -35,28 +35,16 @@ async def kill_mid_checkpoint(server, client: GymClient, tmp_path, deadline_s: f
     try:
         driver.wait_for("checkpointing", 180)
         checkpointing = time.monotonic()
-        deadline = time.monotonic() + 30
-        while (await client.status("probe", deadline_ts=soon())).state != "preparing":
-            assert time.monotonic() < deadline, "the driver never prepared"
-            await asyncio.sleep(0.02)
+        async def preparing() -> bool:
+            return (await client.status("probe", deadline_ts=soon())).state == "preparing"
+        await until(preparing, timeout_s=30, what="the driver to prepare")
     finally:
         pids = driver.kill()
     for pid in pids:                                # the driver and its whole local Ray
-        deadline = time.monotonic() + 10
-        while _alive(pid):
-            assert time.monotonic() < deadline, f"pid {pid} outlived the kill"
-            await asyncio.sleep(0.05)
+        await until(lambda: not alive(pid), interval_s=0.05, what=f"pid {pid} to die")
     status = await client.status("probe", deadline_ts=soon())
     assert status.state == "preparing" and status.running == 1   # Gym is held: the bug's state
     return checkpointing
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def test_a_new_driver_aborts_the_dead_checkpoint_and_commits_its_own(ray_session,

@@ -4,7 +4,6 @@ with the real cause; a checkpoint ends within its deadline + 0.5 s, dead (killed
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -16,6 +15,7 @@ from rl_gym_actors.errors import CheckpointFailed, ConnectionLost, EndpointDown
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
+from rl_gym_actors.testing.polling import until
 
 POLICY = TryPolicy(rollout_s=2.0, receipt_s=1.0, max_tries=3, control_s=3.0)
 
@@ -40,10 +40,7 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
             assert down.value.cause_type == "ConnectionLost"
             assert "Cannot connect" in down.value.cause
             server.restart()
-            deadline = time.monotonic() + 10
-            while client.health.down:
-                assert time.monotonic() < deadline, "the probe never saw the server again"
-                await asyncio.sleep(0.02)
+            await until(lambda: not client.health.down, what="the probe to see the server again")
             assert (await client.status("c2", deadline_ts=soon())).state == "accepting"
     finally:
         server.stop()

@@ -4,13 +4,13 @@ once while broken), commits confined to --checkpoint-root, and memory that stays
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from rl_gym_actors.protocol import WIRE_INT_MAX
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.store_faults import FaultyStore
 
 TOO_BIG = 2**63
@@ -72,10 +72,9 @@ async def test_a_broken_store_fails_readiness_and_refuses_at_once_until_it_heals
         assert (got.status, got.code) == (503, "store_unavailable")
         assert time.monotonic() - started < 1.0        # refused at once, not after a wait
         store.heal()
-        deadline = time.monotonic() + 10
-        while (await wire.request("GET", "/ready")).status != 200:
-            assert time.monotonic() < deadline, "the store did not heal"
-            await asyncio.sleep(0.05)
+        async def healed() -> bool:
+            return (await wire.request("GET", "/ready")).status == 200
+        await until(healed, interval_s=0.05, what="the store to heal")
         assert (await wire.run("after")).status == 200
         assert (await wire.run("before")).status == 200            # a replay, still there
 
