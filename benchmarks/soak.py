@@ -81,6 +81,20 @@ def rss(gym_pid: int) -> dict[str, int]:
     return out
 
 
+def agent_fail_rows(total: int) -> int:
+    """How many of the first ``total`` rows carry the agent_fail fault."""
+    return sum(1 for n in range(FAULTY_EVERY - 1, total, FAULTY_EVERY)
+               if PATHS[(n // FAULTY_EVERY) % len(PATHS)] == "agent_fail")
+
+
+def per_process(growth: dict[str, float | None], actors: int) -> dict[str, float | None]:
+    """Growth per process: the rollout actors' summed growth spread over the actors."""
+    out = dict(growth)
+    if out.get("rollout_actors") is not None:
+        out["rollout_actors"] = out["rollout_actors"] / actors
+    return out
+
+
 def slope(xs: list[float], ys: list[float]) -> float | None:
     """Least-squares slope of ys over xs."""
     n = len(xs)
@@ -117,6 +131,7 @@ def body(result: Result, args: Any) -> None:
     total = p["rollouts"]
     sealed_bits = bytearray((total + 7) // 8)          # sized once: counting costs no memory
     counted_twice = sealed = failed = 0
+    failures: dict[str, int] = {}
     committed = failed_checkpoints = 0
     samples: list[dict[str, Any]] = []
     loop = asyncio.new_event_loop()
@@ -145,6 +160,8 @@ def body(result: Result, args: Any) -> None:
                     sealed += 1
                 elif o.status != "sealed":
                     failed += 1
+                    kind = o.failure.value if o.failure is not None else o.status
+                    failures[kind] = failures.get(kind, 0) + 1
             del outcomes
             done += n
             since_checkpoint += n
@@ -185,13 +202,18 @@ def body(result: Result, args: Any) -> None:
         growth_bytes_per_rollout={k: None if v is None else round(v, 1)
                                   for k, v in growth.items()},
         goal_bytes_per_rollout=GOAL_BYTES, rollouts=total, sealed=sealed, failed=failed,
+        failures_by_kind=failures, agent_fail_rows=agent_fail_rows(total), actors=p["actors"],
+        rollout_actor_each_bytes_per_rollout=None if growth["rollout_actors"] is None
+        else round(growth["rollout_actors"] / p["actors"], 1),
         counted_twice=counted_twice, key_runs_completed_twice=runs_twice,
         checkpoints_committed=committed, checkpoints_failed=failed_checkpoints,
         unacked_at_end=samples[-1]["unacked_on_gym"] if samples else None,
         rollouts_per_s=round(total / elapsed, 1), ledger_attempts_kept=snap.ledger.attempts,
         ledger_pruned=snap.ledger.pruned, known_rollouts_kept=snap.known_rollouts,
         invariant_ok=snap.ledger.invariant_ok,
-        held=all(v is not None and v < GOAL_BYTES for v in growth.values())
+        # per process: the rollout actors' sum divided over the actors
+        held=all(v is not None and v < GOAL_BYTES
+                 for v in per_process(growth, p["actors"]).values())
         and failed_checkpoints == 0 and counted_twice == 0 and runs_twice == 0
         and bool(samples) and samples[-1]["unacked_on_gym"] == 0)
     result.add_table(
@@ -202,15 +224,19 @@ def body(result: Result, args: Any) -> None:
         [[s["rollouts"], s["s"], s["driver"] / MB, s["ledger"] / MB, s["rollout_actors"] / MB,
           s["gym_server"] / MB, s["checkpoints"], s["unacked_on_gym"], s["counted_twice"]]
          for s in samples])
+    each = per_process(growth, p["actors"])
     result.add_table(
         f"Growth over the second half ({len(half)} samples, least squares), bytes per rollout; "
         f"goal < {GOAL_BYTES}",
-        ["process", "bytes / rollout", "under the goal"],
-        [[k, growth[k], growth[k] is not None and growth[k] < GOAL_BYTES] for k in PROCESSES])
+        ["process", "bytes / rollout (all its processes)", "bytes / rollout per process",
+         "under the goal"],
+        [[k, growth[k], each[k], each[k] is not None and each[k] < GOAL_BYTES]
+         for k in PROCESSES])
     ex = result.extra
     result.notes += [
         f"{total:,} rollouts at {ex['rollouts_per_s']} /s: {sealed:,} sealed, {failed:,} failed "
-        f"(the agent_fail rows, {1 / FAULTY_EVERY / len(PATHS):.2%} of all, fail by design); "
+        f"(by kind {failures}; {ex['agent_fail_rows']:,} are agent_fail rows, which fail by "
+        f"design); "
         f"{committed} checkpoints committed, {failed_checkpoints} failed; un-ACKed on Gym after "
         f"the last: {ex['unacked_at_end']}; counted twice: {counted_twice}; keys whose agent "
         f"completed twice: {runs_twice}.",
@@ -223,7 +249,11 @@ def body(result: Result, args: Any) -> None:
 def say(res: dict) -> str:
     ex = res.get("extra", {})
     g = ex.get("growth_bytes_per_rollout", {})
-    parts = ", ".join(f"{k} {common.fmt(v)}" for k, v in g.items())
+    each = per_process(g, ex.get("actors", 1)) if g else {}
+    parts = ", ".join(
+        f"{k} {common.fmt(v)}" + (f" ({ex.get('actors')} processes: {common.fmt(each[k])} each)"
+                                  if k == "rollout_actors" and v is not None else "")
+        for k, v in g.items())
     return (f"Over {ex.get('rollouts', 0):,} rollouts (5 % faulty), memory growth in the second "
             f"half, bytes per rollout: {parts} (goal < {GOAL_BYTES}: "
             f"{'held' if ex.get('held') else 'NOT held'}); {ex.get('checkpoints_committed')} "
