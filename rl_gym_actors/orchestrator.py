@@ -49,6 +49,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ import ray  # noqa: E402  (after runtime: loopback environment first)
 from pydantic import BaseModel, ConfigDict
 from ray.exceptions import RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_gate import AbortReport
+from rl_gym_actors.actors.checkpoint_gate import AbortReport, abort_everywhere
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
@@ -72,6 +73,7 @@ from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
+from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.gym.probe import probe_endpoints
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, WIRE_INT_MAX,
@@ -526,8 +528,17 @@ class Orchestrator:
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         await self._ready()
         deadline_s = deadline_s_arg(deadline_s)
-        return await self._ledger_call("abort_checkpoint", checkpoint_id, deadline_s,
-                                       timeout_s=deadline_s + CALL_SLACK_S)
+        try:
+            return await self._ledger_call("abort_checkpoint", checkpoint_id, deadline_s,
+                                           timeout_s=deadline_s + CALL_SLACK_S)
+        except LedgerLost:
+            # freeing Gym needs no book: resume from here, with clients of our own
+            clients = [GymClient(ep) for ep in self.endpoints]
+            try:
+                return await abort_everywhere(clients, checkpoint_id, time.time() + deadline_s)
+            finally:
+                for client in clients:
+                    await client.close()
 
     async def _ledger_call(self, method: str, *args: Any, timeout_s: float) -> Any:
         """Call the ledger; its typed errors come back as themselves, and a ledger that Ray

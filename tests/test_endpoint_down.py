@@ -102,3 +102,23 @@ async def test_a_checkpoint_against_a_frozen_gym_fails_within_its_deadline(ray_s
     finally:
         os.kill(server.pid, signal.SIGCONT)
         server.kill()
+
+
+def test_a_down_endpoint_lets_one_trial_call_through_per_interval():
+    from rl_gym_actors.gym.health import EndpointHealth
+
+    now = [100.0]
+    health = EndpointHealth("g", threshold=2, span_s=1.0, trial_every_s=1.0,
+                            clock=lambda: now[0])
+    for t in (100.0, 101.0):
+        now[0] = t
+        health.failed(ConnectionLost("refused"))
+    assert health.down
+    with pytest.raises(EndpointDown):
+        health.check("run", "u")                  # a failure just now: fail at once
+    now[0] = 102.0
+    health.check("run", "u")                      # a second on: one trial goes through
+    with pytest.raises(EndpointDown):
+        health.check("run", "u")                  # ... and only one
+    assert health.succeeded() and not health.down  # its answer brings the endpoint back
+    health.check("run", "u")

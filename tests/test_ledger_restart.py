@@ -96,3 +96,5 @@ async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
                 await orch.acheckpoint("lost", str(tmp_path), deadline_s=5.0)
             # rollouts do not need the ledger to run
             assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
+            # nor does freeing Gym: abort goes to the servers from the orchestrator itself
+            assert (await orch.aabort_checkpoint("never-held")).aborted

@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 from typing import Any, TypeVar
 
 import aiohttp
@@ -279,6 +280,7 @@ class GymClient:
                                              span_s=down_span_s, clock=clock)
         self._probe_every_s = probe_every_s
         self._probe: asyncio.Task | None = None
+        self._probed_at = 0.0
         self._given = session
         self._data: aiohttp.ClientSession | None = None
         self._control: aiohttp.ClientSession | None = None
@@ -537,7 +539,13 @@ class GymClient:
         if left <= 0:
             raise DeadlineExceeded(f"{method} {path}: deadline passed before the call", url=url)
         session = self._session(control)
-        self.health.check(f"{method} {path}", url)
+        if self.health.down:
+            self._ensure_probe()             # whatever ended the last probe, one runs now
+            if self._clock() - self._probed_at > 2 * self._probe_every_s + _health.PROBE_TIMEOUT_S:
+                # the background probe has not run for a while (an event loop that only runs
+                # while the actor serves a call: a Ray generator method's): probe here, once
+                await self._probe_now(left)
+            self.health.check(f"{method} {path}", url)
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -575,21 +583,43 @@ class GymClient:
     def _failed(self, exc: BaseException) -> None:
         if self.health.failed(exc):
             logger.warning("%s marked down: %s", self.endpoint.label, exc)
-            if self._probe is None or self._probe.done():
-                self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
+            self._ensure_probe()
+
+    async def _probe_now(self, budget_s: float) -> None:
+        self._probed_at = self._clock()      # concurrent calls do not probe as well
+        try:
+            await asyncio.wait_for(self._probe_once(), min(_health.PROBE_TIMEOUT_S, budget_s))
+        except Exception as exc:             # no answer: still down
+            logger.debug("probe of %s: %r", self.endpoint.label, exc)
+            return
+        if self.health.succeeded():
+            logger.warning("%s is up again", self.endpoint.label)
+
+    def _ensure_probe(self) -> None:
+        if (self._probe is None or self._probe.done()) and not self._closed:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
 
     async def _probe_until_up(self) -> None:
-        """While the endpoint is down: ask for capabilities every ``probe_every_s``; any HTTP
-        answer marks it up again."""
-        url = self.endpoint.url + CAPABILITIES_PATH
-        timeout = aiohttp.ClientTimeout(total=_health.PROBE_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while self.health.down and not self._closed:
-                await asyncio.sleep(self._probe_every_s)
-                try:
-                    async with session.get(url) as resp:
-                        await resp.read()
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    continue
-                if self.health.succeeded():
-                    logger.warning("%s is up again", self.endpoint.label)
+        """While the endpoint is down: ask for capabilities every ``probe_every_s`` on a fresh
+        connection, each ask bounded by asyncio itself; any HTTP answer marks it up again."""
+        self._probed_at = self._clock()
+        while self.health.down and not self._closed:
+            await asyncio.sleep(self._probe_every_s)
+            await self._probe_now(_health.PROBE_TIMEOUT_S)
+
+    async def _probe_once(self) -> None:
+        """One bare HTTP exchange on a connection of its own (none of the pools' state): any
+        status line is an answer."""
+        url = urlsplit(self.endpoint.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        reader, writer = await asyncio.open_connection(url.hostname, port,
+                                                       ssl=url.scheme == "https" or None)
+        try:
+            writer.write(f"GET {url.path.rstrip('/')}{CAPABILITIES_PATH} HTTP/1.1\r\n"
+                         f"Host: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            line = await reader.readline()
+        finally:
+            writer.close()
+        if not line.startswith(b"HTTP/"):
+            raise ConnectionLost(f"probe: no HTTP answer ({line[:40]!r})", url=self.endpoint.url)

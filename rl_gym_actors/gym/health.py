@@ -6,7 +6,9 @@ out. Any HTTP answer, whatever its status, is a success. After ``threshold`` fai
 that span at least ``span_s`` (so that a quick restart, which the retry policy rides out, does not
 trip it), the endpoint is down: calls raise :class:`~rl_gym_actors.errors.EndpointDown` at once,
 carrying the last failure, until a probe reaches the server again (the client runs the probe in
-the background; see :meth:`GymClient._probe_until_up`).
+the background; see :meth:`GymClient._probe_until_up`). A down endpoint also lets one real call
+through every ``trial_every_s`` (a half-open breaker): its answer brings the endpoint back even
+where a background task cannot run (an event loop that runs only while its actor serves a call).
 
 Pure and synchronous: the clock is passed in; no I/O.
 """
@@ -21,13 +23,14 @@ THRESHOLD = 3          # failures in a row ...
 SPAN_S = 2.0           # ... over at least this long mark an endpoint down
 PROBE_EVERY_S = 0.5    # a down endpoint is probed this often
 PROBE_TIMEOUT_S = 1.0  # and a probe that gets no answer within this counts as still down
+TRIAL_EVERY_S = 1.0    # a down endpoint lets one call through this often
 
 
 class EndpointHealth:
     """Consecutive failures of one endpoint and the down mark they lead to."""
 
     def __init__(self, label: str, *, threshold: int = THRESHOLD, span_s: float = SPAN_S,
-                 clock: Callable[[], float]) -> None:
+                 trial_every_s: float = TRIAL_EVERY_S, clock: Callable[[], float]) -> None:
         self.label = label
         self.threshold = threshold
         self.span_s = span_s
@@ -38,6 +41,9 @@ class EndpointHealth:
         self.downs = 0                       # how often it was marked down
         self.cause_type = ""
         self.cause = ""
+        self.trial_every_s = trial_every_s
+        self.last_failure_ts = 0.0
+        self._trial_ts = 0.0
 
     def succeeded(self) -> bool:
         """An answer came. True when this brings a down endpoint back up."""
@@ -52,6 +58,7 @@ class EndpointHealth:
         if self.failures == 0:
             self.first_failure_ts = now
         self.failures += 1
+        self.last_failure_ts = now
         self.cause_type = type(exc).__name__
         self.cause = str(exc)[:500]
         if (not self.down and self.failures >= self.threshold
@@ -62,8 +69,13 @@ class EndpointHealth:
         return False
 
     def check(self, what: str, url: str) -> None:
-        """Raise EndpointDown when the endpoint is down (the call is not sent)."""
+        """Raise EndpointDown when the endpoint is down (the call is not sent), but for one
+        trial call every ``trial_every_s`` since the last failure or trial."""
         if self.down:
+            now = self._clock()
+            if now - max(self.last_failure_ts, self._trial_ts) >= self.trial_every_s:
+                self._trial_ts = now
+                return
             raise EndpointDown(
                 f"{what}: {self.label} is down ({self.failures} calls in a row got no answer); "
                 f"last: {self.cause_type}: {self.cause}", url=url, cause=self.cause,
