@@ -90,6 +90,8 @@ CATEGORIES = [
     ("Ray (calls, streams, serialization, its worker loop)",
      ("/ray/", "ray/_private", "_private/", "_raylet", "cloudpickle", "msgpack")),
     ("HTTP client (aiohttp)", ("aiohttp/", "yarl/", "multidict/")),
+    ("web server (uvicorn, h11, starlette, fastapi)",
+     ("uvicorn/", "h11/", "starlette/", "fastapi/", "anyio/")),
     ("retry (tenacity)", ("tenacity/", "gym/retry.py")),
     ("this library", ("rl_gym_actors/",)),
     ("pydantic", ("pydantic",)),
@@ -122,6 +124,8 @@ def parse_collapsed(path: Path) -> dict[str, Any]:
         k = int(count)
         raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))] or [
             stack]
+        if any("subprocess.py" in f for f in raw):
+            continue                     # this script's own wait on py-spy, not the library
         frames = [_frame(f) for f in raw]
         n += k
         own[frames[-1]] += k

@@ -111,9 +111,10 @@ def say_throughput(res: dict) -> str:
     return (
         f"With instant agents the orchestrator reaches {b0['ours_per_s']:.0f} rollouts/s "
         f"({b0['config']}), {b0['ratio']:.2f}x the direct loop's {b0['direct_per_s']:.0f}/s; with "
-        f"{bs['agent_ms']} ms agents it is {bs['ratio']:.2f}x. It is slower than the direct loop "
-        f"because every rollout is also a Ray actor call (row and outcome serialized), "
-        f"attempt reports batched to the ledger actor, and the rollout actor's own event loop: "
+        f"{bs['agent_ms']} ms agents it is {bs['ratio']:.2f}x. Beyond the direct loop's HTTP, "
+        f"every rollout also crosses Ray (rows go to the rollout actors in chunks, outcomes "
+        f"stream back bunched), reports to the ledger actor in merged batches, and runs in its "
+        f"rollout actor's event loop: "
         f"about {cpu:.0f} ms of CPU per rollout over all processes against {dcpu:.1f} ms for the "
         f"direct loop, on 2 cores shared with the Gym server; the added latency per rollout is "
         f"{b0['added_p50_ms']:.0f} ms at p50. Many rollouts per actor cost a fraction of the "
