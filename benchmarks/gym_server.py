@@ -3,6 +3,10 @@ simulated agent, at concurrency 1, 16 and 128, in memory and with a state dir (S
 before every answer), against an aiohttp hello-world server measured in the same run as the
 ceiling of this machine (same three requests per cycle, answered with fixed bytes).
 
+A fourth row runs the durable server as a client that takes the receipt from the (ext)
+``x-gym-completion-receipt`` header of the ``/run`` answer (no receipt fetch: two requests per
+cycle), still against the three-request ceiling.
+
 Each server runs in a process of its own; the load comes from one asyncio process with plain
 aiohttp (the same client code for every server), so the ratio to the ceiling is the price of
 the participant, its store and FastAPI. Trials of the three servers are interleaved.
@@ -28,7 +32,7 @@ from common import Result, bench_main, process_cpu_s, progress, ratio, summarize
 
 import aiohttp
 
-from rl_gym_actors.protocol import CONTROL_PREFIX
+from rl_gym_actors.protocol import CONTROL_PREFIX, RECEIPT_HEADER
 from rl_gym_actors.testing.gym_process import GymServerProcess
 
 CONCURRENCY = (1, 16, 128)
@@ -89,8 +93,10 @@ class HelloProcess:
 
 # ---------------------------------------------------------------- the load
 
-async def cycles(url: str, n: int, concurrency: int, prefix: str) -> dict[str, Any]:
-    """``n`` cycles of run + receipt + ACK, ``concurrency`` at once. Latencies in seconds."""
+async def cycles(url: str, n: int, concurrency: int, prefix: str,
+                 receipt_header: bool = False) -> dict[str, Any]:
+    """``n`` cycles of run + receipt + ACK, ``concurrency`` at once. Latencies in seconds.
+    ``receipt_header``: take the receipt from the /run answer's header when it has one."""
     latencies: list[float] = []
     errors = 0
     todo = iter(range(n))
@@ -108,9 +114,13 @@ async def cycles(url: str, n: int, concurrency: int, prefix: str) -> dict[str, A
                             headers={"Content-Type": "application/json"}) as r:
                         await r.read()
                         assert r.status == 200, r.status
-                    async with session.get(url + RECEIPT_PATH, headers=AUTH, params={
-                            "rollout_id": rid, "attempt_index": "0"}) as r:
-                        receipt = (await r.json())["completion_receipt"]
+                        header = r.headers.get(RECEIPT_HEADER) if receipt_header else None
+                    if header is not None:
+                        receipt = json.loads(header)
+                    else:
+                        async with session.get(url + RECEIPT_PATH, headers=AUTH, params={
+                                "rollout_id": rid, "attempt_index": "0"}) as r:
+                            receipt = (await r.json())["completion_receipt"]
                     async with session.post(url + ACK_PATH, data=json.dumps(receipt),
                                             headers=AUTH) as r:
                         await r.read()
@@ -128,7 +138,8 @@ async def cycles(url: str, n: int, concurrency: int, prefix: str) -> dict[str, A
 
 def measure(server: Any, name: str, concurrency: int, n: int, trial: int) -> dict[str, Any]:
     cpu0, me0 = process_cpu_s(server.pid), process_cpu_s(os.getpid())
-    out = asyncio.run(cycles(server.url, n, concurrency, f"{name}-c{concurrency}-t{trial}"))
+    out = asyncio.run(cycles(server.url, n, concurrency, f"{name}-c{concurrency}-t{trial}",
+                             receipt_header=name in HEADER_ROWS))
     out["server_cpu_s"] = (process_cpu_s(server.pid) or 0) - (cpu0 or 0)
     out["client_cpu_s"] = (process_cpu_s(os.getpid()) or 0) - (me0 or 0)
     out["rate"] = (n - out["errors"]) / out["seconds"]
@@ -137,9 +148,11 @@ def measure(server: Any, name: str, concurrency: int, n: int, trial: int) -> dic
 
 # ---------------------------------------------------------------- the benchmark
 
-SERVERS = ("ceiling", "memory", "state-dir")
+SERVERS = ("ceiling", "memory", "state-dir", "state-dir-header")
+HEADER_ROWS = ("state-dir-header",)
 LABEL = {"ceiling": "aiohttp hello world (ceiling)", "memory": "gym serve, in memory",
-         "state-dir": "gym serve, --state-dir (SQLite, fsync)"}
+         "state-dir": "gym serve, --state-dir (SQLite, fsync)",
+         "state-dir-header": "gym serve, --state-dir, receipt from the /run header"}
 
 
 def body(result: Result, args: Any) -> None:
@@ -152,6 +165,7 @@ def body(result: Result, args: Any) -> None:
                "memory": GymServerProcess(token=TOKEN, allow_faults=False).start(),
                "state-dir": GymServerProcess(token=TOKEN, allow_faults=False,
                                              state_dir=state_dir).start()}
+    servers["state-dir-header"] = servers["state-dir"]          # the same server, other client
     try:
         for c in CONCURRENCY:
             runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
@@ -166,7 +180,7 @@ def body(result: Result, args: Any) -> None:
                 lat = summarize([x for r in runs[s] for x in r["latencies"]])
                 done = sum(len(r["latencies"]) for r in runs[s])
                 row = {"server": s, "concurrency": c, "cycles_per_s": rates[trials // 2],
-                       "requests_per_s": 3 * rates[trials // 2],
+                       "requests_per_s": (2 if s in HEADER_ROWS else 3) * rates[trials // 2],
                        "ratio_to_ceiling": ratio(rates[trials // 2], ceiling),
                        "rates": rates, "p50_ms": lat["p50"] * 1000, "p99_ms": lat["p99"] * 1000,
                        "server_cpu_ms_per_cycle": 1000 * sum(r["server_cpu_s"] for r in runs[s])
@@ -178,8 +192,9 @@ def body(result: Result, args: Any) -> None:
                 progress(f"c={c} {s}: {row['cycles_per_s']:.0f} cycles/s "
                          f"({row['ratio_to_ceiling']:.2f} of the ceiling)")
     finally:
-        for server in servers.values():
-            server.stop()
+        for name, server in servers.items():
+            if name not in HEADER_ROWS:
+                server.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
 
     m = result.machine

@@ -83,6 +83,10 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
                        help="confine commit's checkpoint_dir to this directory (relative paths "
                             "resolve inside it; anything else is refused with 422)")
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
+                       help="HTTP implementation (auto: httptools when installed)")
+    serve.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+                       help="event loop (auto: uvloop when installed)")
     serve.add_argument("--log-level", default="warning",
                        choices=["debug", "info", "warning", "error", "critical"])
     serve.set_defaults(func=gym_serve)
@@ -107,7 +111,7 @@ def participant_options(args: argparse.Namespace) -> dict[str, object]:
 def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agents import make_agent
     from rl_gym_actors.gym.participant import Participant
-    from rl_gym_actors.gym.server import GymServer, resolve_token
+    from rl_gym_actors.gym.server import GymServer, resolve_token, run_event_loop
     from rl_gym_actors.gym.store import open_store
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -128,7 +132,7 @@ def gym_serve(args: argparse.Namespace) -> int:
     try:
         server = GymServer(participant, token=token, host=args.host, port=args.port,
                            max_body_bytes=args.max_body_bytes, faults=faults,
-                           log_level=args.log_level, handle_signals=True)
+                           log_level=args.log_level, handle_signals=True, http=args.http)
     except OSError as exc:
         store.close()
         print(f"rl-gym-actors gym serve: cannot bind {args.host}:{args.port}: {exc}",
@@ -141,7 +145,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             line["token"] = token
         print(json.dumps(line), flush=True)
 
-    asyncio.run(server.serve(on_ready=ready))
+    run_event_loop(server.serve(on_ready=ready), args.loop)
     return 0
 
 

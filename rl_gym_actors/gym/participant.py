@@ -59,6 +59,7 @@ Agent = Callable[[dict[str, Any]], Awaitable[Any]]
 S = ExecutionState
 _ACTIVE = (S.RUNNING, S.PARKED, S.COMPLETED)       # not yet released; listed by status
 _LEASE_WRITE_SLACK_S = 1.0     # a renewed lease is written when it moved at least this much
+START_WRITE_DELAY_S = 0.002    # a run's start record waits this long to share a write
 
 
 class PrepareIncomplete(GymRejected):
@@ -566,12 +567,12 @@ class Participant:
         return StaleAttempt(f"execution {_label(key)} was retired while it ran", status=409)
 
     async def _execute(self, key: ExecutionKey, generation: int, row: dict[str, Any]) -> RunAnswer:
+        # The start record goes to the store with whatever is written next, and at the latest
+        # START_WRITE_DELAY_S after the start: an agent that finishes sooner costs one write
+        # (the store folds start and completion of one key into one row), a longer one has its
+        # start durable, so a restart tombstones it. Nothing is answered before it is durable.
+        flush = asyncio.get_running_loop().call_later(START_WRITE_DELAY_S, self._flush)
         try:
-            try:
-                await self._durable()    # a started key is tombstoned after a crash: record it
-            except GymError:
-                self.core.fail_run(key, generation)     # never left running in memory
-                raise
             try:
                 reply = await self.agent(row)
                 lineage = None
@@ -583,7 +584,11 @@ class Participant:
                 self.core.fail_run(key, generation)
                 await self._durable()
                 raise AgentFailed(repr(exc), status=500) from exc
+            finally:
+                flush.cancel()
             self.core.finish_run(key, generation, raw, receipt)
+            # a failed write answers 5xx; the records are written again with the next write,
+            # and a replay of the key answers only once they are
             await self._durable()
             return RunAnswer(raw, replayed=False, receipt=receipt)
         except asyncio.CancelledError:
@@ -594,6 +599,12 @@ class Participant:
             if self._runs.get(key) is asyncio.current_task():
                 del self._runs[key]
             await self._notify()
+
+    def _flush(self) -> None:
+        """Hand what was decided to the store now, without waiting for it."""
+        records = self.core.take_records()
+        if records:
+            self.store.submit(records)
 
     async def receipt(self, key: ExecutionKey) -> ReceiptAnswer:
         answer = self.core.receipt(key)

@@ -42,7 +42,8 @@ from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthor
 from rl_gym_actors.gym.participant import Participant, StoreUnavailable
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    REPLAYED_HEADER, ROLLOUT_ID_FIELD, WIRE_INT_MAX,
+                                    RECEIPT_HEADER, REPLAYED_HEADER, ROLLOUT_ID_FIELD,
+                                    WIRE_INT_MAX,
                                     AckBatchRequest, Capabilities, CommitRequest,
                                     CompletionReceipt, ExecutionKey, PhaseRequest, RetireRequest,
                                     is_valid_attempt_index, is_valid_checkpoint_id,
@@ -53,12 +54,24 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 JSON = "application/json"
 READY_PATH = "/ready"
-# what every server of ours supports; "completed_result_acknowledgement" is the name a real Gym
-# and NeMo RL's checkpoint client use, the others are (ext)
-# features that are not a route; each control route (and /ready) is a feature under its last
-# path segment, read from the app's routes (see features() in create_app)
-FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header", "prepare-report",
-            "lenient-status-retire", "conflict-names-checkpoint")
+# what a server of ours does beyond its routes; "completed_result_acknowledgement" is the name
+# a real Gym and NeMo RL's checkpoint client use, the others are (ext). The routes it serves are
+# listed as features too, read from the app (route_features)
+FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header",
+            "receipt-header", "prepare-report", "lenient-status-retire",
+            "conflict-names-checkpoint")
+
+
+def route_features(app: FastAPI) -> list[str]:
+    """The control routes (last path segment) and ``ready`` that ``app`` serves."""
+    names = []
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        if path.startswith(CONTROL_PREFIX + "/"):
+            names.append(path.rsplit("/", 1)[1])
+        elif path == READY_PATH:
+            names.append("ready")
+    return names
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -229,11 +242,12 @@ def create_app(participant: Participant, *, token: str,
         if faults is not None:
             faults.observe_run(key, row)
         answer = await participant.run(key, row)
+        headers = {RECEIPT_HEADER: answer.receipt.decode("ascii")}      # canonical JSON, ASCII
         if answer.replayed:
-            return _json_response(answer.reply, headers={REPLAYED_HEADER: "1"})
-        if faults is not None and faults.drop_reply(key):
+            headers[REPLAYED_HEADER] = "1"
+        elif faults is not None and faults.drop_reply(key):
             return _DroppedReply(answer.reply)
-        return _json_response(answer.reply)
+        return _json_response(answer.reply, headers=headers)
 
     # ------------------------------------------------------------ control plane
 
@@ -249,9 +263,8 @@ def create_app(participant: Participant, *, token: str,
         return _json_response(Capabilities(features=features(), **participant.capabilities()))
 
     def features() -> list[str]:
-        routes = [path.rsplit("/", 1)[-1] for path in (getattr(r, "path", "") for r in app.routes)
-                  if path.startswith(CONTROL_PREFIX + "/") or path == READY_PATH]
-        return [*FEATURES, *routes, *(["durable-store"] if participant.store.durable else []),
+        return [*FEATURES, *route_features(app),
+                *(["durable-store"] if participant.store.durable else []),
                 *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
                 *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
                 *(["faults"] if faults is not None else [])]
@@ -341,6 +354,31 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def http_protocol(choice: str = "auto") -> str:
+    """uvicorn's HTTP/1.1 implementation: ``httptools`` (faster) when installed, else ``h11``."""
+    if choice != "auto":
+        return choice
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
+def run_event_loop(main: Awaitable[Any], choice: str = "auto") -> Any:
+    """Run ``main`` to completion on uvloop (when installed and ``choice`` allows), else on
+    asyncio's own loop."""
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn with hooks: ``on_ready`` once it accepts requests, ``before_shutdown`` first thing
     in shutdown (so runs are cancelled and their callers answered instead of awaited), and its
@@ -392,7 +430,7 @@ class GymServer:
                  port: int = 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  faults: FaultHooks | None = None, log_level: str = "warning",
                  handle_signals: bool = False, graceful_s: float = 5.0,
-                 metrics: bool = True) -> None:
+                 metrics: bool = True, http: str = "auto") -> None:
         self.participant = participant
         self.token = token
         self.app = create_app(participant, token=token, max_body_bytes=max_body_bytes,
@@ -403,7 +441,7 @@ class GymServer:
         self.url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else \
             f"http://{bound_host}:{bound_port}"
         config = uvicorn.Config(self.app, log_config=None, log_level=log_level.lower(),
-                                access_log=False, lifespan="off", http="h11", loop="asyncio",
+                                access_log=False, lifespan="off", http=http_protocol(http), loop="asyncio",
                                 timeout_graceful_shutdown=graceful_s, backlog=2048)
         self._handle_signals = handle_signals
         self._config = config
@@ -446,4 +484,4 @@ async def serve_async(participant: Participant, *, token: str, host: str = "127.
 
 def serve(participant: Participant, **kwargs: Any) -> None:
     """The blocking form of :func:`serve_async`."""
-    asyncio.run(serve_async(participant, **kwargs))
+    run_event_loop(serve_async(participant, **kwargs))

@@ -215,6 +215,8 @@ class SqliteStore:
         self._processed_ticket = 0        # every ticket up to here was tried
         self._pending: dict[tuple[Any, ...], Record] = {}   # failed, to write again
         self._failures = 0                # failed writes in a row
+        self.transactions = 0             # committed transactions (one fsync each)
+        self.records_written = 0
         self._last_error: BaseException | None = None
         self._crashed = False
         self._waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -367,6 +369,8 @@ class SqliteStore:
             conn.execute(_UPSERT_FENCE, (fence.phase.value, fence.active,
                                          json.dumps(fence.answers).encode(), fence.lease_until))
         conn.execute("COMMIT")
+        self.transactions += 1
+        self.records_written += len(records)
 
     def _publish(self, ticket: int, *, ok: bool) -> None:
         with self._lock:

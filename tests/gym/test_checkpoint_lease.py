@@ -83,7 +83,7 @@ async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
 @pytest.mark.slow
 async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(tmp_path,
                                                                              wire_for):
-    with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", "6"]) as srv:
+    with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", "15"]) as srv:
         wire = wire_for(srv)
         assert (await wire.run("done")).status == 200
         assert (await wire.prepare("cp-k", deadline_s=0.5)).code == "agent_prepare_incomplete"
@@ -95,7 +95,7 @@ async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(t
         assert (after["phase"], after["active_checkpoint_id"]) == ("preparing", "cp-k")
         assert after["deadline_ts"] == pytest.approx(before["deadline_ts"], abs=1.0)
         assert (await wire.run("new")).code == "agent_admission_closed"
-        await _until_idle(wire, timeout_s=20)
+        await _until_idle(wire, timeout_s=40)
         assert (await wire.run("new")).status == 200
         assert (await wire.prepare("cp-k")).code == "stale_checkpoint"
 

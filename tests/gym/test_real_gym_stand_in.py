@@ -45,3 +45,12 @@ async def test_status_during_prepare_lists_running_attempts_as_park_requested(wi
         assert (await prepare).status == 200
         await wire.resume("cp-park")
         assert (await run).status == 500             # a run retired: a real Gym's plain 500
+
+
+async def test_no_receipt_or_replayed_header_behind_the_stand_in(wire_for):
+    with GymServerThread() as srv, RealGymStandIn(srv.endpoint) as gym:
+        wire = wire_for(gym)
+        for _ in range(2):
+            got = await wire.run("rX")
+            assert got.status == 200
+            assert "x-gym-completion-receipt" not in got.headers and not got.replayed

@@ -153,3 +153,15 @@ async def test_result_identity_falls_back_to_the_digest(wire_for):
     assert receipt["result_identity"] == receipt["result_digest"]
     assert receipt["result_digest"] == hashlib.sha256(
         json.dumps({"n": 1, "text": "no id here"}, separators=(",", ":")).encode()).hexdigest()
+
+
+async def test_the_run_answer_carries_its_receipt_in_a_header(wire):
+    from rl_gym_actors.protocol import RECEIPT_HEADER, CompletionReceipt, result_digest
+
+    fresh = await wire.run("rH", reward=0.25)
+    receipt = json.loads(fresh.headers[RECEIPT_HEADER])
+    assert receipt == (await wire.receipt("rH")).json["completion_receipt"]
+    assert CompletionReceipt.model_validate(receipt).result_digest == result_digest(fresh.json)
+    replay = await wire.run("rH", reward=0.25)
+    assert replay.replayed and replay.headers[RECEIPT_HEADER] == fresh.headers[RECEIPT_HEADER]
+    assert "receipt-header" in (await wire.capabilities()).json["features"]
