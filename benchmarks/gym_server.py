@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
@@ -148,6 +149,37 @@ def measure(server: Any, name: str, concurrency: int, n: int, trial: int) -> dic
 
 # ---------------------------------------------------------------- the benchmark
 
+def py_spy_available() -> bool:
+    return shutil.which("py-spy") is not None or os.path.exists(
+        os.path.join(os.path.dirname(sys.executable), "py-spy"))
+
+
+# frames that every request passes through (the loop, uvicorn's and Starlette's wrappers): left
+# out of the "including callees" column so that it shows where the time goes
+_WRAPPERS = ("runpy", "cli.py:", "runners.py:", "base_events.py:", "events.py:Handle._run",
+             "applications.py:", "errors.py:ServerErrorMiddleware", "_asgi.py:",
+             "_body_limit.py:", "exceptions.py:ExceptionMiddleware", "asyncexitstack.py:",
+             "proxy_headers.py:", "_exception_handler.py:wrap_app_handling_exceptions.<locals>"
+             ".wrapped_app", "uvloop")
+
+
+def _profile(server: Any, n: int) -> tuple[int, list, list] | None:
+    """py-spy's top functions on ``server`` while ``n`` cycles run at concurrency 16."""
+    from profile_gym_server import profile_load, top_functions
+
+    raw = Path(tempfile.mktemp(prefix="gym-server-profile-", suffix=".txt"))
+    try:
+        profile_load(server.pid, lambda: asyncio.run(cycles(server.url, n, 16, "profile")), raw)
+        samples, own, total = top_functions(raw, 60)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        progress(f"py-spy profile skipped: {exc!r}")
+        return None
+    finally:
+        raw.unlink(missing_ok=True)
+    total = [t for t in total if not any(w in t[0] for w in _WRAPPERS)]
+    return samples, own[:15], total[:15]
+
+
 SERVERS = ("ceiling", "memory", "state-dir", "state-dir-header")
 HEADER_ROWS = ("state-dir-header",)
 LABEL = {"ceiling": "aiohttp hello world (ceiling)", "memory": "gym serve, in memory",
@@ -191,6 +223,7 @@ def body(result: Result, args: Any) -> None:
                 result.rows.append(row)
                 progress(f"c={c} {s}: {row['cycles_per_s']:.0f} cycles/s "
                          f"({row['ratio_to_ceiling']:.2f} of the ceiling)")
+        profile = _profile(servers["state-dir"], n[16]) if py_spy_available() else None
     finally:
         for name, server in servers.items():
             if name not in HEADER_ROWS:
@@ -207,6 +240,14 @@ def body(result: Result, args: Any) -> None:
         [[LABEL[r["server"]], r["concurrency"], r["cycles_per_s"], r["requests_per_s"],
           r["ratio_to_ceiling"], r["p50_ms"], r["p99_ms"], r["server_cpu_ms_per_cycle"],
           r["errors"]] for r in result.rows])
+    if profile is not None:
+        samples, own, total = profile
+        result.add_table(
+            f"py-spy on the --state-dir server during {n[16]} more cycles at concurrency 16 "
+            f"({samples} samples): the functions with the most samples, own time and "
+            f"including callees (`benchmarks/profile_gym_server.py` prints more):",
+            ["own %", "function (own time)", "incl. %", "function (with callees)"],
+            [[round(o[1], 1), o[0], round(t[1], 1), t[0]] for o, t in zip(own, total)])
     result.notes.append("The ceiling does no work per request: its ratio shows what HTTP itself "
                         "costs here; the rest of a gym row's gap is FastAPI routing, the "
                         "participant's decisions and (state-dir) the fsync before each answer.")

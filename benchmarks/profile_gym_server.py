@@ -14,14 +14,16 @@ import argparse
 import asyncio
 import collections
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from gym_server import TOKEN, cycles
 
 from rl_gym_actors.testing.gym_process import GymServerProcess
 
@@ -33,7 +35,9 @@ def _frame(frame: str) -> str:
     return f"{Path(path).name}:{name}"
 
 
-def summarize(collapsed: Path, top: int) -> str:
+def top_functions(collapsed: Path, top: int) -> tuple[int, list[tuple[str, float]],
+                                                       list[tuple[str, float]]]:
+    """Samples, and the ``top`` functions by own time and by time including callees (percent)."""
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
     samples = 0
@@ -47,34 +51,28 @@ def summarize(collapsed: Path, top: int) -> str:
         own[frames[-1]] += n
         for f in set(frames):
             total[f] += n
+    pct = lambda c: [(f, 100 * n / max(samples, 1)) for f, n in c.most_common(top)]  # noqa: E731
+    return samples, pct(own), pct(total)
+
+
+def summarize(collapsed: Path, top: int) -> str:
+    samples, own, total = top_functions(collapsed, top)
     lines = [f"{samples} samples", "", "own time:"]
-    lines += [f"  {100 * n / samples:5.1f}%  {f}" for f, n in own.most_common(top)]
+    lines += [f"  {p:5.1f}%  {f}" for f, p in own]
     lines += ["", "including callees:"]
-    lines += [f"  {100 * n / samples:5.1f}%  {f}" for f, n in total.most_common(top)]
+    lines += [f"  {p:5.1f}%  {f}" for f, p in total]
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--state-dir", action="store_true")
-    ap.add_argument("--cycles", type=int, default=3000)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", default=None, help="keep py-spy's collapsed stacks here")
-    args = ap.parse_args()
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+def profile_load(pid: int, load: Callable[[], Any], out: Path) -> Any:
+    """Run ``load()`` while py-spy samples process ``pid`` into ``out`` (collapsed stacks)."""
     state_dir = tempfile.mkdtemp(prefix="gym-profile-") if args.state_dir else None
     raw = Path(args.out or tempfile.mktemp(prefix="gym-profile-", suffix=".txt"))
     server = GymServerProcess(token=TOKEN, allow_faults=False, state_dir=state_dir).start()
     try:
         asyncio.run(cycles(server.url, 200, args.concurrency, "warm"))
-        spy = subprocess.Popen([py_spy, "record", "--pid", str(server.pid), "--format", "raw",
-                                "--rate", "200", "--output", str(raw), "--nonblocking"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(1.0)
-        out = asyncio.run(cycles(server.url, args.cycles, args.concurrency, "prof"))
-        spy.send_signal(subprocess.signal.SIGINT)
-        spy.wait(30)
+        out = profile_load(server.pid, lambda: asyncio.run(
+            cycles(server.url, args.cycles, args.concurrency, "prof")), raw)
     finally:
         server.stop()
         if state_dir:

@@ -81,6 +81,7 @@ class FaultHooks(Protocol):
 
     def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None: ...
     def drop_reply(self, key: ExecutionKey) -> bool: ...
+    def withhold_receipt(self, key: ExecutionKey) -> bool: ...
     def receipt_delay(self, key: ExecutionKey) -> float: ...
 
 
@@ -242,7 +243,8 @@ def create_app(participant: Participant, *, token: str,
         if faults is not None:
             faults.observe_run(key, row)
         answer = await participant.run(key, row)
-        headers = {RECEIPT_HEADER: answer.receipt.decode("ascii")}      # canonical JSON, ASCII
+        headers = {} if faults is not None and faults.withhold_receipt(key) else {
+            RECEIPT_HEADER: answer.receipt.decode("ascii")}              # canonical JSON, ASCII
         if answer.replayed:
             headers[REPLAYED_HEADER] = "1"
         elif faults is not None and faults.drop_reply(key):
@@ -456,6 +458,32 @@ class GymServer:
         finally:
             self.socket.close()
             await self.participant.aclose()
+
+    def serve_in_thread(self, timeout_s: float, *, name: str | None = None
+                        ) -> threading.Thread:
+        """Serve in a daemon thread with an event loop of its own; return once requests are
+        accepted. Raises RuntimeError (from what failed) when it does not start in time."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                asyncio.run(self.serve(on_ready=ready.set))
+            except BaseException as exc:       # surfaced below, or by the caller's join
+                failed.append(exc)
+            finally:
+                ready.set()
+
+        thread = threading.Thread(target=serve, name=name or f"gym-server-{self.port}",
+                                  daemon=True)
+        thread.start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"Gym server thread not ready within {timeout_s}s")
+        if failed or not thread.is_alive():
+            raise RuntimeError(f"Gym server thread failed to start: "
+                               f"{failed[0] if failed else 'exited'!r}") from (
+                failed[0] if failed else None)
+        return thread
 
     def stop(self) -> None:
         """Ask the server to shut down (safe from any thread)."""

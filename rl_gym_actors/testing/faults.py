@@ -7,7 +7,8 @@ fields; without it they are ordinary row data that the simulated agent ignores:
   is dropped: the connection closes without a complete response. Replays answer normally. This
   is a reply lost after Gym finished the run.
 - ``receipt_delay_s`` (float): the first receipt request for the key answers only after that many
-  seconds; later ones at once. This is RL's per-row receipt fetch timing out.
+  seconds; later ones at once. This is RL's per-row receipt fetch timing out. The key's ``/run``
+  answers carry no (ext) receipt header, so that the caller has to fetch it.
 
 A plan is taken from the first row seen for a key; later rows for the key do not change it.
 """
@@ -88,6 +89,12 @@ class FaultInjector:
                 self.dropped += 1
                 return True
             return False
+
+    def withhold_receipt(self, key: ExecutionKey) -> bool:
+        """Whether the key's /run answers leave the receipt header out (a receipt delay is
+        planned for it: the caller must fetch)."""
+        with self._lock:
+            return key in self._delay
 
     def receipt_delay(self, key: ExecutionKey) -> float:
         """The delay of the key's first receipt request, then 0."""

@@ -14,7 +14,6 @@ and takes a free one only if that port is gone, so read ``.url`` after a restart
 from __future__ import annotations
 
 import abc
-import asyncio
 import json
 import os
 import queue
@@ -210,7 +209,6 @@ class GymServerThread(_Base):
         self.faults: Any = None
         self._port = 0
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
 
     @property
     def participant(self) -> Any:
@@ -227,24 +225,10 @@ class GymServerThread(_Base):
             self._build(self._port)
         except OSError:
             self._build(0)                  # the old port is taken: take a free one
-        ready = threading.Event()
-        self._error = None
-
-        def serve() -> None:
-            try:
-                asyncio.run(self.server.serve(on_ready=ready.set))
-            except BaseException as exc:   # surfaced by start() or stop()
-                self._error = exc
-            finally:
-                ready.set()
-
-        self._thread = threading.Thread(target=serve, name=f"gym-server-{self._port}",
-                                        daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout_s):
-            raise GymServerError(f"server thread not ready within {timeout_s}s")
-        if self._error is not None or not self.running:
-            raise GymServerError(f"server thread failed to start: {self._error!r}")
+        try:
+            self._thread = self.server.serve_in_thread(timeout_s)
+        except RuntimeError as exc:
+            raise GymServerError(str(exc)) from exc
         return self
 
     def _build(self, port: int) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+import nemo_rl_checkpoint_models as models
 
 from rl_gym_actors.gym.agents import LineagedReply, simulated_agent
 from rl_gym_actors.protocol import ModelLineage, capture_key
@@ -21,16 +23,7 @@ NonNegative = Annotated[int, Field(strict=True, ge=0)]
 Positive = Annotated[int, Field(strict=True, ge=1)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Workers(_Strict):
-    mode: Literal["single_worker", "coordinator", "unmanaged"]
-    num_workers: Positive
-
-
-class StrictCapabilities(_Strict):
+class StrictCapabilities(models.Strict):
     component: Literal["responses_api_models", "responses_api_agents", "resources_servers"]
     name: str = Field(min_length=1)
     schema_version: Literal[1]
@@ -38,7 +31,7 @@ class StrictCapabilities(_Strict):
     checkpoint_mode: Literal["stateless", "export_restore"]
     concurrency_contract: Literal["stateless", "serialized_per_session",
                                   "transactional_parallel"]
-    multi_process: Workers
+    multi_process: models.MultiProcess
     instance_role: Literal["policy", "auxiliary"] | None = None
     phase: Literal["idle", "preparing", "prepared", "committing", "committed_paused",
                    "restoring", "restore_failed_paused", "restored_paused"]
@@ -47,7 +40,7 @@ class StrictCapabilities(_Strict):
     features: list[str] = Field(default_factory=list)
 
 
-class StrictReceipt(_Strict):
+class StrictReceipt(models.Strict):
     rollout_id: str = Field(min_length=1, pattern=ID)
     attempt_index: NonNegative
     execution_generation: Positive
