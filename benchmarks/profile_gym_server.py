@@ -66,6 +66,28 @@ def summarize(collapsed: Path, top: int) -> str:
 
 def profile_load(pid: int, load: Callable[[], Any], out: Path) -> Any:
     """Run ``load()`` while py-spy samples process ``pid`` into ``out`` (collapsed stacks)."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw",
+                            "--rate", "200", "--output", str(out), "--nonblocking"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)                      # py-spy attaches
+        return load()
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+
+
+def main() -> int:
+    from gym_server import TOKEN, cycles
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--state-dir", action="store_true")
+    ap.add_argument("--cycles", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=None, help="keep py-spy's collapsed stacks here")
+    args = ap.parse_args()
     state_dir = tempfile.mkdtemp(prefix="gym-profile-") if args.state_dir else None
     raw = Path(args.out or tempfile.mktemp(prefix="gym-profile-", suffix=".txt"))
     server = GymServerProcess(token=TOKEN, allow_faults=False, state_dir=state_dir).start()
