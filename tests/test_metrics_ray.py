@@ -31,7 +31,7 @@ def test_wrappers_are_backed_by_ray_metrics_inside_a_worker(ray_session):
     assert total == 3 and prepare_s == 0.25
 
 
-@pytest.mark.slow            # Ray's agent exports on its own interval (about ten seconds)
+@pytest.mark.slow            # Ray exports on its own interval (2 s in the suite: conftest)
 def test_an_rlga_metric_reaches_rays_metrics_endpoint(ray_session):
     @ray_session.remote(num_cpus=0)
     def record() -> None:

@@ -393,6 +393,30 @@ class _Uvicorn(uvicorn.Server):
         self._handle_signals = handle_signals
         self._on_ready = on_ready
         self._before_shutdown = before_shutdown
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        """uvicorn's tick loop (every 0.1 s), except that :meth:`request_exit` wakes it at once
+        instead of at the next tick."""
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    def request_exit(self, *, force: bool = False) -> None:
+        """Stop serving (safe from any thread); ``force``: without waiting for connections."""
+        if force:
+            self.force_exit = True
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):     # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake.set)
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
@@ -409,9 +433,8 @@ class _Uvicorn(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
     def _on_signal(self) -> None:
-        if self.should_exit:
-            self.force_exit = True       # a second signal: stop waiting for connections
-        self.should_exit = True
+        # a second signal: stop waiting for connections
+        self.request_exit(force=self.should_exit)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -488,15 +511,14 @@ class GymServer:
     def stop(self) -> None:
         """Ask the server to shut down (safe from any thread)."""
         if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
+            self._uvicorn.request_exit()
 
     def kill(self) -> None:
         """Stop as a crash would: the store stops writing at once, nothing is shut down
         gracefully. For in-process tests of a restart (safe from any thread)."""
         self.participant.store.crash()
         if self._uvicorn is not None:
-            self._uvicorn.force_exit = True
-            self._uvicorn.should_exit = True
+            self._uvicorn.request_exit(force=True)
 
 
 async def serve_async(participant: Participant, *, token: str, host: str = "127.0.0.1",
