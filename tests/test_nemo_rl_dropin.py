@@ -20,7 +20,7 @@ from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nem
 
 import nemo_rl_checkpoint_models as models
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 POLICY = {"rollout_s": 2.0, "receipt_s": 0.5, "max_tries": 1, "control_s": 2.0,
           "admission_wait_s": 30.0}

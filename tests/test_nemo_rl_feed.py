@@ -14,7 +14,7 @@ from rl_gym_actors.integrations.nemo_rl_feed import FeedClosed, RolloutFeed, che
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.testing.gym_process import GymServerThread
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 async def test_rows_fed_one_by_one_share_a_stream_and_a_refused_row_reopens_it(ray_session):

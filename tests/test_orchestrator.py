@@ -36,7 +36,8 @@ def gyms(agent):
         yield a, b
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-per-actor", "2-per-actor"])
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.slow)],
+                ids=["1-per-actor", "2-per-actor"])
 def orch(request, ray_session, gyms):
     endpoints = [GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab")]
     with Orchestrator(endpoints, policy=POLICY, pool_size=2,

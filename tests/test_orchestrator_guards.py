@@ -15,6 +15,8 @@ from rl_gym_actors.errors import ConfigError, EndpointCheckFailed
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import WIRE_INT_MAX
 
+pytestmark = pytest.mark.slow   # Ray end to end: `make test` runs it
+
 POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=2, control_s=5.0)
 
 

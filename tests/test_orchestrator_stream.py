@@ -18,7 +18,7 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 POLICY = TryPolicy(rollout_s=60.0, receipt_s=1.0, max_tries=2, control_s=5.0,
                    admission_wait_s=10.0)

@@ -19,6 +19,8 @@ from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
+pytestmark = pytest.mark.slow   # Ray end to end: `make test` runs it
+
 AGENT_TEXT = "the row asked the simulated agent to fail"     # what the agent raises
 
 

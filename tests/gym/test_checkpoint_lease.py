@@ -48,6 +48,7 @@ async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_
         assert warning.checkpoint_id == "cp-lost" and warning.levelno == logging.WARNING
 
 
+@pytest.mark.slow       # timing-bound (a 0.5 s lease against call latency)
 async def test_calls_for_the_id_renew_its_lease(wire_for, tmp_path):
     with GymServerThread(args=["--checkpoint-lease-s", "0.5"]) as srv:
         wire = wire_for(srv)
@@ -106,6 +107,7 @@ def _abort(url: str, checkpoint_id: str, token: str) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow       # runs the command line in a subprocess
 @pytest.mark.parametrize("real", [False, True])
 async def test_gym_abort_from_a_shell_reopens_admission(wire_for, real):
     with GymServerThread() as srv:
