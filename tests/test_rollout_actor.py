@@ -257,3 +257,20 @@ async def test_a_real_gym_without_the_receipt_route_still_seals_and_adopts(agent
         snap = server.participant.snapshot()
         assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0
         assert "receipts come from its status" in caplog.text
+        assert (await w.snapshot()).receipts_with_run == 0
+
+
+async def test_the_receipt_sent_with_the_run_answer_saves_the_fetch(gym, ctl, agent):
+    """Our server sends the receipt beside the /run answer (and beside a replay's): no receipt
+    fetch for a fresh seal nor for an adoption; the digest is still checked against the reply."""
+    w = worker(gym)
+    fresh, lost = await asyncio.gather(
+        w.run_rollout({"reward": 0.5}, "rH-fresh"),
+        w.run_rollout({"reward": 0.25, "drop_reply": True}, "rH-lost"))
+    assert (fresh.status, fresh.adopted, lost.status, lost.adopted) == (
+        "sealed", False, "sealed", True)
+    assert fresh.receipt.result_digest and lost.reward == 0.25
+    snap = await w.snapshot()
+    assert (snap.receipts_with_run, snap.receipts_fetched) == (2, 0)
+    await assert_nothing_left(ctl)
+    await w.close()
