@@ -30,6 +30,8 @@ async def kill_mid_checkpoint(server, client: GymClient, tmp_path, deadline_s: f
     it and its Ray. Returns when the kill is done (and checked), with the time it checkpointed."""
     driver = DriverProcess(["--url", server.url, "--token", server.token, "--run-id", "grpo-7",
                             "--rows", "3", "--slow-row-s", "60", "--checkpoint-id", "step-1",
+                            # one rollout actor (2 slots: the slow row and the rows after it)
+                            "--pool", "1",
                             "--checkpoint-dir", str(tmp_path / "old"),
                             "--deadline-s", str(deadline_s)])
     try:

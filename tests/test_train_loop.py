@@ -42,8 +42,11 @@ def test_rows_are_deterministic_per_step_and_name_their_action(loop):
 def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop, tmp_path):
     out = tmp_path / "summary.json"
     env = {**os.environ, "RLGA_PROGRESS": "0"}
-    proc = subprocess.run([sys.executable, loop.__file__, "--quick", "--workdir",
-                           str(tmp_path / "work"), "--json", str(out)],
+    # 2 rollout actors x 12 slots (--quick's 4 x 8 start two more worker processes per trainer,
+    # the most of this test's time on 2 cores): still one wave per step of 24 rows
+    proc = subprocess.run([sys.executable, loop.__file__, "--quick", "--pool-size", "2",
+                           "--per-actor", "12", "--workdir", str(tmp_path / "work"),
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
