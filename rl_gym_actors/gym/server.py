@@ -79,7 +79,8 @@ M = TypeVar("M", bound=BaseModel)
 class FaultHooks(Protocol):
     """What the server asks a fault injector (see :mod:`rl_gym_actors.testing.faults`)."""
 
-    def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None: ...
+    def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None:
+        """A ``/run`` row of a key the participant does not know yet (its first row)."""
     def drop_reply(self, key: ExecutionKey) -> bool: ...
     def withhold_receipt(self, key: ExecutionKey) -> bool: ...
     def receipt_delay(self, key: ExecutionKey) -> float: ...
@@ -240,8 +241,8 @@ def create_app(participant: Participant, *, token: str,
         except ValueError as exc:
             raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
         key = _run_key(row)
-        if faults is not None:
-            faults.observe_run(key, row)
+        if faults is not None and participant.core.state_of(key) is None:
+            faults.observe_run(key, row)        # only a key's first row plans its faults
         answer = await participant.run(key, row)
         headers = {} if faults is not None and faults.withhold_receipt(key) else {
             RECEIPT_HEADER: answer.receipt.decode("ascii")}              # canonical JSON, ASCII

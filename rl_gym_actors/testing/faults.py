@@ -10,7 +10,9 @@ fields; without it they are ordinary row data that the simulated agent ignores:
   seconds; later ones at once. This is RL's per-row receipt fetch timing out. The key's ``/run``
   answers carry no (ext) receipt header, so that the caller has to fetch it.
 
-A plan is taken from the first row seen for a key; later rows for the key do not change it.
+A plan is taken from the first row seen for a key; later rows for the key do not change it. The
+server shows the injector only a key's first row (a key it does not know yet), so the injector
+remembers no key without a plan, and a plan only until it fires: a long run costs it no memory.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class FaultInjector:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[ExecutionKey] = set()
         self._drop: set[ExecutionKey] = set()
         self._delay: dict[ExecutionKey, float] = {}
         self.dropped = 0
@@ -70,16 +71,20 @@ class FaultInjector:
         logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)   # added once only
 
     def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None:
-        """Called with every ``/run`` row before it is decided; the first row of a key counts."""
+        """Called with the first ``/run`` row of a key (one the server does not know yet),
+        before it is decided."""
         with self._lock:
-            if key in self._seen:
-                return
-            self._seen.add(key)
             if row.get(DROP_REPLY) is True:
                 self._drop.add(key)
             delay = row.get(RECEIPT_DELAY_S)
             if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
                 self._delay[key] = float(delay)
+
+    @property
+    def planned(self) -> int:
+        """How many keys hold a fault that has not fired yet (all the injector remembers)."""
+        with self._lock:
+            return len(self._drop) + len(self._delay)
 
     def drop_reply(self, key: ExecutionKey) -> bool:
         """True once, for the first (not replayed) answer of a key planned to drop."""

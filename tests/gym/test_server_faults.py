@@ -59,3 +59,24 @@ def test_row_helpers():
     assert row == {**ROW, "drop_reply": True, "receipt_delay_s": 2.0}
     assert without_faults(row) == ROW
     assert with_faults(ROW) == ROW
+
+
+async def test_the_injector_holds_nothing_for_plain_rows_or_fired_plans(agent, wire_for):
+    """A long run must not grow the server: the injector keeps only plans not yet fired."""
+    with GymServerThread(agent=agent, allow_faults=True) as server:
+        w = wire_for(server)
+
+        def held() -> int:        # entries in every container the injector owns
+            return sum(len(v) for v in vars(server.faults).values()
+                       if isinstance(v, (set, dict, list)))
+
+        for i in range(30):
+            assert (await w.run(f"rM{i}")).status == 200
+        assert held() == 0
+        assert (await w.run("rM-late", receipt_delay_s=0.05)).status == 200
+        assert server.faults.planned == 1
+        assert (await w.receipt("rM-late", timeout_s=5)).status == 200     # fires the plan
+        replay = await w.run("rM-late", receipt_delay_s=5, drop_reply=True)
+        assert replay.status == 200 and replay.replayed                  # not the first row
+        assert (await w.receipt("rM-late", timeout_s=2)).status == 200
+        assert held() == 0 and server.faults.planned == 0
