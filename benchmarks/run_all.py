@@ -28,7 +28,7 @@ from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, m
 from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
 BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
-              "soak", "gym_server", "chaos", "hotpath_profile"]
+              "soak", "gym_server_memory", "gym_server", "chaos", "hotpath_profile"]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
@@ -403,6 +403,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
               "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
               "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
               "soak": "Soak: memory over a long run",
+              "gym_server_memory": "Gym server memory over a long run (no Ray)",
               "gym_server": "Gym server on its own (written by the server engineer)",
               "chaos": "Chaos: one fault per row"}
     for name in BENCHMARKS:
