@@ -70,7 +70,9 @@ def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loo
     env = {**os.environ, "RLGA_PROGRESS": "0"}
     proc = subprocess.run([sys.executable, loop.__file__, "--via-nemo-rl", "--steps", "4",
                            "--prompts", "4", "--group", "3", "--ckpt-every", "2",
-                           "--crash-in-step", "3", "--fault-rate", "0.1", "--workdir",
+                           "--crash-in-step", "3", "--fault-rate", "0.1",
+                           "--pool-size", "1", "--per-actor", "12",     # 12 rows: one wave
+                           "--workdir",
                            str(tmp_path / "work"), "--json", str(out)],
                           capture_output=True, text=True, timeout=240, env=env)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
