@@ -245,13 +245,12 @@ def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             os.kill(server.pid, signal.SIGSTOP)
             fault = time.monotonic()
-            start = time.monotonic()
             try:
                 orch.checkpoint("frozen", str(tmp / "frozen"), deadline_s=3.0)
                 failed_fast = False
             except CheckpointFailed:
                 failed_fast = True
-            ckpt_s = time.monotonic() - start
+            ckpt_s = time.monotonic() - fault
             outcomes = orch.run_batch(_rows("fz", sizes, n=sizes.pool * sizes.per_actor))
             row.count(outcomes)
             os.kill(server.pid, signal.SIGCONT)
