@@ -23,23 +23,36 @@ from typing import Any
 import common  # noqa: F401  (puts the repository on sys.path)
 from common import REPO, Result, bench_main, progress
 
-COLUMNS = ["scenario", "what a user expects", "rows", "sealed", "failed (reason)",
-           "failed (no reason)", "Gym running / un-ACKed after", "checkpoint committed",
-           "time to recover s", "rewards counted twice", "as expected", "what happened"]
+COLUMNS = [
+    "scenario",
+    "what a user expects",
+    "rows",
+    "sealed",
+    "failed (reason)",
+    "failed (no reason)",
+    "Gym running / un-ACKed after",
+    "checkpoint committed",
+    "time to recover s",
+    "rewards counted twice",
+    "as expected",
+    "what happened",
+]
 
 
 def _in_own_process(name: str, quick: bool) -> dict[str, Any]:
-    code = ("import json, sys; from rl_gym_actors.testing import chaos; "
-            f"row = chaos.run({name!r}, chaos.{'QUICK' if quick else 'FULL'}); "
-            "print('CHAOS-ROW ' + json.dumps(row.as_dict()))")
+    code = (
+        "import json, sys; from rl_gym_actors.testing import chaos; "
+        f"row = chaos.run({name!r}, chaos.{'QUICK' if quick else 'FULL'}); "
+        "print('CHAOS-ROW ' + json.dumps(row.as_dict()))"
+    )
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     for line in out.stdout.splitlines():
         if line.startswith("CHAOS-ROW "):
-            return json.loads(line[len("CHAOS-ROW "):])
-    raise RuntimeError(f"{name} in its own process failed ({out.returncode}): "
-                       f"{out.stderr[-2000:]}")
+            return json.loads(line[len("CHAOS-ROW ") :])
+    raise RuntimeError(f"{name} in its own process failed ({out.returncode}): {out.stderr[-2000:]}")
 
 
 def body(result: Result, args: Any) -> None:
@@ -48,11 +61,14 @@ def body(result: Result, args: Any) -> None:
 
     sizes = chaos.QUICK if args.quick else chaos.FULL
     result.params.update(sizes.__dict__)
-    names = args.only or [n for n in chaos.SCENARIOS
-                          if n != "driver_killed_lease" or chaos.server_has_leases()]
+    names = args.only or [
+        n for n in chaos.SCENARIOS if n != "driver_killed_lease" or chaos.server_has_leases()
+    ]
     if "driver_killed_lease" not in names:
-        result.notes.append("The Gym server has no checkpoint lease yet (`gym serve "
-                            "--checkpoint-lease-s`): the driver row shows abort_checkpoint only.")
+        result.notes.append(
+            "The Gym server has no checkpoint lease yet (`gym serve "
+            "--checkpoint-lease-s`): the driver row shows abort_checkpoint only."
+        )
     ensure_ray(num_cpus=4)
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -63,30 +79,53 @@ def body(result: Result, args: Any) -> None:
                 row = _in_own_process(name, args.quick)
             else:
                 row = chaos.run(name, sizes).as_dict()
-        except Exception as exc:                 # a scenario that breaks is a row that says so
+        except Exception as exc:  # a scenario that breaks is a row that says so
             row = chaos.ChaosRow(name, "-", happened=f"scenario raised {exc!r}"[:400]).as_dict()
         row["name"] = name
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        progress(f"chaos: {name} {'as expected' if row['ok'] else 'NOT as expected'} in "
-                 f"{row['seconds']}s: {row['happened']}")
+        progress(
+            f"chaos: {name} {'as expected' if row['ok'] else 'NOT as expected'} in "
+            f"{row['seconds']}s: {row['happened']}"
+        )
         rows.append(row)
     result.rows = rows
 
     def gym(r: dict[str, Any]) -> str:
         return "-" if r["gym_running"] is None else f"{r['gym_running']} / {r['gym_unacked']}"
 
-    result.add_table("One fault per row (the scenario's own sizes; quick: 16 rows on 2 actors x 2 "
-                     "slots unless the row says otherwise):", COLUMNS,
-                     [[r["scenario"], r["expected"], r["rows"], r["sealed"], r["failed_reason"],
-                       r["failed_silent"], gym(r), r["committed"], r["recover_s"],
-                       r["rewards_twice"], r["ok"], r["happened"]] for r in rows])
-    result.notes.append("Time to recover: from the fault to the first checkpoint that committed "
-                        "after it (Gym dead: to the end of the batch, every row failed with its "
-                        "cause); 'checkpoint committed' is 'no' where none can (Gym dead).")
+    result.add_table(
+        "One fault per row (the scenario's own sizes; quick: 16 rows on 2 actors x 2 "
+        "slots unless the row says otherwise):",
+        COLUMNS,
+        [
+            [
+                r["scenario"],
+                r["expected"],
+                r["rows"],
+                r["sealed"],
+                r["failed_reason"],
+                r["failed_silent"],
+                gym(r),
+                r["committed"],
+                r["recover_s"],
+                r["rewards_twice"],
+                r["ok"],
+                r["happened"],
+            ]
+            for r in rows
+        ],
+    )
+    result.notes.append(
+        "Time to recover: from the fault to the first checkpoint that committed "
+        "after it (Gym dead: to the end of the batch, every row failed with its "
+        "cause); 'checkpoint committed' is 'no' where none can (Gym dead)."
+    )
     bad = [r["name"] for r in rows if not r["ok"]]
-    result.extra["headline"] = (f"{len(rows) - len(bad)} of {len(rows)} chaos scenarios as "
-                                f"expected" + (f"; not: {', '.join(bad)}" if bad else ""))
-    if bad:                                      # the table is written all the same
+    result.extra["headline"] = (
+        f"{len(rows) - len(bad)} of {len(rows)} chaos scenarios as "
+        f"expected" + (f"; not: {', '.join(bad)}" if bad else "")
+    )
+    if bad:  # the table is written all the same
         progress(f"chaos: NOT as expected: {bad}")
 
 

@@ -24,8 +24,9 @@ import asyncio
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import common
 from common import Result, bench_main, progress, ratio
@@ -33,18 +34,30 @@ from fleet import Fleet, gym_counts, leave_finished, leave_running
 
 from rl_gym_actors.config import GymEndpoint
 
-QUICK = dict(sizes=[0, 100, 1000], servers=[1, 4], kinds=["finished", "running", "sealed"],
-             small_trials=3, large_trials=2, large_from=1000)
-FULL = dict(sizes=[0, 100, 1000, 10_000], servers=[1, 4],
-            kinds=["finished", "running", "sealed"], small_trials=3, large_trials=1,
-            large_from=10_000)
-SEALED_SERVERS = 1          # sealed results are left by real rollouts: one server is enough
+QUICK = dict(
+    sizes=[0, 100, 1000],
+    servers=[1, 4],
+    kinds=["finished", "running", "sealed"],
+    small_trials=3,
+    large_trials=2,
+    large_from=1000,
+)
+FULL = dict(
+    sizes=[0, 100, 1000, 10_000],
+    servers=[1, 4],
+    kinds=["finished", "running", "sealed"],
+    small_trials=3,
+    large_trials=1,
+    large_from=10_000,
+)
+SEALED_SERVERS = 1  # sealed results are left by real rollouts: one server is enough
 DEADLINE_S = 300.0
-GATE_CONCURRENCY = 32        # what the checkpoint gate uses per endpoint
+GATE_CONCURRENCY = 32  # what the checkpoint gate uses per endpoint
 ACK_CHUNK = 500
 
 
 # ---------------------------------------------------------------- the baseline
+
 
 async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: str) -> dict:
     """The hand-written minimum, per endpoint at once: status, ACK / retire, prepare, commit,
@@ -55,17 +68,23 @@ async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: st
         deadline = time.time() + DEADLINE_S
         async with GymClient(ep, control_limit=GATE_CONCURRENCY) as client:
             st = await client.status(cid, deadline_ts=deadline)
-            receipts = [a.completion_receipt for a in st.completed_unacknowledged_attempts
-                        if a.completion_receipt is not None]
+            receipts = [
+                a.completion_receipt
+                for a in st.completed_unacknowledged_attempts
+                if a.completion_receipt is not None
+            ]
             for k in range(0, len(receipts), ACK_CHUNK):
-                await client.acknowledge_completed(receipts[k:k + ACK_CHUNK], deadline_ts=deadline)
+                await client.acknowledge_completed(
+                    receipts[k : k + ACK_CHUNK], deadline_ts=deadline
+                )
             running = [a for a in st.blocking_attempts if a.state == "running"]
             sem = asyncio.Semaphore(GATE_CONCURRENCY)
 
             async def retire(a: Any) -> None:
                 async with sem:
-                    await client.retire(a.rollout_id, a.attempt_index, checkpoint_id=cid,
-                                        deadline_ts=deadline)
+                    await client.retire(
+                        a.rollout_id, a.attempt_index, checkpoint_id=cid, deadline_ts=deadline
+                    )
 
             await asyncio.gather(*(retire(a) for a in running))
             report = await client.prepare(cid, deadline_ts=deadline)
@@ -81,6 +100,7 @@ async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: st
 
 # ---------------------------------------------------------------- ours
 
+
 class Gate:
     """This project's checkpoint, as a trainer calls it: ``Orchestrator.checkpoint``."""
 
@@ -89,8 +109,12 @@ class Gate:
         from rl_gym_actors.orchestrator import Orchestrator
 
         # one actor, many rollouts each: enough to leave thousands of sealed results quickly
-        self.orch = Orchestrator(list(endpoints), pool=PoolConfig(size=1, rollouts_per_actor=64),
-                                 orchestrator_id=f"bench-ckpt-{tag}", progress=False)
+        self.orch = Orchestrator(
+            list(endpoints),
+            pool=PoolConfig(size=1, rollouts_per_actor=64),
+            orchestrator_id=f"bench-ckpt-{tag}",
+            progress=False,
+        )
 
     def checkpoint(self, cid: str, cdir: str) -> Any:
         return self.orch.checkpoint(cid, cdir, deadline_s=DEADLINE_S)
@@ -99,13 +123,13 @@ class Gate:
         self.orch.close()
 
 
-def _leave(kind: str, endpoints: Sequence[GymEndpoint], n: int, prefix: str,
-           gate: Gate) -> None:
+def _leave(kind: str, endpoints: Sequence[GymEndpoint], n: int, prefix: str, gate: Gate) -> None:
     if n == 0:
         return
     if kind == "sealed":
-        outcomes = gate.orch.run_batch([{"_ng_rollout_id": f"{prefix}-{i}", "reward": 0.5}
-                                        for i in range(n)])
+        outcomes = gate.orch.run_batch(
+            [{"_ng_rollout_id": f"{prefix}-{i}", "reward": 0.5} for i in range(n)]
+        )
         if any(o.status != "sealed" or o.acked for o in outcomes):
             raise RuntimeError("sealed: a rollout did not end sealed and un-ACKed")
         return
@@ -139,11 +163,11 @@ def body(result: Result, args: Any) -> None:
                     continue
                 for n in p["sizes"]:
                     if n == 0 and kind != p["kinds"][0]:
-                        continue        # nothing left behind is the same for both kinds
+                        continue  # nothing left behind is the same for both kinds
                     trials = p["large_trials"] if n >= p["large_from"] else p["small_trials"]
                     ours, base, report = [], [], None
                     if n:
-                        fleet.restart()     # fresh, empty servers for each configuration
+                        fleet.restart()  # fresh, empty servers for each configuration
                     for t in range(trials):
                         for policy in ("ours", "direct"):
                             counter += 1
@@ -160,20 +184,30 @@ def body(result: Result, args: Any) -> None:
                                 asyncio.run(direct_checkpoint(eps, cid, str(tmp / cid)))
                                 base.append(time.perf_counter() - t0)
                             _check_clean(eps, f"{policy} {kind} n={n} servers={n_servers}")
-                    row = {"kind": kind if n else "none", "attempts": n, "servers": n_servers,
-                           "trials": trials, "ours_s": min(ours), "ours_s_trials": ours,
-                           "direct_s": min(base), "direct_s_trials": base,
-                           "ratio": ratio(min(ours), min(base)),
-                           "ours_ms_per_attempt": (min(ours) / n * 1e3) if n else None,
-                           "orphans_acked": report.orphans_acked if report else None,
-                           "sealed_acked": report.sealed_acked if report else None,
-                           "retired": report.retired if report else None,
-                           "adopted": report.adopted if report else None,
-                           "prepare_rounds": max(e.prepare_rounds for e in report.endpoints)
-                           if report else None}
+                    row = {
+                        "kind": kind if n else "none",
+                        "attempts": n,
+                        "servers": n_servers,
+                        "trials": trials,
+                        "ours_s": min(ours),
+                        "ours_s_trials": ours,
+                        "direct_s": min(base),
+                        "direct_s_trials": base,
+                        "ratio": ratio(min(ours), min(base)),
+                        "ours_ms_per_attempt": (min(ours) / n * 1e3) if n else None,
+                        "orphans_acked": report.orphans_acked if report else None,
+                        "sealed_acked": report.sealed_acked if report else None,
+                        "retired": report.retired if report else None,
+                        "adopted": report.adopted if report else None,
+                        "prepare_rounds": max(e.prepare_rounds for e in report.endpoints)
+                        if report
+                        else None,
+                    }
                     rows.append(row)
-                    progress(f"{row['kind']} n={n} servers={n_servers}: ours {row['ours_s']:.3f}s"
-                             f" direct {row['direct_s']:.3f}s")
+                    progress(
+                        f"{row['kind']} n={n} servers={n_servers}: ours {row['ours_s']:.3f}s"
+                        f" direct {row['direct_s']:.3f}s"
+                    )
     finally:
         for g in gates.values():
             g.close()
@@ -184,35 +218,64 @@ def body(result: Result, args: Any) -> None:
     result.add_table(
         "Time from checkpoint() to committed (best of the trials; every checkpoint verified clean "
         "on every server afterwards). Baseline: the hand-written minimum with the client, no Ray:",
-        ["left behind", "attempts", "servers", "ours (s)", "direct (s)", "ours / direct",
-         "ms per attempt (ours)", "orphans ACKed", "sealed ACKed", "retired", "prepare rounds"],
-        [[r["kind"], r["attempts"], r["servers"], r["ours_s"], r["direct_s"], r["ratio"],
-          r["ours_ms_per_attempt"], r["orphans_acked"], r.get("sealed_acked"), r["retired"],
-          r["prepare_rounds"]]
-         for r in rows])
+        [
+            "left behind",
+            "attempts",
+            "servers",
+            "ours (s)",
+            "direct (s)",
+            "ours / direct",
+            "ms per attempt (ours)",
+            "orphans ACKed",
+            "sealed ACKed",
+            "retired",
+            "prepare rounds",
+        ],
+        [
+            [
+                r["kind"],
+                r["attempts"],
+                r["servers"],
+                r["ours_s"],
+                r["direct_s"],
+                r["ratio"],
+                r["ours_ms_per_attempt"],
+                r["orphans_acked"],
+                r.get("sealed_acked"),
+                r["retired"],
+                r["prepare_rounds"],
+            ]
+            for r in rows
+        ],
+    )
     result.notes.append(
         "finished: status lists the un-ACKed attempts with their receipts, so the gate ACKs the "
         "orphans in acknowledge-completed batches of 500, as the baseline does; the difference "
-        "is the owners' flush and one Ray call to the ledger actor.")
+        "is the owners' flush and one Ray call to the ledger actor."
+    )
     result.notes.append(
         "running: the gate first closes admission with a short prepare slice (0.5 s, "
         "FIRST_SLICE_S in actors/checkpoint_gate.py) and flushes the owners again before it "
         "retires attempts nobody reported, because a live owner may have dispatched them after "
         "the last flush; the baseline knows there are no owners and retires at once. That slice "
-        "is the fixed cost at small sizes; retires (32 at once per server) dominate at large ones.")
+        "is the fixed cost at small sizes; retires (32 at once per server) dominate at large ones."
+    )
     result.notes.append(
-        "sealed: what ack=\"at_checkpoint\" (the default) leaves for each checkpoint: results the "
+        'sealed: what ack="at_checkpoint" (the default) leaves for each checkpoint: results the '
         "rollouts sealed and did not ACK; the gate ACKs them from the status's receipts in "
         "acknowledge-completed batches of 500, just before prepare. The rows left behind are "
-        "run through the orchestrator before each trial and are not timed.")
+        "run through the orchestrator before each trial and are not timed."
+    )
     result.notes.append(
         "The as-is policy commits none of these checkpoints (it never ACKs or retires what it "
-        "did not receive); see the fault storm.")
+        "did not receive); see the fault storm."
+    )
     biggest = max((r for r in rows if r["kind"] == "finished"), key=lambda r: r["attempts"])
     result.extra["headline"] = (
         f"{biggest['attempts']:,} finished, un-ACKed attempts over {biggest['servers']} server(s) "
         f"cleared and committed in {biggest['ours_s']:.2f} s ({biggest['ratio']:.1f}x the "
-        f"hand-written minimum)")
+        f"hand-written minimum)"
+    )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 import psutil
 
@@ -33,12 +34,14 @@ if str(REPO) not in sys.path:
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+)
 
 MB = 1024 * 1024
 
 
 # ---------------------------------------------------------------- machine and command
+
 
 def machine_info() -> dict[str, Any]:
     """Cores, memory, CPU model, Python and Ray versions, and the git commit measured."""
@@ -48,31 +51,42 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-    info["memory_gb"] = round(psutil.virtual_memory().total / 1024 ** 3, 1)
+    info["memory_gb"] = round(psutil.virtual_memory().total / 1024**3, 1)
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-        info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in cpuinfo
-                                 if l.startswith("model name"))
+        info["cpu_model"] = next(
+            l.split(":", 1)[1].strip() for l in cpuinfo if l.startswith("model name")
+        )
     except (OSError, StopIteration):
         info["cpu_model"] = platform.processor() or None
     info["load_avg"] = list(os.getloadavg())
     try:
         import ray
+
         info["ray"] = ray.__version__
     except ImportError:
         info["ray"] = None
     try:
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-            timeout=5).stdout.strip() or None
+        info["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
     return info
 
 
 def machine_line(info: dict[str, Any]) -> str:
-    return (f"{info['cores']} cores, {info['memory_gb']} GB, {info.get('cpu_model')}, "
-            f"Python {info['python']}, Ray {info['ray']}, commit {info.get('git_commit')}")
+    return (
+        f"{info['cores']} cores, {info['memory_gb']} GB, {info.get('cpu_model')}, "
+        f"Python {info['python']}, Ray {info['ray']}, commit {info.get('git_commit')}"
+    )
 
 
 def load_line(start: Sequence[float] | None, end: Sequence[float] | None) -> str:
@@ -95,6 +109,7 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 # ---------------------------------------------------------------- statistics and trials
 
+
 def percentile(values: Sequence[float], p: float) -> float | None:
     """Linear-interpolated percentile (p in 0..100) of ``values``; None when empty."""
     if not values:
@@ -111,11 +126,24 @@ def percentile(values: Sequence[float], p: float) -> float | None:
 def summarize(values: Sequence[float]) -> dict[str, float | None]:
     """median, min, max, p50, p90, p99 and the count of a sample."""
     if not values:
-        return {"n": 0, "median": None, "min": None, "max": None,
-                "p50": None, "p90": None, "p99": None}
-    return {"n": len(values), "median": statistics.median(values), "min": min(values),
-            "max": max(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
-            "p99": percentile(values, 99)}
+        return {
+            "n": 0,
+            "median": None,
+            "min": None,
+            "max": None,
+            "p50": None,
+            "p90": None,
+            "p99": None,
+        }
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+    }
 
 
 @dataclass
@@ -152,8 +180,9 @@ def run_trials(fn: Callable[[], Any], *, warmup: int = 1, trials: int = 3) -> Tr
     return out
 
 
-async def run_trials_async(fn: Callable[[], Awaitable[Any]], *, warmup: int = 1,
-                           trials: int = 3) -> Trials:
+async def run_trials_async(
+    fn: Callable[[], Awaitable[Any]], *, warmup: int = 1, trials: int = 3
+) -> Trials:
     """The async twin of :func:`run_trials`."""
     for _ in range(warmup):
         await fn()
@@ -174,14 +203,15 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 # ---------------------------------------------------------------- processes (psutil)
 
+
 @dataclass(frozen=True)
 class ProcInfo:
     pid: int
     ppid: int
-    start: float         # creation time: with the pid, identifies the process
-    cpu_s: float         # user + system seconds, reaped children included
-    rss: int             # bytes
-    kind: str            # "driver", "worker", "ray_system" or "other"
+    start: float  # creation time: with the pid, identifies the process
+    cpu_s: float  # user + system seconds, reaped children included
+    rss: int  # bytes
+    kind: str  # "driver", "worker", "ray_system" or "other"
 
 
 _ATTRS = ["pid", "ppid", "create_time", "cpu_times", "memory_info", "cmdline"]
@@ -193,8 +223,12 @@ def _row(info: dict[str, Any]) -> tuple[int, float, float, int, str] | None:
     times, memory = info.get("cpu_times"), info.get("memory_info")
     if times is None or memory is None or info.get("create_time") is None:
         return None
-    cpu = times.user + times.system + getattr(times, "children_user", 0.0) + getattr(
-        times, "children_system", 0.0)
+    cpu = (
+        times.user
+        + times.system
+        + getattr(times, "children_user", 0.0)
+        + getattr(times, "children_system", 0.0)
+    )
     return info["ppid"], info["create_time"], cpu, memory.rss, " ".join(info.get("cmdline") or ())
 
 
@@ -210,8 +244,19 @@ def _kind(pid: int, root: int, cmd: str) -> str:
         return "worker:" + (name or "?")
     if "default_worker.py" in cmd:
         return "worker:?"
-    if any(s in cmd for s in ("raylet", "gcs_server", "ray/dashboard", "log_monitor",
-                              "runtime_env", "monitor.py", "ray/_private", "ray/autoscaler")):
+    if any(
+        s in cmd
+        for s in (
+            "raylet",
+            "gcs_server",
+            "ray/dashboard",
+            "log_monitor",
+            "runtime_env",
+            "monitor.py",
+            "ray/_private",
+            "ray/autoscaler",
+        )
+    ):
         return "ray_system"
     return "other"
 
@@ -295,8 +340,9 @@ class ProcStats:
         out: dict[str, Any] = {}
         for k, v in asdict(self).items():
             out[k] = round(v, 3) if isinstance(v, float) else v
-        out["by_kind"] = {k: {n: round(x, 3) for n, x in v.items()}
-                          for k, v in self.by_kind.items()}
+        out["by_kind"] = {
+            k: {n: round(x, 3) for n, x in v.items()} for k, v in self.by_kind.items()
+        }
         return out
 
 
@@ -340,14 +386,15 @@ class ProcessSampler:
         s.peak_rss_driver_mb = max(s.peak_rss_driver_mb, grp("driver") / MB)
         s.peak_rss_workers_mb = max(s.peak_rss_workers_mb, grp("worker") / MB)
         s.peak_rss_ray_system_mb = max(s.peak_rss_ray_system_mb, grp("ray_system") / MB)
-        s.peak_workers = max(s.peak_workers, sum(v for k, v in count.items()
-                                                 if group(k) == "worker"))
+        s.peak_workers = max(
+            s.peak_workers, sum(v for k, v in count.items() if group(k) == "worker")
+        )
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def start(self) -> "ProcessSampler":
+    def start(self) -> ProcessSampler:
         for p in process_tree(exclude=self.exclude):
             self._base[(p.pid, p.start)] = p.cpu_s
         self._t0 = time.perf_counter()
@@ -378,7 +425,7 @@ class ProcessSampler:
         s.cpu_s_total = sum(cpu.values())
         return s
 
-    def __enter__(self) -> "ProcessSampler":
+    def __enter__(self) -> ProcessSampler:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -390,16 +437,21 @@ def worker_memory(kind: str = "worker", *, exclude: Iterable[int] = ()) -> dict[
     ``kind`` (default: every Ray worker; ``worker:RolloutActor`` for the rollout actors)."""
     workers = [p for p in process_tree(exclude=exclude) if p.kind.startswith(kind)]
     pss = [pss_bytes(p.pid) for p in workers]
-    return {"workers": len(workers),
-            "rss_mb": round(sum(p.rss for p in workers) / MB, 1),
-            "pss_mb": round(sum(x for x in pss if x) / MB, 1),
-            "rss_per_worker_mb": round(sum(p.rss for p in workers) / MB / len(workers), 1)
-            if workers else None,
-            "pss_per_worker_mb": round(sum(x for x in pss if x) / MB / len(workers), 1)
-            if workers else None}
+    return {
+        "workers": len(workers),
+        "rss_mb": round(sum(p.rss for p in workers) / MB, 1),
+        "pss_mb": round(sum(x for x in pss if x) / MB, 1),
+        "rss_per_worker_mb": round(sum(p.rss for p in workers) / MB / len(workers), 1)
+        if workers
+        else None,
+        "pss_per_worker_mb": round(sum(x for x in pss if x) / MB / len(workers), 1)
+        if workers
+        else None,
+    }
 
 
 # ---------------------------------------------------------------- Ray on loopback
+
 
 def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
     """A local Ray bound to loopback, quiet, without the dashboard. Returns the ray module."""
@@ -408,8 +460,14 @@ def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
     if not ray.is_initialized():
         # address="local": a Ray of our own, never another process's cluster found in /tmp/ray
         kwargs.setdefault("address", "local")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, _node_ip_address="127.0.0.1", **kwargs)
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _node_ip_address="127.0.0.1",
+            **kwargs,
+        )
     return ray
 
 
@@ -425,6 +483,7 @@ def run_async(coro: Awaitable[Any]) -> Any:
 
 
 # ---------------------------------------------------------------- results
+
 
 def fmt(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -457,27 +516,33 @@ class Result:
 
     name: str
     title: str
-    mode: str                                     # "quick" or "full"
+    mode: str  # "quick" or "full"
     command: str = field(default_factory=command_line)
     machine: dict[str, Any] = field(default_factory=machine_info)
     started_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     params: dict[str, Any] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    tables: list[tuple[str, str]] = field(default_factory=list)   # (caption, markdown)
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (caption, markdown)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float | None = None
     load_end: list[float] | None = None
 
-    def add_table(self, caption: str, headers: Sequence[str],
-                  rows: Iterable[Sequence[Any]]) -> None:
+    def add_table(
+        self, caption: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
+    ) -> None:
         self.tables.append((caption, md_table(headers, rows)))
 
     def markdown(self) -> str:
-        parts = [f"### {self.title}", "",
-                 f"`{self.command}` ({self.mode} mode, {fmt(self.elapsed_s)} s)", "",
-                 f"Machine: {machine_line(self.machine)}; "
-                 f"{load_line(self.machine.get('load_avg'), self.load_end)}", ""]
+        parts = [
+            f"### {self.title}",
+            "",
+            f"`{self.command}` ({self.mode} mode, {fmt(self.elapsed_s)} s)",
+            "",
+            f"Machine: {machine_line(self.machine)}; "
+            f"{load_line(self.machine.get('load_avg'), self.load_end)}",
+            "",
+        ]
         for caption, table in self.tables:
             if caption:
                 parts += [caption, ""]
@@ -504,9 +569,14 @@ class Result:
         return jpath, mpath
 
 
-def bench_main(name: str, title: str, body: Callable[[Result, Any], None],
-               argv: Sequence[str] | None = None, *, extra_args: Callable[[Any], None] | None = None
-               ) -> Result:
+def bench_main(
+    name: str,
+    title: str,
+    body: Callable[[Result, Any], None],
+    argv: Sequence[str] | None = None,
+    *,
+    extra_args: Callable[[Any], None] | None = None,
+) -> Result:
     """Parse ``--quick`` (and ``extra_args``), run ``body(result, args)``, time it, write the
     result files."""
     import argparse
@@ -518,8 +588,10 @@ def bench_main(name: str, title: str, body: Callable[[Result, Any], None],
     if extra_args is not None:
         extra_args(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(message)s",
+    )
     result = Result(name=name, title=title, mode="quick" if args.quick else "full")
     result.params["args"] = vars(args)
     t0 = time.perf_counter()

@@ -27,11 +27,18 @@ from fleet import Fleet
 AGENT_S = 1.0
 # (in flight, actors, rollouts per actor)
 # the 4,096 layout is the hot path's scale figure (issue 10): in quick mode too, one trial
-QUICK = dict(layouts=[(16, 16, 1), (16, 2, 8), (64, 4, 16), (4096, 16, 256)], trials=3,
-             big_trials=1, skipped=[(64, 64, 1), (512, 512, 1), (4096, 4096, 1), (512, 8, 64)])
-FULL = dict(layouts=[(16, 16, 1), (64, 64, 1), (16, 2, 8), (64, 4, 16), (512, 8, 64),
-                     (4096, 16, 256)], trials=3, big_trials=3,
-            skipped=[(512, 512, 1), (4096, 4096, 1)])
+QUICK = dict(
+    layouts=[(16, 16, 1), (16, 2, 8), (64, 4, 16), (4096, 16, 256)],
+    trials=3,
+    big_trials=1,
+    skipped=[(64, 64, 1), (512, 512, 1), (4096, 4096, 1), (512, 8, 64)],
+)
+FULL = dict(
+    layouts=[(16, 16, 1), (64, 64, 1), (16, 2, 8), (64, 4, 16), (512, 8, 64), (4096, 16, 256)],
+    trials=3,
+    big_trials=3,
+    skipped=[(512, 512, 1), (4096, 4096, 1)],
+)
 BIG = 4096
 MEMORY_HEADROOM_MB = 2048
 
@@ -59,9 +66,11 @@ def _fits(actors: int, per_actor_pss_mb: float) -> tuple[bool, str]:
     total_mb = (common.machine_info()["memory_gb"] or 0) * 1024
     need = actors * per_actor_pss_mb + MEMORY_HEADROOM_MB
     if need > total_mb:
-        return False, (f"needs ~{need / 1024:.0f} GB for {actors} actor processes at "
-                       f"~{per_actor_pss_mb:.0f} MB PSS each; the machine has "
-                       f"{total_mb / 1024:.0f} GB")
+        return False, (
+            f"needs ~{need / 1024:.0f} GB for {actors} actor processes at "
+            f"~{per_actor_pss_mb:.0f} MB PSS each; the machine has "
+            f"{total_mb / 1024:.0f} GB"
+        )
     return True, ""
 
 
@@ -73,7 +82,7 @@ def body(result: Result, args: Any) -> None:
     result.params.update({k: v for k, v in p.items()})
     common.start_ray(num_cpus=2)
     rows_out: list[dict[str, Any]] = []
-    per_actor_pss = 58.0         # refined by the first pool measured
+    per_actor_pss = 58.0  # refined by the first pool measured
     n = 0
     with Fleet(1) as fleet:
         eps, exclude, gym_pid = fleet.endpoints, fleet.pids, fleet.pids[0]
@@ -84,9 +93,14 @@ def body(result: Result, args: Any) -> None:
                     result.notes.append(f"skipped {c} in flight as {actors} x {per}: {why}")
                     continue
                 t0 = time.perf_counter()
-                orch = Orchestrator(eps, policy=TryPolicy(rollout_s=120.0, receipt_s=30.0),
-                                    pool_size=actors, rollouts_per_actor=per, progress=False,
-                                    orchestrator_id=f"bench-cc-{actors}x{per}")
+                orch = Orchestrator(
+                    eps,
+                    policy=TryPolicy(rollout_s=120.0, receipt_s=30.0),
+                    pool_size=actors,
+                    rollouts_per_actor=per,
+                    progress=False,
+                    orchestrator_id=f"bench-cc-{actors}x{per}",
+                )
                 start_s = time.perf_counter() - t0
                 mem = common.worker_memory("worker:RolloutActor", exclude=exclude)
                 if mem["pss_per_worker_mb"]:
@@ -94,7 +108,7 @@ def body(result: Result, args: Any) -> None:
                 progress(f"{actors} x {per}: pool up in {start_s:.1f}s")
                 try:
                     n += 1
-                    orch.run_batch(_rows(f"w{n}", c))                  # warm-up
+                    orch.run_batch(_rows(f"w{n}", c))  # warm-up
                     _direct(eps, _rows(f"wd{n}", c), c)
                     ours, direct, stats, gym_cpu = [], [], [], []
                     for t in range(p["big_trials"] if c >= BIG else p["trials"]):
@@ -117,52 +131,99 @@ def body(result: Result, args: Any) -> None:
                 st = stats[ours.index(med)]
                 dmed = sorted(direct)[len(direct) // 2]
                 ideal = c * AGENT_S / c
-                row = {"in_flight": c, "actors": actors, "rollouts_per_actor": per,
-                       "layout": "1 per actor" if per == 1 else f"{per} per actor",
-                       "batch_s": med, "batch_s_trials": ours, "ideal_s": ideal,
-                       "vs_ideal": med / ideal, "direct_s": dmed, "direct_s_trials": direct,
-                       "vs_direct": ratio(med, dmed), "pool_start_s": start_s,
-                       "peak_rss_mb": st.peak_rss_total_mb,
-                       "actors_rss_mb": st.kind("worker:RolloutActor")["peak_rss_mb"],
-                       "actors_pss_mb": after["pss_mb"],
-                       "pss_mb_per_rollout": after["pss_mb"] / c,
-                       "cpu_s": st.cpu_s_total, "cpu_ms_per_rollout": st.cpu_s_total / c * 1e3,
-                       "gym_cpu_s": sorted(gym_cpu)[len(gym_cpu) // 2],
-                       "stats": st.as_dict()}
+                row = {
+                    "in_flight": c,
+                    "actors": actors,
+                    "rollouts_per_actor": per,
+                    "layout": "1 per actor" if per == 1 else f"{per} per actor",
+                    "batch_s": med,
+                    "batch_s_trials": ours,
+                    "ideal_s": ideal,
+                    "vs_ideal": med / ideal,
+                    "direct_s": dmed,
+                    "direct_s_trials": direct,
+                    "vs_direct": ratio(med, dmed),
+                    "pool_start_s": start_s,
+                    "peak_rss_mb": st.peak_rss_total_mb,
+                    "actors_rss_mb": st.kind("worker:RolloutActor")["peak_rss_mb"],
+                    "actors_pss_mb": after["pss_mb"],
+                    "pss_mb_per_rollout": after["pss_mb"] / c,
+                    "cpu_s": st.cpu_s_total,
+                    "cpu_ms_per_rollout": st.cpu_s_total / c * 1e3,
+                    "gym_cpu_s": sorted(gym_cpu)[len(gym_cpu) // 2],
+                    "stats": st.as_dict(),
+                }
                 rows_out.append(row)
-                progress(f"{c} in flight ({actors} x {per}): {med:.2f}s per batch "
-                         f"(ideal {ideal:.2f}s, direct {dmed:.2f}s)")
+                progress(
+                    f"{c} in flight ({actors} x {per}): {med:.2f}s per batch "
+                    f"(ideal {ideal:.2f}s, direct {dmed:.2f}s)"
+                )
         finally:
             common.stop_ray()
     for c, actors, per in p["skipped"]:
         ok, why = _fits(actors, per_actor_pss)
         reason = why if not ok else "not run in this mode (time)"
         if actors >= 256 and per == 1:
-            reason = (f"{why or 'memory'}; and starting {actors} worker processes takes "
-                      f"~{actors * 1.1 / 60:.0f} min of CPU on this machine, past the pool's "
-                      f"120 s start timeout")
+            reason = (
+                f"{why or 'memory'}; and starting {actors} worker processes takes "
+                f"~{actors * 1.1 / 60:.0f} min of CPU on this machine, past the pool's "
+                f"120 s start timeout"
+            )
         result.notes.append(f"not run: {c} in flight as {actors} x {per}: {reason}")
     result.rows = rows_out
     result.add_table(
         f"One batch of C rollouts with {AGENT_S:.0f} s agents (median of {p['trials']} trials, "
         f"{p['big_trials']} at {BIG:,}; ideal = batch x agent time / concurrency):",
-        ["in flight", "layout", "actors", "batch s", "ideal s", "x ideal", "direct s",
-         "ours / direct", "pool start s", "peak RSS MB", "actors PSS MB", "PSS MB / rollout",
-         "CPU s / batch", "CPU ms / rollout", "Gym CPU s"],
-        [[r["in_flight"], r["layout"], r["actors"], r["batch_s"], r["ideal_s"], r["vs_ideal"],
-          r["direct_s"], r["vs_direct"], r["pool_start_s"], r["peak_rss_mb"],
-          r["actors_pss_mb"], r["pss_mb_per_rollout"], r["cpu_s"], r["cpu_ms_per_rollout"],
-          r["gym_cpu_s"]] for r in rows_out])
+        [
+            "in flight",
+            "layout",
+            "actors",
+            "batch s",
+            "ideal s",
+            "x ideal",
+            "direct s",
+            "ours / direct",
+            "pool start s",
+            "peak RSS MB",
+            "actors PSS MB",
+            "PSS MB / rollout",
+            "CPU s / batch",
+            "CPU ms / rollout",
+            "Gym CPU s",
+        ],
+        [
+            [
+                r["in_flight"],
+                r["layout"],
+                r["actors"],
+                r["batch_s"],
+                r["ideal_s"],
+                r["vs_ideal"],
+                r["direct_s"],
+                r["vs_direct"],
+                r["pool_start_s"],
+                r["peak_rss_mb"],
+                r["actors_pss_mb"],
+                r["pss_mb_per_rollout"],
+                r["cpu_s"],
+                r["cpu_ms_per_rollout"],
+                r["gym_cpu_s"],
+            ]
+            for r in rows_out
+        ],
+    )
     if rows_out:
         big = max(rows_out, key=lambda r: r["in_flight"])
         result.extra["headline"] = (
             f"{big['in_flight']} in flight ({big['layout']}): {big['batch_s']:.2f} s per batch "
             f"= {big['vs_ideal']:.1f}x the ideal 1 s (direct loop {big['direct_s']:.2f} s); "
-            f"{big['pss_mb_per_rollout']:.1f} MB PSS per rollout in flight")
+            f"{big['pss_mb_per_rollout']:.1f} MB PSS per rollout in flight"
+        )
     result.notes.append(
         "Time above the ideal is CPU: every rollout costs CPU in the driver, its rollout actor, "
         "the ledger and the Gym server (see CPU ms / rollout), and this machine has 2 cores; the "
-        "direct loop pays only the HTTP part.")
+        "direct loop pays only the HTTP part."
+    )
 
 
 if __name__ == "__main__":

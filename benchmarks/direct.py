@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
 
@@ -30,8 +31,9 @@ class DirectBatch:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-async def direct_rollout(client: GymClient, row: Mapping[str, Any], rollout_id: str, *,
-                         timeout_s: float = 120.0) -> float:
+async def direct_rollout(
+    client: GymClient, row: Mapping[str, Any], rollout_id: str, *, timeout_s: float = 120.0
+) -> float:
     """One rollout the direct way; returns its latency in seconds."""
     t0 = time.perf_counter()
     deadline = time.time() + timeout_s
@@ -44,8 +46,13 @@ async def direct_rollout(client: GymClient, row: Mapping[str, Any], rollout_id: 
     return time.perf_counter() - t0
 
 
-async def direct_batch(clients: Sequence[GymClient], rows: Sequence[Mapping[str, Any]], *,
-                       concurrency: int, timeout_s: float = 120.0) -> DirectBatch:
+async def direct_batch(
+    clients: Sequence[GymClient],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    concurrency: int,
+    timeout_s: float = 120.0,
+) -> DirectBatch:
     """Every row through the direct loop, ``concurrency`` at once, spread over ``clients`` by
     row position. Each row must carry ``_ng_rollout_id``."""
     sem = asyncio.Semaphore(concurrency)
@@ -54,9 +61,14 @@ async def direct_batch(clients: Sequence[GymClient], rows: Sequence[Mapping[str,
     async def one(i: int, row: Mapping[str, Any]) -> None:
         async with sem:
             try:
-                out.latencies.append(await direct_rollout(
-                    clients[i % len(clients)], row, str(row[ROLLOUT_ID_FIELD]),
-                    timeout_s=timeout_s))
+                out.latencies.append(
+                    await direct_rollout(
+                        clients[i % len(clients)],
+                        row,
+                        str(row[ROLLOUT_ID_FIELD]),
+                        timeout_s=timeout_s,
+                    )
+                )
                 out.ok += 1
             except Exception as exc:  # a benchmark counts failures instead of dying on one
                 name = type(exc).__name__
@@ -70,5 +82,7 @@ async def direct_batch(clients: Sequence[GymClient], rows: Sequence[Mapping[str,
 
 def make_clients(endpoints: Sequence[GymEndpoint], concurrency: int) -> list[GymClient]:
     """One client per endpoint with a connection pool large enough for ``concurrency``."""
-    return [GymClient(ep, limit=max(100, concurrency), control_limit=max(16, concurrency))
-            for ep in endpoints]
+    return [
+        GymClient(ep, limit=max(100, concurrency), control_limit=max(16, concurrency))
+        for ep in endpoints
+    ]

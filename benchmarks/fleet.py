@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
 
@@ -25,10 +26,12 @@ class Fleet:
     """``n`` local Gym servers in subprocesses (context manager)."""
 
     def __init__(self, n: int, *, agent: str = "simulated", args: Sequence[str] = ()) -> None:
-        self.servers = [GymServerProcess(agent=agent, token="bench-token", allow_faults=True,
-                                         args=args) for _ in range(n)]
+        self.servers = [
+            GymServerProcess(agent=agent, token="bench-token", allow_faults=True, args=args)
+            for _ in range(n)
+        ]
 
-    def start(self) -> "Fleet":
+    def start(self) -> Fleet:
         with ThreadPoolExecutor(len(self.servers)) as pool:
             list(pool.map(lambda s: s.start(), self.servers))
         return self
@@ -44,22 +47,25 @@ class Fleet:
 
     @property
     def endpoints(self) -> list[GymEndpoint]:
-        return [GymEndpoint(url=s.url, token=s.token, name=f"gym{i}")
-                for i, s in enumerate(self.servers)]
+        return [
+            GymEndpoint(url=s.url, token=s.token, name=f"gym{i}")
+            for i, s in enumerate(self.servers)
+        ]
 
     @property
     def pids(self) -> list[int]:
         return [s.pid for s in self.servers if s.pid]
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-async def _spread(endpoints: Sequence[GymEndpoint], n: int, prefix: str, concurrency: int,
-                  call) -> None:
+async def _spread(
+    endpoints: Sequence[GymEndpoint], n: int, prefix: str, concurrency: int, call
+) -> None:
     clients = [GymClient(ep, limit=concurrency) for ep in endpoints]
     sem = asyncio.Semaphore(concurrency)
 
@@ -74,40 +80,61 @@ async def _spread(endpoints: Sequence[GymEndpoint], n: int, prefix: str, concurr
             await c.close()
 
 
-async def leave_finished(endpoints: Sequence[GymEndpoint], n: int, prefix: str, *,
-                         concurrency: int = 100) -> None:
+async def leave_finished(
+    endpoints: Sequence[GymEndpoint], n: int, prefix: str, *, concurrency: int = 100
+) -> None:
     """``n`` attempts that finished on Gym and were never ACKed (their replies 'lost'), spread
     round-robin over ``endpoints``."""
+
     async def call(client: GymClient, rid: str) -> None:
-        await client.run({"sleep_s": 0, "reward": 0.5}, rollout_id=rid, attempt_index=0,
-                         deadline_ts=time.time() + 60)
+        await client.run(
+            {"sleep_s": 0, "reward": 0.5},
+            rollout_id=rid,
+            attempt_index=0,
+            deadline_ts=time.time() + 60,
+        )
 
     await _spread(endpoints, n, prefix, concurrency, call)
 
 
-async def leave_running(endpoints: Sequence[GymEndpoint], n: int, prefix: str, *,
-                        sleep_s: float = 3600.0, concurrency: int = 200,
-                        wait_s: float = 0.3) -> None:
+async def leave_running(
+    endpoints: Sequence[GymEndpoint],
+    n: int,
+    prefix: str,
+    *,
+    sleep_s: float = 3600.0,
+    concurrency: int = 200,
+    wait_s: float = 0.3,
+) -> None:
     """``n`` attempts still running on Gym whose caller went away (their owners are gone): each
     ``/run`` is started and abandoned after ``wait_s``; Gym keeps running it."""
+
     async def call(client: GymClient, rid: str) -> None:
         try:
-            await client.run({"sleep_s": sleep_s}, rollout_id=rid, attempt_index=0,
-                             deadline_ts=time.time() + wait_s)
+            await client.run(
+                {"sleep_s": sleep_s},
+                rollout_id=rid,
+                attempt_index=0,
+                deadline_ts=time.time() + wait_s,
+            )
         except GymUnavailable:
-            pass            # the deadline: the caller walks away, the run goes on
+            pass  # the deadline: the caller walks away, the run goes on
 
     await _spread(endpoints, n, prefix, concurrency, call)
 
 
-async def gym_counts(endpoints: Sequence[GymEndpoint], checkpoint_id: str = "bench-probe"
-                     ) -> dict[str, dict[str, Any]]:
+async def gym_counts(
+    endpoints: Sequence[GymEndpoint], checkpoint_id: str = "bench-probe"
+) -> dict[str, dict[str, Any]]:
     """Each server's status counts (the server's truth), by URL."""
     out = {}
     for ep in endpoints:
         async with GymClient(ep) as client:
             st = await client.status(checkpoint_id, deadline_ts=time.time() + 60)
-        out[ep.url] = {"running": st.running, "completed_unacknowledged":
-                       st.completed_unacknowledged, "acknowledged": st.acknowledged_completed,
-                       "state": st.state}
+        out[ep.url] = {
+            "running": st.running,
+            "completed_unacknowledged": st.completed_unacknowledged,
+            "acknowledged": st.acknowledged_completed,
+            "state": st.state,
+        }
     return out

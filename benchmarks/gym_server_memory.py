@@ -33,7 +33,7 @@ from soak import slope
 QUICK = dict(rollouts=50_000, checkpoint_every=2_500, concurrency=16)
 FULL = dict(rollouts=200_000, checkpoint_every=5_000, concurrency=16)
 GOAL_BYTES = 50
-ODD_EVERY = 20          # one row in 20 takes one of the PATHS, in turn
+ODD_EVERY = 20  # one row in 20 takes one of the PATHS, in turn
 PATHS = ("fail", "retire", "receipt", "drop")
 
 
@@ -56,8 +56,7 @@ async def drive(endpoint: Any, p: dict[str, Any], ckpt_root: Path, sample) -> No
                 for i in todo:
                     rid = f"mem-{i}"
                     row: dict[str, Any] = {"reward": 1.0}
-                    path = (i // ODD_EVERY) % len(PATHS) if i % ODD_EVERY == ODD_EVERY - 1 \
-                        else None
+                    path = (i // ODD_EVERY) % len(PATHS) if i % ODD_EVERY == ODD_EVERY - 1 else None
                     if path is not None and PATHS[path] == "fail":
                         row["fail"] = True
                     elif path is not None and PATHS[path] == "receipt":
@@ -66,26 +65,28 @@ async def drive(endpoint: Any, p: dict[str, Any], ckpt_root: Path, sample) -> No
                         row["drop_reply"] = True
                     deadline = time.time() + 60
                     try:
-                        res = await client.run(row, rollout_id=rid, attempt_index=0,
-                                               deadline_ts=deadline)
+                        res = await client.run(
+                            row, rollout_id=rid, attempt_index=0, deadline_ts=deadline
+                        )
                         receipt = res.receipt
                     except AgentFailed:
-                        continue                          # tombstoned on the server
+                        continue  # tombstoned on the server
                     except ConnectionLost:
-                        receipt = None                    # stored, the answer lost: fetch
+                        receipt = None  # stored, the answer lost: fetch
                     if receipt is None:
-                        receipt = (await client.receipt(rid, 0, deadline_ts=deadline)
-                                   ).completion_receipt
+                        receipt = (
+                            await client.receipt(rid, 0, deadline_ts=deadline)
+                        ).completion_receipt
                     receipts.append(receipt)
                     if path is not None and PATHS[path] == "retire":
                         retire.append((rid, 0))
 
             await asyncio.gather(*(worker() for _ in range(p["concurrency"])))
             deadline = time.time() + 120
-            for rid, att in retire:   # a completed key: retire answers completed_unacknowledged
+            for rid, att in retire:  # a completed key: retire answers completed_unacknowledged
                 await client.retire(rid, att, checkpoint_id=cid, deadline_ts=deadline)
             for k in range(0, len(receipts), 500):
-                await client.acknowledge_completed(receipts[k:k + 500], deadline_ts=deadline)
+                await client.acknowledge_completed(receipts[k : k + 500], deadline_ts=deadline)
             report = await client.prepare(cid, deadline_ts=deadline)
             assert report.ready_to_commit, report
             await client.commit(cid, str(ckpt_root / cid), deadline_ts=deadline)
@@ -99,17 +100,25 @@ def run_process(result: Result, p: dict[str, Any], tmp: Path) -> list[dict[str, 
 
     from rl_gym_actors.testing.gym_process import GymServerProcess
 
-    server = GymServerProcess(token="bench-token", state_dir=tmp / "state",
-                              allow_faults=True).start()
+    server = GymServerProcess(
+        token="bench-token", state_dir=tmp / "state", allow_faults=True
+    ).start()
     proc = psutil.Process(server.pid)
     samples: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
     async def sample(done: int) -> None:
-        samples.append({"rollouts": done, "s": round(time.perf_counter() - t0, 1),
-                        "gym_server_rss": proc.memory_info().rss})
-        progress(f"{done:,} rollouts, {samples[-1]['s']:.0f}s: "
-                 f"server {samples[-1]['gym_server_rss'] / MB:.1f} MB")
+        samples.append(
+            {
+                "rollouts": done,
+                "s": round(time.perf_counter() - t0, 1),
+                "gym_server_rss": proc.memory_info().rss,
+            }
+        )
+        progress(
+            f"{done:,} rollouts, {samples[-1]['s']:.0f}s: "
+            f"server {samples[-1]['gym_server_rss'] / MB:.1f} MB"
+        )
 
     try:
         asyncio.run(drive(server.endpoint, p, tmp / "ckpt", sample))
@@ -125,20 +134,27 @@ def run_traced(p: dict[str, Any], tmp: Path) -> None:
     from rl_gym_actors.testing.gym_process import GymServerThread
 
     tracemalloc.start(8)
-    server = GymServerThread(token="bench-token", state_dir=tmp / "state",
-                             allow_faults=True).start()
+    server = GymServerThread(
+        token="bench-token", state_dir=tmp / "state", allow_faults=True
+    ).start()
     snaps: dict[str, Any] = {}
     total = p["rollouts"]
 
     def counts() -> dict[str, int]:
         core = server.participant.core
-        return {"records_in_memory": len(core._all), "active": len(core._active),
-                "settled_hashes": len(core._settled), "settling": len(core._settling),
-                "to_compact": len(core._to_compact), "spent_ids": len(core.fence.spent),
-                "runs": len(server.participant._runs),
-                "store_waiters": len(getattr(server.participant.store, "_waiters", ())),
-                "fault_keys": sum(len(v) for v in vars(server.faults).values()
-                                  if isinstance(v, (set, dict, list)))}
+        return {
+            "records_in_memory": len(core._all),
+            "active": len(core._active),
+            "settled_hashes": len(core._settled),
+            "settling": len(core._settling),
+            "to_compact": len(core._to_compact),
+            "spent_ids": len(core.fence.spent),
+            "runs": len(server.participant._runs),
+            "store_waiters": len(getattr(server.participant.store, "_waiters", ())),
+            "fault_keys": sum(
+                len(v) for v in vars(server.faults).values() if isinstance(v, (set, dict, list))
+            ),
+        }
 
     async def sample(done: int) -> None:
         if done in (total // 2, total):
@@ -153,16 +169,21 @@ def run_traced(p: dict[str, Any], tmp: Path) -> None:
     for key in ("lineno", "traceback"):
         print(f"--- grew between {total // 2:,} and {total:,} rollouts, by {key}")
         for stat in b.compare_to(a, key)[:12]:
-            print(f"{stat.size_diff:+10,d} B {stat.count_diff:+7d} blocks  "
-                  + "\n        ".join(stat.traceback.format()[-6:] if key == "traceback"
-                                      else stat.traceback.format()[:1]))
+            print(
+                f"{stat.size_diff:+10,d} B {stat.count_diff:+7d} blocks  "
+                + "\n        ".join(
+                    stat.traceback.format()[-6:]
+                    if key == "traceback"
+                    else stat.traceback.format()[:1]
+                )
+            )
 
 
 def body(result: Result, args: Any) -> None:
     p = QUICK if args.quick else FULL
     tmp = Path(tempfile.mkdtemp(prefix="rlga-bench-gym-memory-"))
     if args.trace:
-        result.name += "_trace"          # never overwrites the figures
+        result.name += "_trace"  # never overwrites the figures
         run_traced(p, tmp)
         return
     result.params.update(p, odd_every=ODD_EVERY, paths=list(PATHS))
@@ -172,24 +193,48 @@ def body(result: Result, args: Any) -> None:
     growth = slope([s["rollouts"] for s in half], [s["gym_server_rss"] for s in half])
     result.rows = samples
     verdict = "flat" if growth is not None and growth < GOAL_BYTES else "grows"
-    result.extra.update(growth_bytes_per_rollout_second_half=growth, verdict=verdict, headline=(
-        f"The durable Gym server alone (no Ray), {total:,} rollouts through /run + ACK at "
-        f"checkpoint: its RSS grew {fmt(growth)} B per rollout over the second half (goal < "
-        f"{GOAL_BYTES}); the settled keys it must keep cost 8 B each."))
+    result.extra.update(
+        growth_bytes_per_rollout_second_half=growth,
+        verdict=verdict,
+        headline=(
+            f"The durable Gym server alone (no Ray), {total:,} rollouts through /run + ACK at "
+            f"checkpoint: its RSS grew {fmt(growth)} B per rollout over the second half (goal < "
+            f"{GOAL_BYTES}); the settled keys it must keep cost 8 B each."
+        ),
+    )
     result.add_table(
         f"Gym server (durable), {total:,} rollouts, a checkpoint every "
         f"{p['checkpoint_every']:,}; growth = least-squares slope of RSS over the second half",
-        ["rollouts", "RSS start MB", "RSS middle MB", "RSS end MB",
-         "growth B/rollout (2nd half)", f"goal < {GOAL_BYTES} B"],
-        [[total, samples[0]["gym_server_rss"] / MB, half[0]["gym_server_rss"] / MB,
-          samples[-1]["gym_server_rss"] / MB, growth, verdict]])
+        [
+            "rollouts",
+            "RSS start MB",
+            "RSS middle MB",
+            "RSS end MB",
+            "growth B/rollout (2nd half)",
+            f"goal < {GOAL_BYTES} B",
+        ],
+        [
+            [
+                total,
+                samples[0]["gym_server_rss"] / MB,
+                half[0]["gym_server_rss"] / MB,
+                samples[-1]["gym_server_rss"] / MB,
+                growth,
+                verdict,
+            ]
+        ],
+    )
 
 
 def add_args(parser: Any) -> None:
-    parser.add_argument("--trace", action="store_true",
-                        help="server in a thread; print tracemalloc's growth by line")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="server in a thread; print tracemalloc's growth by line",
+    )
 
 
 if __name__ == "__main__":
-    bench_main("gym_server_memory", "Gym server memory over a long run (no Ray)", body,
-               extra_args=add_args)
+    bench_main(
+        "gym_server_memory", "Gym server memory over a long run (no Ray)", body, extra_args=add_args
+    )

@@ -26,9 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import common
+import psutil
 from common import RESULTS_DIR, Result, bench_main, progress
 from fleet import Fleet
 
@@ -87,11 +86,15 @@ def _frame(raw: str) -> str:
 
 # where a sample's own time is spent, by the file of its innermost frame (first match wins)
 CATEGORIES = [
-    ("Ray (calls, streams, serialization, its worker loop)",
-     ("/ray/", "ray/_private", "_private/", "_raylet", "cloudpickle", "msgpack")),
+    (
+        "Ray (calls, streams, serialization, its worker loop)",
+        ("/ray/", "ray/_private", "_private/", "_raylet", "cloudpickle", "msgpack"),
+    ),
     ("HTTP client (aiohttp)", ("aiohttp/", "yarl/", "multidict/")),
-    ("web server (uvicorn, h11, starlette, fastapi)",
-     ("uvicorn/", "h11/", "starlette/", "fastapi/", "anyio/")),
+    (
+        "web server (uvicorn, h11, starlette, fastapi)",
+        ("uvicorn/", "h11/", "starlette/", "fastapi/", "anyio/"),
+    ),
     ("retry (tenacity)", ("tenacity/", "gym/retry.py")),
     ("this library", ("rl_gym_actors/",)),
     ("pydantic", ("pydantic",)),
@@ -122,21 +125,26 @@ def parse_collapsed(path: Path) -> dict[str, Any]:
         if not stack or not count.isdigit():
             continue
         k = int(count)
-        raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))] or [
-            stack]
+        raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))] or [stack]
         if any("subprocess.py" in f for f in raw):
-            continue                     # this script's own wait on py-spy, not the library
+            continue  # this script's own wait on py-spy, not the library
         frames = [_frame(f) for f in raw]
         n += k
         own[frames[-1]] += k
         kinds[_category(raw[-1])] += k
         for f in set(frames):
             total[f] += k
-    pct = (lambda c: [[f, round(100.0 * v / n, 1)] for f, v in c.most_common(40)]) if n else (
-        lambda c: [])
-    return {"samples": n, "self": pct(own), "total": pct(total),
-            "categories": {c: round(100.0 * v / n, 1) for c, v in kinds.most_common()} if n
-            else {}}
+    pct = (
+        (lambda c: [[f, round(100.0 * v / n, 1)] for f, v in c.most_common(40)])
+        if n
+        else (lambda c: [])
+    )
+    return {
+        "samples": n,
+        "self": pct(own),
+        "total": pct(total),
+        "categories": {c: round(100.0 * v / n, 1) for c, v in kinds.most_common()} if n else {},
+    }
 
 
 def _find(kind: str, exclude: list[int]) -> int | None:
@@ -145,32 +153,44 @@ def _find(kind: str, exclude: list[int]) -> int | None:
 
 
 def body(result: Result, args: Any) -> None:
+    import rl_gym_actors
     from rl_gym_actors.config import TryPolicy
     from rl_gym_actors.orchestrator import Orchestrator
-    import rl_gym_actors
 
     spy = _py_spy()
     window_s = 12.0 if args.quick else 30.0
-    result.params.update(window_s=window_s, actors=2, rollouts_per_actor=8, batch=200,
-                         code=str(Path(rl_gym_actors.__file__).parent))
+    result.params.update(
+        window_s=window_s,
+        actors=2,
+        rollouts_per_actor=8,
+        batch=200,
+        code=str(Path(rl_gym_actors.__file__).parent),
+    )
     common.start_ray(num_cpus=2)
     with Fleet(1) as fleet:
         gym_pid = fleet.pids[0]
-        orch = Orchestrator(fleet.endpoints, policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
-                            pool_size=2, rollouts_per_actor=8, progress=False,
-                            orchestrator_id="bench-profile")
+        orch = Orchestrator(
+            fleet.endpoints,
+            policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
+            pool_size=2,
+            rollouts_per_actor=8,
+            progress=False,
+            orchestrator_id="bench-profile",
+        )
         try:
             seq = iter(range(10**9))
 
             def batch() -> int:
-                rows = [{"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
-                        for _ in range(200)]
+                rows = [
+                    {"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
+                    for _ in range(200)
+                ]
                 outs = orch.run_batch(rows)
                 assert all(o.status == "sealed" for o in outs), outs[0]
                 return len(outs)
 
             batch()
-            batch()                                   # warm: connections, code paths
+            batch()  # warm: connections, code paths
             pids = {"driver": os.getpid(), "gym": gym_pid}
             for kind in PROCESSES[1:3]:
                 pids[kind] = _find(kind, fleet.pids)
@@ -180,12 +200,14 @@ def body(result: Result, args: Any) -> None:
 
             def load() -> None:
                 streams = hasattr(orch, "stream")  # e581378 (the "before") has no stream
-                while not stop.is_set():        # counted as each rollout ends
+                while not stop.is_set():  # counted as each rollout ends
                     if not streams:
                         done[0] += batch()
                         continue
-                    rows = [{"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
-                            for _ in range(200)]
+                    rows = [
+                        {"_ng_rollout_id": f"pf-{next(seq)}", "sleep_s": 0.0, "reward": 0.5}
+                        for _ in range(200)
+                    ]
                     for _, outcome in orch.stream(rows):
                         assert outcome.status == "sealed", outcome
                         done[0] += 1
@@ -199,10 +221,28 @@ def body(result: Result, args: Any) -> None:
             spies = {}
             for kind, pid in pids.items():
                 out = RESULTS_DIR / f"hotpath_{args.label}_{kind.split(':')[-1]}.txt"
-                spies[kind] = (out, subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--rate", "200", "--duration",
-                     str(int(window_s)), "--format", "raw", "--nonblocking", "--output",
-                     str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                spies[kind] = (
+                    out,
+                    subprocess.Popen(
+                        [
+                            spy,
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--rate",
+                            "200",
+                            "--duration",
+                            str(int(window_s)),
+                            "--format",
+                            "raw",
+                            "--nonblocking",
+                            "--output",
+                            str(out),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
             for _, proc in spies.values():
                 proc.wait(timeout=window_s + 60)
             wall = time.perf_counter() - t0
@@ -219,24 +259,38 @@ def body(result: Result, args: Any) -> None:
     for kind, (out, _) in spies.items():
         prof = parse_collapsed(out)
         out.unlink(missing_ok=True)
-        threads = {name: round((thr1[kind].get(name, 0.0) - v) * 1e3 / rollouts, 3)
-                   for name, v in thr0[kind].items() if thr1[kind].get(name, 0.0) - v > 0.01}
+        threads = {
+            name: round((thr1[kind].get(name, 0.0) - v) * 1e3 / rollouts, 3)
+            for name, v in thr0[kind].items()
+            if thr1[kind].get(name, 0.0) - v > 0.01
+        }
         procs[kind] = {
             "pid": pids[kind],
             "cpu_ms_per_rollout": round((cpu1[kind] - cpu0[kind]) * 1e3 / rollouts, 3),
             "threads_cpu_ms_per_rollout": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
-            **prof}
-    result.extra.update(label=args.label, rollouts=rollouts, wall_s=round(wall, 2),
-                        rollouts_per_s=round(rollouts / wall, 1), processes=procs)
-    result.rows = [{"process": k, "cpu_ms_per_rollout": v["cpu_ms_per_rollout"],
-                    "samples": v["samples"]} for k, v in procs.items()]
+            **prof,
+        }
+    result.extra.update(
+        label=args.label,
+        rollouts=rollouts,
+        wall_s=round(wall, 2),
+        rollouts_per_s=round(rollouts / wall, 1),
+        processes=procs,
+    )
+    result.rows = [
+        {"process": k, "cpu_ms_per_rollout": v["cpu_ms_per_rollout"], "samples": v["samples"]}
+        for k, v in procs.items()
+    ]
     result.add_table(
         f"{args.label}: {rollouts} rollouts in {wall:.1f} s ({rollouts / wall:.0f}/s), instant "
         "agents, 2 actors x 8; CPU ms per rollout per process and its top functions by own time "
         "(% of the process's busy samples):",
         ["process", "CPU ms / rollout", *[f"#{i + 1}" for i in range(4)]],
-        [[k, v["cpu_ms_per_rollout"], *[f"{f} {p}%" for f, p in v["self"][:4]]]
-         for k, v in procs.items()])
+        [
+            [k, v["cpu_ms_per_rollout"], *[f"{f} {p}%" for f, p in v["self"][:4]]]
+            for k, v in procs.items()
+        ],
+    )
 
 
 def _args(parser: Any) -> None:
@@ -249,5 +303,6 @@ if __name__ == "__main__":
     label = "after"
     if "--label" in sys.argv:
         label = sys.argv[sys.argv.index("--label") + 1]
-    bench_main(f"hotpath_profile_{label}", "Where a rollout's CPU goes (py-spy)", body,
-               extra_args=_args)
+    bench_main(
+        f"hotpath_profile_{label}", "Where a rollout's CPU goes (py-spy)", body, extra_args=_args
+    )

@@ -10,7 +10,7 @@ current ``results/<name>.json``; goals are the issue's.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from common import RESULTS_DIR, fmt, md_table
 
@@ -51,6 +51,7 @@ def _ratio_line(config: str, agent_ms: int) -> Callable[[dict], str | None]:
         if r is None:
             return None
         return f"{r['ours_per_s']:,.0f} vs {r['direct_per_s']:,.0f} ({r['ratio']:.2f}x)"
+
     return get
 
 
@@ -58,6 +59,7 @@ def _ratio_ok(config: str, agent_ms: int, goal: float) -> Callable[[dict], bool 
     def ok(runs: dict) -> bool | None:
         r = _tp(runs["throughput"], config, agent_ms)
         return None if r is None else r["ratio"] >= goal
+
     return ok
 
 
@@ -66,8 +68,11 @@ def _cpu(config: str) -> Callable[[dict], str | None]:
         r = _tp(runs["throughput"], config, 0)
         if r is None:
             return None
-        return (f"{r['cpu_ms_per_rollout']:.2f} ms (direct loop "
-                f"{r['direct_cpu_ms_per_rollout']:.2f} ms)")
+        return (
+            f"{r['cpu_ms_per_rollout']:.2f} ms (direct loop "
+            f"{r['direct_cpu_ms_per_rollout']:.2f} ms)"
+        )
+
     return get
 
 
@@ -75,6 +80,7 @@ def _cpu_ok(config: str, goal: float) -> Callable[[dict], bool | None]:
     def ok(runs: dict) -> bool | None:
         r = _tp(runs["throughput"], config, 0)
         return None if r is None else r["cpu_ms_per_rollout"] <= goal
+
     return ok
 
 
@@ -130,20 +136,40 @@ def _gym_ok(runs: dict) -> bool | None:
 
 
 FIGURES: list[Figure] = [
-    ("rollouts/s vs the direct asyncio loop, instant agents, 8 per actor",
-     _ratio_line("8 per actor", 0), _ratio_ok("8 per actor", 0, 0.6), ">= 0.6x"),
-    ("the same, 1 per actor", _ratio_line("1 per actor", 0), _ratio_ok("1 per actor", 0, 0.4),
-     ">= 0.4x"),
-    ("CPU per rollout over the driver, rollout actors and ledger (Gym apart), 8 per actor",
-     _cpu("8 per actor"), _cpu_ok("8 per actor", 1.2), "<= 1.2 ms"),
-    ("the same (CPU), 1 per actor", _cpu("1 per actor"), _cpu_ok("1 per actor", 2.5),
-     "<= 2.5 ms"),
+    (
+        "rollouts/s vs the direct asyncio loop, instant agents, 8 per actor",
+        _ratio_line("8 per actor", 0),
+        _ratio_ok("8 per actor", 0, 0.6),
+        ">= 0.6x",
+    ),
+    (
+        "the same, 1 per actor",
+        _ratio_line("1 per actor", 0),
+        _ratio_ok("1 per actor", 0, 0.4),
+        ">= 0.4x",
+    ),
+    (
+        "CPU per rollout over the driver, rollout actors and ledger (Gym apart), 8 per actor",
+        _cpu("8 per actor"),
+        _cpu_ok("8 per actor", 1.2),
+        "<= 1.2 ms",
+    ),
+    ("the same (CPU), 1 per actor", _cpu("1 per actor"), _cpu_ok("1 per actor", 2.5), "<= 2.5 ms"),
     ("added latency per rollout, p50, concurrency 16", _latency, _latency_ok, "<= 3 ms"),
     ("100 ms agents, ours / direct", _slow, _slow_ok, ">= 0.97x"),
-    ("4,096 rollouts in flight, 1 s agents, batch time ours / direct", _scale, _scale_ok,
-     "<= 1.1x"),
-    ("Gym server /run+receipt+ACK cycles/s with --state-dir, concurrency 16, vs an aiohttp "
-     "hello world", _gym_line, _gym_ok, ">= 0.5x"),
+    (
+        "4,096 rollouts in flight, 1 s agents, batch time ours / direct",
+        _scale,
+        _scale_ok,
+        "<= 1.1x",
+    ),
+    (
+        "Gym server /run+receipt+ACK cycles/s with --state-dir, concurrency 16, vs an aiohttp "
+        "hello world",
+        _gym_line,
+        _gym_ok,
+        ">= 0.5x",
+    ),
 ]
 
 
@@ -159,7 +185,7 @@ def _load_avg(res: dict | None) -> str:
     return f"{fmt(start)} -> {fmt(end)}"
 
 
-LOADED = 4.0          # a 1-minute load average above this (2 cores) makes wall-clock ratios moot
+LOADED = 4.0  # a 1-minute load average above this (2 cores) makes wall-clock ratios moot
 
 
 def _loaded(res: dict | None) -> bool:
@@ -181,31 +207,55 @@ def section() -> list[str]:
         a = get(after)
         met = ok(after)
         verdict = "-" if met is None else ("met" if met else "not met")
-        source = after["gym_server" if "Gym server" in label else
-                       "concurrency" if "4,096" in label else "throughput"]
+        source = after[
+            "gym_server"
+            if "Gym server" in label
+            else "concurrency"
+            if "4,096" in label
+            else "throughput"
+        ]
         if met is not None and "CPU" not in label and _loaded(source):
             verdict += " (*)"
             busy = True
         rows.append([label, b or "-", a or "-", goal, verdict])
-    out = ["## Hot path (issue 10): before and after", "",
-           f"Before = commit {BEFORE_REV}, measured in the same `make bench` run from a temporary "
-           f"worktree of it with the same benchmark scripts (see benchmarks/hotpath_table.py); "
-           f"after = this tree. Quick mode, 2 shared cores: compare the ratios, each measured "
-           f"against its own baseline in its own run.", "",
-           md_table(["figure", f"before ({BEFORE_REV})", "after", "goal", "after vs goal"],
-                    rows), ""]
+    out = [
+        "## Hot path (issue 10): before and after",
+        "",
+        f"Before = commit {BEFORE_REV}, measured in the same `make bench` run from a temporary "
+        f"worktree of it with the same benchmark scripts (see benchmarks/hotpath_table.py); "
+        f"after = this tree. Quick mode, 2 shared cores: compare the ratios, each measured "
+        f"against its own baseline in its own run.",
+        "",
+        md_table(["figure", f"before ({BEFORE_REV})", "after", "goal", "after vs goal"], rows),
+        "",
+    ]
     if busy:
-        out += [f"(*) a wall-clock figure measured while the machine's load average was above "
-                f"{LOADED:g} (other work on its 2 cores): the direct loop, one process, and ours, "
-                f"several, are slowed unequally, so the ratio says little either way; CPU per "
-                f"rollout is the figure that holds under load.", ""]
+        out += [
+            f"(*) a wall-clock figure measured while the machine's load average was above "
+            f"{LOADED:g} (other work on its 2 cores): the direct loop, one process, and ours, "
+            f"several, are slowed unequally, so the ratio says little either way; CPU per "
+            f"rollout is the figure that holds under load.",
+            "",
+        ]
     loads = []
     for name in ("throughput", "concurrency", "gym_server"):
-        loads.append([name, (before[name] or {}).get("started_at", "-"), _load_avg(before[name]),
-                      (after[name] or {}).get("started_at", "-"), _load_avg(after[name])])
-    out += ["Runs behind it (load average, 1 min, at start -> end):", "",
-            md_table(["benchmark", "before: started", "before: load", "after: started",
-                      "after: load"], loads), ""]
+        loads.append(
+            [
+                name,
+                (before[name] or {}).get("started_at", "-"),
+                _load_avg(before[name]),
+                (after[name] or {}).get("started_at", "-"),
+                _load_avg(after[name]),
+            ]
+        )
+    out += [
+        "Runs behind it (load average, 1 min, at start -> end):",
+        "",
+        md_table(
+            ["benchmark", "before: started", "before: load", "after: started", "after: load"], loads
+        ),
+        "",
+    ]
     out += profile_section()
     return out
 
@@ -219,32 +269,60 @@ def profile_section() -> list[str]:
     before, after = load("hotpath_profile_before"), load("hotpath_profile_after")
     if after is None and before is None:
         return []
-    out = ["### Where a rollout's CPU goes (py-spy), before and after", "",
-           "Command: `.venv/bin/python benchmarks/hotpath_profile.py --quick --label after` "
-           "(needs `pip install py-spy`; `run_all.py` runs it with `--label before` in the "
-           f"{BEFORE_REV} worktree too). Instant agents, 2 actors x 8 rollouts, batches of 200 "
-           "back to back; py-spy samples each process for the same window; CPU from psutil. "
-           "Top functions by own time, as a share of that process's busy samples. The rollout "
-           "actor row is one of the two actors; its CPU is divided by every rollout, so the "
-           "actors together cost twice its figure.", ""]
+    out = [
+        "### Where a rollout's CPU goes (py-spy), before and after",
+        "",
+        "Command: `.venv/bin/python benchmarks/hotpath_profile.py --quick --label after` "
+        "(needs `pip install py-spy`; `run_all.py` runs it with `--label before` in the "
+        f"{BEFORE_REV} worktree too). Instant agents, 2 actors x 8 rollouts, batches of 200 "
+        "back to back; py-spy samples each process for the same window; CPU from psutil. "
+        "Top functions by own time, as a share of that process's busy samples. The rollout "
+        "actor row is one of the two actors; its CPU is divided by every rollout, so the "
+        "actors together cost twice its figure.",
+        "",
+    ]
     for label, res in (("before", before), ("after", after)):
         if res is None:
             continue
         ex = res["extra"]
-        out += [f"{label} ({res['machine'].get('git_commit')}): {ex['rollouts']} rollouts in "
-                f"{ex['wall_s']} s ({ex['rollouts_per_s']}/s); load "
-                f"{_load_avg(res)}", ""]
+        out += [
+            f"{label} ({res['machine'].get('git_commit')}): {ex['rollouts']} rollouts in "
+            f"{ex['wall_s']} s ({ex['rollouts_per_s']}/s); load "
+            f"{_load_avg(res)}",
+            "",
+        ]
         rows = []
         for kind, proc in ex["processes"].items():
-            threads = ", ".join(f"{k} {v}" for k, v in
-                                list(proc["threads_cpu_ms_per_rollout"].items())[:3])
+            threads = ", ".join(
+                f"{k} {v}" for k, v in list(proc["threads_cpu_ms_per_rollout"].items())[:3]
+            )
             rows.append([kind, proc["cpu_ms_per_rollout"], threads, *_top(proc, 5)])
-        out += [md_table(["process", "CPU ms / rollout", "busiest threads (ms / rollout)",
-                          "#1", "#2", "#3", "#4", "#5"], rows), ""]
-        cats = [[kind, ", ".join(f"{c} {v}%" for c, v in proc["categories"].items())]
-                for kind, proc in ex["processes"].items() if proc.get("categories")]
+        out += [
+            md_table(
+                [
+                    "process",
+                    "CPU ms / rollout",
+                    "busiest threads (ms / rollout)",
+                    "#1",
+                    "#2",
+                    "#3",
+                    "#4",
+                    "#5",
+                ],
+                rows,
+            ),
+            "",
+        ]
+        cats = [
+            [kind, ", ".join(f"{c} {v}%" for c, v in proc["categories"].items())]
+            for kind, proc in ex["processes"].items()
+            if proc.get("categories")
+        ]
         if cats:
-            out += [f"{label}: own time by where it is spent (innermost frame's module):", "",
-                    md_table(["process", "share of busy samples"], cats), ""]
+            out += [
+                f"{label}: own time by where it is spent (innermost frame's module):",
+                "",
+                md_table(["process", "share of busy samples"], cats),
+                "",
+            ]
     return out
-

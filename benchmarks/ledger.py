@@ -20,13 +20,27 @@ from typing import Any
 import common
 from common import Result, bench_main, progress, ratio, run_trials
 
-QUICK = dict(reporters=8, rollouts=2_000, baseline_rollouts=200, batch_sizes=[1, 10, 100, 1000],
-             trials=3, snapshot_attempts=100_000, snapshot_trials=10)
-FULL = dict(reporters=32, rollouts=10_000, baseline_rollouts=500, batch_sizes=[1, 10, 100, 1000],
-            trials=3, snapshot_attempts=100_000, snapshot_trials=20)
+QUICK = dict(
+    reporters=8,
+    rollouts=2_000,
+    baseline_rollouts=200,
+    batch_sizes=[1, 10, 100, 1000],
+    trials=3,
+    snapshot_attempts=100_000,
+    snapshot_trials=10,
+)
+FULL = dict(
+    reporters=32,
+    rollouts=10_000,
+    baseline_rollouts=500,
+    batch_sizes=[1, 10, 100, 1000],
+    trials=3,
+    snapshot_attempts=100_000,
+    snapshot_trials=20,
+)
 EVENTS_PER_ROLLOUT = 3
-IN_FLIGHT_BATCHED = 4      # report calls a reporter keeps in flight when batching
-IN_FLIGHT_SINGLE = 100     # and when it sends one call per report (the baseline)
+IN_FLIGHT_BATCHED = 4  # report calls a reporter keeps in flight when batching
+IN_FLIGHT_SINGLE = 100  # and when it sends one call per report (the baseline)
 
 
 def _reports(owner: str, endpoint: str, prefix: str, n: int) -> list[Any]:
@@ -36,8 +50,11 @@ def _reports(owner: str, endpoint: str, prefix: str, n: int) -> list[Any]:
     for i in range(n):
         rid = f"{prefix}-{owner}-{i}"
         for state in (AttemptState.RUNNING, AttemptState.SEALED, AttemptState.ACKED):
-            out.append(AttemptReport(rid, 0, endpoint, state, owner, reward=0.5,
-                                     released=state is AttemptState.ACKED))
+            out.append(
+                AttemptReport(
+                    rid, 0, endpoint, state, owner, reward=0.5, released=state is AttemptState.ACKED
+                )
+            )
     return out
 
 
@@ -65,8 +82,9 @@ def _reporter_class():
                     done, window = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
                     for f in done:
                         f.result()
-                window.add(asyncio.ensure_future(
-                    self.ledger.report.remote(reports[i:i + batch_size])))
+                window.add(
+                    asyncio.ensure_future(self.ledger.report.remote(reports[i : i + batch_size]))
+                )
             if window:
                 for f in await asyncio.gather(*window):
                     pass
@@ -78,8 +96,9 @@ def _reporter_class():
     return Reporter
 
 
-def _absorb(ray: Any, ledger: Any, reporters: list[Any], prefix: str, rollouts: int,
-            batch_size: int) -> dict[str, Any]:
+def _absorb(
+    ray: Any, ledger: Any, reporters: list[Any], prefix: str, rollouts: int, batch_size: int
+) -> dict[str, Any]:
     """One timed round: every reporter sends ``rollouts`` rollouts' reports at once."""
     ray.get([r.prepare.remote(prefix, rollouts) for r in reporters])
     before = ray.get(ledger.snapshot.remote())
@@ -91,28 +110,43 @@ def _absorb(ray: Any, ledger: Any, reporters: list[Any], prefix: str, rollouts: 
     stats = sampler.stop()
     after = ray.get(ledger.snapshot.remote())
     acked = sum(e.acked for e in after.endpoints.values()) - sum(
-        e.acked for e in before.endpoints.values())
+        e.acked for e in before.endpoints.values()
+    )
     expected = rollouts * len(reporters)
     if acked != expected or not after.invariant_ok:
-        raise RuntimeError(f"ledger lost reports: {acked} of {expected} rollouts ACKed, "
-                           f"invariant_ok={after.invariant_ok}")
+        raise RuntimeError(
+            f"ledger lost reports: {acked} of {expected} rollouts ACKed, "
+            f"invariant_ok={after.invariant_ok}"
+        )
     events = expected * EVENTS_PER_ROLLOUT
-    return {"events": events, "seconds": wall, "events_per_s": events / wall,
-            "cpu_s": stats.cpu_s_total}
+    return {
+        "events": events,
+        "seconds": wall,
+        "events_per_s": events / wall,
+        "cpu_s": stats.cpu_s_total,
+    }
 
 
-def _snapshot_cost(ray: Any, LedgerActor: Any, endpoint: Any, attempts: int,
-                   trials: int) -> dict[str, Any]:
-    from rl_gym_actors.core.book import Book
+def _snapshot_cost(
+    ray: Any, LedgerActor: Any, endpoint: Any, attempts: int, trials: int
+) -> dict[str, Any]:
     from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
+    from rl_gym_actors.core.book import Book
 
     owners = [f"rlga-rollout-bench-{i}" for i in range(64)]
-    reports = [AttemptReport(f"snap-{i}", 0, endpoint.url,
-                             (AttemptState.ACKED, AttemptState.SEALED, AttemptState.RUNNING)[i % 3],
-                             owners[i % len(owners)]) for i in range(attempts)]
+    reports = [
+        AttemptReport(
+            f"snap-{i}",
+            0,
+            endpoint.url,
+            (AttemptState.ACKED, AttemptState.SEALED, AttemptState.RUNNING)[i % 3],
+            owners[i % len(owners)],
+        )
+        for i in range(attempts)
+    ]
     ledger = LedgerActor.options(name="rlga-ledger-bench-snapshot").remote([endpoint])
     t0 = time.perf_counter()
-    ray.get([ledger.report.remote(reports[i:i + 1000]) for i in range(0, attempts, 1000)])
+    ray.get([ledger.report.remote(reports[i : i + 1000]) for i in range(0, attempts, 1000)])
     fill_s = time.perf_counter() - t0
     snap = ray.get(ledger.snapshot.remote())
     if snap.attempts != attempts:
@@ -127,12 +161,15 @@ def _snapshot_cost(ray: Any, LedgerActor: Any, endpoint: Any, attempts: int,
     book2.apply_all(reports)
     fold_s = time.perf_counter() - t1
     ray.kill(ledger)
-    return {"attempts": attempts, "fill_s_via_ray": fill_s,
-            "snapshot_remote_ms": statistics.median(remote.seconds) * 1e3,
-            "ping_remote_ms": statistics.median(ping.seconds) * 1e3,
-            "snapshot_in_process_ms": statistics.median(local.seconds) * 1e3,
-            "fold_in_process_s": fold_s,
-            "fold_in_process_events_per_s": attempts / fold_s}
+    return {
+        "attempts": attempts,
+        "fill_s_via_ray": fill_s,
+        "snapshot_remote_ms": statistics.median(remote.seconds) * 1e3,
+        "ping_remote_ms": statistics.median(ping.seconds) * 1e3,
+        "snapshot_in_process_ms": statistics.median(local.seconds) * 1e3,
+        "fold_in_process_s": fold_s,
+        "fold_in_process_events_per_s": attempts / fold_s,
+    }
 
 
 def body(result: Result, args: Any) -> None:
@@ -142,14 +179,16 @@ def body(result: Result, args: Any) -> None:
     from rl_gym_actors.actors.ledger_actor import LedgerActor
     from rl_gym_actors.config import GymEndpoint
 
-    endpoint = GymEndpoint(url="http://127.0.0.1:9")     # never contacted: reports only
+    endpoint = GymEndpoint(url="http://127.0.0.1:9")  # never contacted: reports only
     ledger = LedgerActor.options(name="rlga-ledger-bench").remote([endpoint])
     ray.get(ledger.ping.remote())
     Reporter = _reporter_class()
     progress(f"starting {p['reporters']} reporter actors")
     t0 = time.perf_counter()
-    reporters = [Reporter.remote(f"rlga-rollout-bench-{i}", ledger, endpoint.url)
-                 for i in range(p["reporters"])]
+    reporters = [
+        Reporter.remote(f"rlga-rollout-bench-{i}", ledger, endpoint.url)
+        for i in range(p["reporters"])
+    ]
     ray.get([r.pid.remote() for r in reporters])
     result.extra["reporters_start_s"] = round(time.perf_counter() - t0, 2)
 
@@ -157,18 +196,23 @@ def body(result: Result, args: Any) -> None:
     baseline = None
     for bs in p["batch_sizes"]:
         # small batches are slow: fewer rollouts keep the trial short (the rate is per event)
-        rollouts = (p["baseline_rollouts"] if bs == 1
-                    else p["rollouts"] // 4 if bs < 100 else p["rollouts"])
+        rollouts = (
+            p["baseline_rollouts"] if bs == 1 else p["rollouts"] // 4 if bs < 100 else p["rollouts"]
+        )
         runs = []
         # warm-up round, then timed trials; each round uses fresh rollout ids
         _absorb(ray, ledger, reporters, f"w{bs}", max(rollouts // 10, 10), bs)
         for t in range(p["trials"]):
             runs.append(_absorb(ray, ledger, reporters, f"b{bs}t{t}", rollouts, bs))
         med = sorted(runs, key=lambda r: r["events_per_s"])[len(runs) // 2]
-        row = {"batch_size": bs, "reporters": p["reporters"], "events": med["events"],
-               "events_per_s": med["events_per_s"],
-               "events_per_s_trials": [r["events_per_s"] for r in runs],
-               "cpu_us_per_event": med["cpu_s"] / med["events"] * 1e6}
+        row = {
+            "batch_size": bs,
+            "reporters": p["reporters"],
+            "events": med["events"],
+            "events_per_s": med["events_per_s"],
+            "events_per_s_trials": [r["events_per_s"] for r in runs],
+            "cpu_us_per_event": med["cpu_s"] / med["events"] * 1e6,
+        }
         if bs == 1:
             baseline = med["events_per_s"]
         row["vs_one_call_per_event"] = ratio(med["events_per_s"], baseline)
@@ -179,31 +223,55 @@ def body(result: Result, args: Any) -> None:
         f"Reports absorbed by one LedgerActor from {p['reporters']} reporter actors (median of "
         f"{p['trials']} trials; batch 1 = one call per report, the baseline):",
         ["batch size", "events", "events/s", "x one call per event", "CPU us/event (all procs)"],
-        [[r["batch_size"], r["events"], r["events_per_s"], r["vs_one_call_per_event"],
-          r["cpu_us_per_event"]] for r in rows])
+        [
+            [
+                r["batch_size"],
+                r["events"],
+                r["events_per_s"],
+                r["vs_one_call_per_event"],
+                r["cpu_us_per_event"],
+            ]
+            for r in rows
+        ],
+    )
 
     progress(f"snapshot at {p['snapshot_attempts']:,} attempts")
-    snap = _snapshot_cost(ray, LedgerActor, endpoint, p["snapshot_attempts"],
-                          p["snapshot_trials"])
+    snap = _snapshot_cost(ray, LedgerActor, endpoint, p["snapshot_attempts"], p["snapshot_trials"])
     result.extra["snapshot"] = snap
     result.add_table(
         f"snapshot() with {snap['attempts']:,} attempts in the book (64 owners, 1 endpoint):",
-        ["through Ray (ms)", "ping through Ray (ms)", "Book.snapshot in-process (ms)",
-         "fill via Ray, batches of 1,000 (s)", "fold in-process (events/s)"],
-        [[snap["snapshot_remote_ms"], snap["ping_remote_ms"], snap["snapshot_in_process_ms"],
-          snap["fill_s_via_ray"], snap["fold_in_process_events_per_s"]]])
+        [
+            "through Ray (ms)",
+            "ping through Ray (ms)",
+            "Book.snapshot in-process (ms)",
+            "fill via Ray, batches of 1,000 (s)",
+            "fold in-process (events/s)",
+        ],
+        [
+            [
+                snap["snapshot_remote_ms"],
+                snap["ping_remote_ms"],
+                snap["snapshot_in_process_ms"],
+                snap["fill_s_via_ray"],
+                snap["fold_in_process_events_per_s"],
+            ]
+        ],
+    )
     best = max(rows, key=lambda r: r["events_per_s"])
     result.extra["headline"] = (
         f"{best['events_per_s']:,.0f} reports/s at batch {best['batch_size']} "
         f"({best['vs_one_call_per_event']:.0f}x one call per report); snapshot at "
-        f"{snap['attempts']:,} attempts {snap['snapshot_remote_ms']:.1f} ms through Ray")
+        f"{snap['attempts']:,} attempts {snap['snapshot_remote_ms']:.1f} ms through Ray"
+    )
     result.notes.append(
         "A report call costs a Ray actor task (serialization, scheduling, an event-loop turn in the "
         "ledger) whatever its size, so batching divides that fixed cost; the fold itself is "
-        "pure Python and sets the ceiling (see 'fold in-process').")
+        "pure Python and sets the ceiling (see 'fold in-process')."
+    )
     result.notes.append(
         "snapshot() is O(endpoints + owners): the book keeps its counters incrementally, so its cost "
-        "does not grow with the attempts; through Ray it costs about one actor round trip.")
+        "does not grow with the attempts; through Ray it costs about one actor round trip."
+    )
     common.stop_ray()
 
 

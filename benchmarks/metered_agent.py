@@ -26,7 +26,7 @@ _out: Any = None
 def _write(event: dict[str, Any]) -> None:
     global _out
     if _out is None:
-        _out = open(os.environ[METER_ENV], "a", buffering=1)     # line-buffered appends
+        _out = open(os.environ[METER_ENV], "a", buffering=1)  # line-buffered appends
     _out.write(json.dumps(event, separators=(",", ":")) + "\n")
 
 
@@ -47,8 +47,9 @@ async def agent(row: dict[str, Any]) -> dict[str, Any]:
         end = "completed"
         return {"id": f"r-{rid}", "reward": row.get("reward", 1.0)}
     finally:
-        _write({"e": "end", "r": rid, "a": att, "s": round(time.perf_counter() - t0, 6),
-                "end": end})
+        _write(
+            {"e": "end", "r": rid, "a": att, "s": round(time.perf_counter() - t0, 6), "end": end}
+        )
 
 
 @dataclass
@@ -72,7 +73,7 @@ def read_meter(path: str | Path) -> Meter:
         return meter
     for line in p.read_text().splitlines():
         if not line.endswith("}"):
-            continue                       # a line still being written
+            continue  # a line still being written
         ev = json.loads(line)
         if ev["e"] == "start":
             meter.starts += 1

@@ -35,8 +35,9 @@ def _frame(frame: str) -> str:
     return f"{Path(path).name}:{name}"
 
 
-def top_functions(collapsed: Path, top: int) -> tuple[int, list[tuple[str, float]],
-                                                       list[tuple[str, float]]]:
+def top_functions(
+    collapsed: Path, top: int
+) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
     """Samples, and the ``top`` functions by own time and by time including callees (percent)."""
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
@@ -67,11 +68,25 @@ def summarize(collapsed: Path, top: int) -> str:
 def profile_load(pid: int, load: Callable[[], Any], out: Path) -> Any:
     """Run ``load()`` while py-spy samples process ``pid`` into ``out`` (collapsed stacks)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    spy = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw",
-                            "--rate", "200", "--output", str(out), "--nonblocking"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    spy = subprocess.Popen(
+        [
+            py_spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            "200",
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
-        time.sleep(1.0)                      # py-spy attaches
+        time.sleep(1.0)  # py-spy attaches
         return load()
     finally:
         spy.send_signal(signal.SIGINT)
@@ -93,15 +108,20 @@ def main() -> int:
     server = GymServerProcess(token=TOKEN, allow_faults=False, state_dir=state_dir).start()
     try:
         asyncio.run(cycles(server.url, 200, args.concurrency, "warm"))
-        out = profile_load(server.pid, lambda: asyncio.run(
-            cycles(server.url, args.cycles, args.concurrency, "prof")), raw)
+        out = profile_load(
+            server.pid,
+            lambda: asyncio.run(cycles(server.url, args.cycles, args.concurrency, "prof")),
+            raw,
+        )
     finally:
         server.stop()
         if state_dir:
             shutil.rmtree(state_dir, ignore_errors=True)
     rate = (args.cycles - out["errors"]) / out["seconds"]
-    print(f"gym serve {'--state-dir' if args.state_dir else '(memory)'}, concurrency "
-          f"{args.concurrency}: {rate:.0f} cycles/s under py-spy")
+    print(
+        f"gym serve {'--state-dir' if args.state_dir else '(memory)'}, concurrency "
+        f"{args.concurrency}: {rate:.0f} cycles/s under py-spy"
+    )
     print(summarize(raw, args.top))
     return 0
 

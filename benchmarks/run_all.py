@@ -19,36 +19,58 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 import hotpath_table
 from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
 from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
-BENCHMARKS = ["throughput", "concurrency", "fault_storm", "checkpoint", "cluster", "ledger",
-              "soak", "gym_server_memory", "gym_server", "chaos", "hotpath_profile"]
+BENCHMARKS = [
+    "throughput",
+    "concurrency",
+    "fault_storm",
+    "checkpoint",
+    "cluster",
+    "ledger",
+    "soak",
+    "gym_server_memory",
+    "gym_server",
+    "chaos",
+    "hotpath_profile",
+]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 
 
 # ---------------------------------------------------------------- running
 
-def run_one(name: str, quick: bool, *, tree: Path = REPO,
-            args: list[str] | None = None) -> dict[str, Any]:
+
+def run_one(
+    name: str, quick: bool, *, tree: Path = REPO, args: list[str] | None = None
+) -> dict[str, Any]:
     if name == "hotpath_profile" and not _has_py_spy():
         common.progress("run_all: hotpath_profile skipped: py-spy is not installed")
         return {"name": name, "rc": 0, "seconds": 0.0, "tail": "", "skipped": True}
-    cmd = [sys.executable, str(tree / "benchmarks" / f"{name}.py")] + (
-        ["--quick"] if quick else []) + (EXTRA_ARGS.get(name, []) if args is None else args)
+    cmd = (
+        [sys.executable, str(tree / "benchmarks" / f"{name}.py")]
+        + (["--quick"] if quick else [])
+        + (EXTRA_ARGS.get(name, []) if args is None else args)
+    )
     log = RESULTS_DIR / f"{name}{'' if quick else '_full'}.log.tmp"
     t0 = time.perf_counter()
     common.progress(f"run_all: {name} ({tree.name}) ...")
     with open(log, "w") as out:
         try:
-            rc = subprocess.run(cmd, cwd=tree, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=TIMEOUT_S["quick" if quick else "full"]).returncode
+            rc = subprocess.run(
+                cmd,
+                cwd=tree,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=TIMEOUT_S["quick" if quick else "full"],
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
     took = time.perf_counter() - t0
@@ -70,8 +92,12 @@ def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rlga-before-") as tmp:
         tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO,
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         try:
             for script in BENCH_DIR.glob("*.py"):
                 shutil.copy2(script, tree / "benchmarks" / script.name)
@@ -83,16 +109,21 @@ def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
                 stem = "hotpath_profile_before" if name == "hotpath_profile" else name
                 produced = tree / "benchmarks" / "results" / f"{stem}.json"
                 if run["rc"] == 0 and produced.exists():
-                    target = "hotpath_profile_before" if name == "hotpath_profile" else (
-                        f"{name}_before")
+                    target = (
+                        "hotpath_profile_before"
+                        if name == "hotpath_profile"
+                        else (f"{name}_before")
+                    )
                     shutil.copy2(produced, RESULTS_DIR / f"{target}.json")
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
-                           capture_output=True)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True
+            )
     return runs
 
 
 # ---------------------------------------------------------------- commentary
+
 
 def _rows(res: dict) -> list[dict]:
     return res.get("rows", [])
@@ -118,7 +149,8 @@ def say_throughput(res: dict) -> str:
         f"about {cpu:.0f} ms of CPU per rollout over all processes against {dcpu:.1f} ms for the "
         f"direct loop, on 2 cores shared with the Gym server; the added latency per rollout is "
         f"{b0['added_p50_ms']:.0f} ms at p50. Many rollouts per actor cost a fraction of the "
-        f"memory of one per actor (actor PSS per slot in the second table) and less CPU.")
+        f"memory of one per actor (actor PSS per slot in the second table) and less CPU."
+    )
 
 
 def say_concurrency(res: dict) -> str:
@@ -127,16 +159,21 @@ def say_concurrency(res: dict) -> str:
         return ""
     big = max(rows, key=lambda r: r["in_flight"])
     one = [r for r in rows if r["rollouts_per_actor"] == 1]
-    one_s = (f"One rollout per actor costs ~{one[0]['pss_mb_per_rollout']:.0f} MB (PSS) per "
-             f"rollout in flight and ~{one[-1]['pool_start_s']:.0f} s to start "
-             f"{one[-1]['actors']} actors, so it stops at {max(r['in_flight'] for r in one)} "
-             f"here (see the notes); " if one else "")
+    one_s = (
+        f"One rollout per actor costs ~{one[0]['pss_mb_per_rollout']:.0f} MB (PSS) per "
+        f"rollout in flight and ~{one[-1]['pool_start_s']:.0f} s to start "
+        f"{one[-1]['actors']} actors, so it stops at {max(r['in_flight'] for r in one)} "
+        f"here (see the notes); "
+        if one
+        else ""
+    )
     return (
         f"{one_s}many per actor reach {big['in_flight']} in flight at "
         f"{big['pss_mb_per_rollout']:.1f} MB per rollout. At {big['in_flight']} in flight a batch "
         f"of 1 s agents takes {big['batch_s']:.2f} s ({big['vs_ideal']:.1f}x the ideal, "
         f"{big['vs_direct']:.2f}x the direct loop): the excess is CPU per rollout on a 2-core "
-        f"machine, not waiting.")
+        f"machine, not waiting."
+    )
 
 
 def say_fault_storm(res: dict) -> str:
@@ -150,17 +187,20 @@ def say_fault_storm(res: dict) -> str:
         f"tries instead of rerunning them. The as-is policy committed {asis[1]}: its first lost "
         f"reply blocks every later prepare, it ended with {asis[2]} un-ACKed attempts on Gym, "
         f"reran {asis[5]} tries and wasted {asis[6]:.0f} agent-seconds (ours {ours[6]:.0f}, spent "
-        f"on first tries cancelled at their deadline and on the abandoned rows).")
+        f"on first tries cancelled at their deadline and on the abandoned rows)."
+    )
 
 
 def say_checkpoint(res: dict) -> str:
     rows = _rows(res)
     if not rows:
         return ""
-    fin = max((r for r in rows if r["kind"] == "finished"), key=lambda r: (r["attempts"],
-                                                                          r["servers"]))
-    run = max((r for r in rows if r["kind"] == "running"), key=lambda r: (r["attempts"],
-                                                                         r["servers"]))
+    fin = max(
+        (r for r in rows if r["kind"] == "finished"), key=lambda r: (r["attempts"], r["servers"])
+    )
+    run = max(
+        (r for r in rows if r["kind"] == "running"), key=lambda r: (r["attempts"], r["servers"])
+    )
     none = [r for r in rows if r["kind"] == "none"]
     return (
         f"An empty checkpoint costs {none[0]['ours_s'] * 1e3:.0f} ms "
@@ -170,7 +210,8 @@ def say_checkpoint(res: dict) -> str:
         f"{run['attempts']:,} running attempts whose owners are gone are retired and committed "
         f"in {run['ours_s']:.2f} s ({run['ratio']:.1f}x): the gate first closes admission for "
         f"0.5 s and flushes the owners before it retires what nobody reported, which the minimum "
-        f"skips because it knows there are no owners.")
+        f"skips because it knows there are no owners."
+    )
 
 
 def say_cluster(res: dict) -> str:
@@ -186,12 +227,16 @@ def say_cluster(res: dict) -> str:
         f"checkpoint right after it ACKed {r['orphans_acked']} orphaned finished attempts and "
         f"retired {r['retired']} still running, and committed {r['checkpoint_s']:.1f} s after it "
         f"was called ({r['committed_after_kill_s']:.1f} s after the kill"
-        + (f"; a checkpoint on the whole pool takes {r['second_checkpoint_s']:.2f} s"
-           if r.get("second_checkpoint_s") is not None else "")
+        + (
+            f"; a checkpoint on the whole pool takes {r['second_checkpoint_s']:.2f} s"
+            if r.get("second_checkpoint_s") is not None
+            else ""
+        )
         + f"): most of that is Ray "
         f"declaring the node dead, until which the ledger cannot tell the lost owners from slow "
         f"ones. The next batch still lost {lost_next} rows to the dead actors' slots (the pool "
-        f"replaces an actor on its next failed call); batch {r['first_clean_batch']} ran clean.")
+        f"replaces an actor on its next failed call); batch {r['first_clean_batch']} ran clean."
+    )
 
 
 def say_ledger(res: dict) -> str:
@@ -208,7 +253,8 @@ def say_ledger(res: dict) -> str:
         f"itself runs at {snap['fold_in_process_events_per_s']:,.0f} events/s in-process. "
         f"snapshot() with {snap['attempts']:,} attempts costs {snap['snapshot_remote_ms']:.1f} ms "
         f"through Ray ({snap['snapshot_in_process_ms']:.2f} ms in-process): the book keeps its "
-        f"counters incrementally.")
+        f"counters incrementally."
+    )
 
 
 def say_chaos(res: dict) -> str:
@@ -218,13 +264,17 @@ def say_chaos(res: dict) -> str:
     good = [r for r in rows if r["ok"]]
     by = {r["name"]: r for r in rows}
     dead = by.get("gym_dead", {}).get("extra", {})
-    parts = [f"{len(good)} of {len(rows)} faults ended as a user expects: no row failed "
-             f"without a reason, no reward was counted twice, and wherever a checkpoint can "
-             f"commit it did, leaving nothing running or un-ACKed on Gym."]
+    parts = [
+        f"{len(good)} of {len(rows)} faults ended as a user expects: no row failed "
+        f"without a reason, no reward was counted twice, and wherever a checkpoint can "
+        f"commit it did, leaving nothing running or un-ACKed on Gym."
+    ]
     if dead:
-        parts.append(f"With Gym dead, 60 rows ended in {dead['batch_s']:.1f} s (bound "
-                     f"{dead['bound_s']:.0f} s), every reason naming the refused connection, "
-                     f"and the checkpoint failed after {dead['checkpoint_s']:.2f} s of its 3 s.")
+        parts.append(
+            f"With Gym dead, 60 rows ended in {dead['batch_s']:.1f} s (bound "
+            f"{dead['bound_s']:.0f} s), every reason naming the refused connection, "
+            f"and the checkpoint failed after {dead['checkpoint_s']:.2f} s of its 3 s."
+        )
     missing = [r["name"] for r in rows if not r["ok"]]
     if missing:
         parts.append(f"Not as expected: {', '.join(missing)}.")
@@ -232,9 +282,15 @@ def say_chaos(res: dict) -> str:
 
 
 SAY: dict[str, Callable[[dict], str]] = {
-    "throughput": say_throughput, "concurrency": say_concurrency,
-    "fault_storm": say_fault_storm, "checkpoint": say_checkpoint, "cluster": say_cluster,
-    "ledger": say_ledger, "chaos": say_chaos, "soak": lambda res: _soak().say(res)}
+    "throughput": say_throughput,
+    "concurrency": say_concurrency,
+    "fault_storm": say_fault_storm,
+    "checkpoint": say_checkpoint,
+    "cluster": say_cluster,
+    "ledger": say_ledger,
+    "chaos": say_chaos,
+    "soak": lambda res: _soak().say(res),
+}
 
 
 def _soak():
@@ -244,6 +300,7 @@ def _soak():
 
 
 # ---------------------------------------------------------------- plots
+
 
 def _plot(name: str, res: dict, path: Path) -> bool:
     import matplotlib
@@ -261,26 +318,43 @@ def _plot(name: str, res: dict, path: Path) -> bool:
         width = 0.8 / (len(configs) + 1)
         for i, a in enumerate(agents):
             d = [r["direct_per_s"] for r in rows if r["agent_ms"] == a]
-            ax.bar(i, sum(d) / len(d), width, color="grey",
-                   label="direct loop" if i == 0 else None)
+            ax.bar(i, sum(d) / len(d), width, color="grey", label="direct loop" if i == 0 else None)
             for j, c in enumerate(configs):
                 v = [r["ours_per_s"] for r in rows if r["agent_ms"] == a and r["config"] == c]
-                ax.bar(i + (j + 1) * width, v[0] if v else 0, width, color=f"C{j}",
-                       label=f"ours, {c}" if i == 0 else None)
-        ax.set_xticks([i + width * len(configs) / 2 for i in range(len(agents))],
-                      [f"agent {a} ms" for a in agents])
+                ax.bar(
+                    i + (j + 1) * width,
+                    v[0] if v else 0,
+                    width,
+                    color=f"C{j}",
+                    label=f"ours, {c}" if i == 0 else None,
+                )
+        ax.set_xticks(
+            [i + width * len(configs) / 2 for i in range(len(agents))],
+            [f"agent {a} ms" for a in agents],
+        )
         ax.set_ylabel("rollouts / s")
         ax.set_title(f"Throughput at concurrency {rows[0]['concurrency']}")
     elif name == "concurrency":
         for j, layout in enumerate(["1 per actor", "many per actor"]):
-            rs = sorted((r for r in rows if (r["rollouts_per_actor"] == 1) == (j == 0)),
-                        key=lambda r: r["in_flight"])
+            rs = sorted(
+                (r for r in rows if (r["rollouts_per_actor"] == 1) == (j == 0)),
+                key=lambda r: r["in_flight"],
+            )
             if rs:
-                ax.plot([r["in_flight"] for r in rs], [r["batch_s"] for r in rs], "o-",
-                        label=f"ours, {layout}")
+                ax.plot(
+                    [r["in_flight"] for r in rs],
+                    [r["batch_s"] for r in rs],
+                    "o-",
+                    label=f"ours, {layout}",
+                )
         rs = sorted(rows, key=lambda r: r["in_flight"])
-        ax.plot([r["in_flight"] for r in rs], [r["direct_s"] for r in rs], "s--", color="grey",
-                label="direct loop")
+        ax.plot(
+            [r["in_flight"] for r in rs],
+            [r["direct_s"] for r in rs],
+            "s--",
+            color="grey",
+            label="direct loop",
+        )
         ax.axhline(1.0, color="black", lw=0.8, ls=":", label="ideal")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rollouts in flight")
@@ -289,25 +363,53 @@ def _plot(name: str, res: dict, path: Path) -> bool:
     elif name == "fault_storm":
         for j, pol in enumerate(["ours", "as-is"]):
             rs = [r for r in rows if r["policy"] == pol]
-            ax.plot(range(len(rs)), [r["left_unacked"] for r in rs], "o-", color=f"C{j}",
-                    label=f"{pol}: un-ACKed on Gym")
+            ax.plot(
+                range(len(rs)),
+                [r["left_unacked"] for r in rs],
+                "o-",
+                color=f"C{j}",
+                label=f"{pol}: un-ACKed on Gym",
+            )
             blocked = [i for i, r in enumerate(rs) if not r["committed"]]
-            ax.plot(blocked, [rs[i]["left_unacked"] for i in blocked], "x", color="red",
-                    ms=9, label="checkpoint blocked" if j == 1 else None)
-        labels = [f"{r['path']} {r['fraction']:.0%}" if r["fraction"] else r["path"]
-                  for r in rows if r["policy"] == "ours"]
+            ax.plot(
+                blocked,
+                [rs[i]["left_unacked"] for i in blocked],
+                "x",
+                color="red",
+                ms=9,
+                label="checkpoint blocked" if j == 1 else None,
+            )
+        labels = [
+            f"{r['path']} {r['fraction']:.0%}" if r["fraction"] else r["path"]
+            for r in rows
+            if r["policy"] == "ours"
+        ]
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("attempts finished, never ACKed")
         ax.set_title("Fault storm: what each policy leaves on Gym")
     elif name == "checkpoint":
-        for j, (kind, servers) in enumerate(sorted({(r["kind"], r["servers"]) for r in rows
-                                                    if r["kind"] != "none"})):
-            rs = sorted((r for r in rows if r["kind"] == kind and r["servers"] == servers),
-                        key=lambda r: r["attempts"])
-            ax.plot([r["attempts"] for r in rs], [r["ours_s"] for r in rs], "o-",
-                    color=f"C{j}", label=f"ours, {kind}, {servers} server(s)")
-            ax.plot([r["attempts"] for r in rs], [r["direct_s"] for r in rs], "s:",
-                    color=f"C{j}", alpha=0.6, label=f"minimum, {kind}, {servers} server(s)")
+        for j, (kind, servers) in enumerate(
+            sorted({(r["kind"], r["servers"]) for r in rows if r["kind"] != "none"})
+        ):
+            rs = sorted(
+                (r for r in rows if r["kind"] == kind and r["servers"] == servers),
+                key=lambda r: r["attempts"],
+            )
+            ax.plot(
+                [r["attempts"] for r in rs],
+                [r["ours_s"] for r in rs],
+                "o-",
+                color=f"C{j}",
+                label=f"ours, {kind}, {servers} server(s)",
+            )
+            ax.plot(
+                [r["attempts"] for r in rs],
+                [r["direct_s"] for r in rs],
+                "s:",
+                color=f"C{j}",
+                alpha=0.6,
+                label=f"minimum, {kind}, {servers} server(s)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("attempts left behind")
@@ -318,8 +420,12 @@ def _plot(name: str, res: dict, path: Path) -> bool:
         _soak().plot(res, ax)
     elif name == "ledger":
         rs = sorted(rows, key=lambda r: r["batch_size"])
-        ax.plot([r["batch_size"] for r in rs], [r["events_per_s"] for r in rs], "o-",
-                label=f"{rs[0]['reporters']} reporter actors, one ledger")
+        ax.plot(
+            [r["batch_size"] for r in rs],
+            [r["events_per_s"] for r in rs],
+            "o-",
+            label=f"{rs[0]['reporters']} reporter actors, one ledger",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("reports per call")
@@ -338,6 +444,7 @@ def _plot(name: str, res: dict, path: Path) -> bool:
 
 # ---------------------------------------------------------------- RESULTS.md
 
+
 def _load(stem: str) -> dict | None:
     path = RESULTS_DIR / f"{stem}.json"
     if not path.exists():
@@ -346,8 +453,13 @@ def _load(stem: str) -> dict | None:
 
 
 def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
-    out = [heading, "", f"Command: `{res['command']}` ({res['mode']} mode, "
-                       f"{fmt(res.get('elapsed_s'))} s, {res['started_at']})", ""]
+    out = [
+        heading,
+        "",
+        f"Command: `{res['command']}` ({res['mode']} mode, "
+        f"{fmt(res.get('elapsed_s'))} s, {res['started_at']})",
+        "",
+    ]
     load = load_line(res["machine"].get("load_avg"), res.get("load_end"))
     out += [f"Machine: {machine_line(res['machine'])}" + (f"; {load}" if load else ""), ""]
     say = SAY.get(res["name"], lambda r: r.get("extra", {}).get("headline", ""))(res)
@@ -366,7 +478,7 @@ def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
         try:
             if _plot(res["name"], res, png):
                 out += [f"![{stem}](results/{png.name})", ""]
-        except Exception as exc:       # a plot must never cost the report
+        except Exception as exc:  # a plot must never cost the report
             out += [f"(plot failed: {type(exc).__name__}: {exc})", ""]
     return out
 
@@ -374,41 +486,60 @@ def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
 def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
     try:
         import matplotlib  # noqa: F401
+
         plots, plot_note = True, ""
     except ImportError:
         plots = False
-        plot_note = ("Plots skipped: matplotlib is not installed (it is in the optional `bench` "
-                     "extra: `pip install -e '.[bench]'`, which `make bench` does).")
+        plot_note = (
+            "Plots skipped: matplotlib is not installed (it is in the optional `bench` "
+            "extra: `pip install -e '.[bench]'`, which `make bench` does)."
+        )
     info = machine_info()
     lines = [
-        "# Benchmarks", "",
+        "# Benchmarks",
+        "",
         "Regenerated by `.venv/bin/python benchmarks/run_all.py --quick` (`make bench`); every "
         "benchmark also runs alone: `.venv/bin/python benchmarks/<name>.py [--quick]`. Each one "
         "measures its baseline in the same run and reports ratios; raw numbers are in "
-        "`benchmarks/results/<name>.json` (full mode: `<name>_full.json`).", "",
-        f"Last regenerated {time.strftime('%Y-%m-%d %H:%M')} on: {machine_line(info)}.", "",
+        "`benchmarks/results/<name>.json` (full mode: `<name>_full.json`).",
+        "",
+        f"Last regenerated {time.strftime('%Y-%m-%d %H:%M')} on: {machine_line(info)}.",
+        "",
         "Read every absolute number with the machine in mind: 2 cores shared by the Gym "
         "server, the driver, every Ray process and, while these ran, other engineers' test "
         "suites (each section gives the load average). The ratios against a baseline measured "
-        "in the same run, interleaved trial by trial, are the robust figures.", ""]
+        "in the same run, interleaved trial by trial, are the robust figures.",
+        "",
+    ]
     if plot_note:
         lines += [plot_note, ""]
     lines += hotpath_table.section()
     failed = [r for r in runs if r["rc"] != 0]
     for r in failed:
-        lines += [f"**{r['name']} failed in this run** (exit {r['rc']}); its section shows the "
-                  f"previous result, if any. Last output:", "", "```",
-                  r["tail"].strip()[-1500:], "```", ""]
-    titles = {"throughput": "Throughput", "concurrency": "Concurrency",
-              "fault_storm": "Fault storm", "checkpoint": "Checkpoint latency",
-              "cluster": "Cluster: a node lost mid-batch", "ledger": "Ledger",
-              "soak": "Soak: memory over a long run",
-              "gym_server_memory": "Gym server memory over a long run (no Ray)",
-              "gym_server": "Gym server on its own (written by the server engineer)",
-              "chaos": "Chaos: one fault per row"}
+        lines += [
+            f"**{r['name']} failed in this run** (exit {r['rc']}); its section shows the "
+            f"previous result, if any. Last output:",
+            "",
+            "```",
+            r["tail"].strip()[-1500:],
+            "```",
+            "",
+        ]
+    titles = {
+        "throughput": "Throughput",
+        "concurrency": "Concurrency",
+        "fault_storm": "Fault storm",
+        "checkpoint": "Checkpoint latency",
+        "cluster": "Cluster: a node lost mid-batch",
+        "ledger": "Ledger",
+        "soak": "Soak: memory over a long run",
+        "gym_server_memory": "Gym server memory over a long run (no Ray)",
+        "gym_server": "Gym server on its own (written by the server engineer)",
+        "chaos": "Chaos: one fault per row",
+    }
     for name in BENCHMARKS:
         if name not in titles:
-            continue                     # shown in the hot-path section
+            continue  # shown in the hot-path section
         lines += [f"## {titles[name]}", ""]
         primary = _load(name if quick else f"{name}_full")
         secondary = _load(f"{name}_full" if quick else name)
@@ -416,11 +547,19 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
             lines += ["(no result yet)", ""]
             continue
         if primary is not None:
-            lines += _section(primary, name if quick else f"{name}_full", plots,
-                              f"### {'Quick' if quick else 'Full'} mode")
+            lines += _section(
+                primary,
+                name if quick else f"{name}_full",
+                plots,
+                f"### {'Quick' if quick else 'Full'} mode",
+            )
         if secondary is not None:
-            lines += _section(secondary, f"{name}_full" if quick else name, plots,
-                              f"### {'Full' if quick else 'Quick'} mode")
+            lines += _section(
+                secondary,
+                f"{name}_full" if quick else name,
+                plots,
+                f"### {'Full' if quick else 'Quick'} mode",
+            )
     path = BENCH_DIR / "RESULTS.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path
@@ -430,11 +569,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="quick mode of every benchmark")
     parser.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run only these")
-    parser.add_argument("--report-only", action="store_true",
-                        help="do not run anything; rewrite RESULTS.md from results/")
-    parser.add_argument("--before", metavar="REV", default=None,
-                        help=f"also measure the 'before' column at REV (make bench: "
-                             f"{BEFORE_REV}) in a temporary worktree")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="do not run anything; rewrite RESULTS.md from results/",
+    )
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help=f"also measure the 'before' column at REV (make bench: "
+        f"{BEFORE_REV}) in a temporary worktree",
+    )
     args = parser.parse_args(argv)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []

@@ -35,10 +35,9 @@ from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 QUICK = dict(rollouts=20_000, batch=1_000, checkpoint_every=2_000, actors=4, per_actor=64)
 FULL = dict(rollouts=200_000, batch=2_000, checkpoint_every=5_000, actors=4, per_actor=128)
-FAULTY_EVERY = 20                       # one row in 20 is faulty: 5 %
+FAULTY_EVERY = 20  # one row in 20 is faulty: 5 %
 PATHS = ("deadline", "receipt", "drop", "agent_fail")
-POLICY = TryPolicy(rollout_s=1.0, receipt_s=0.5, max_tries=2, control_s=10.0,
-                   admission_wait_s=60.0)
+POLICY = TryPolicy(rollout_s=1.0, receipt_s=0.5, max_tries=2, control_s=10.0, admission_wait_s=60.0)
 GOAL_BYTES = 50
 PROCESSES = ("driver", "ledger", "rollout_actors", "gym_server")
 
@@ -83,8 +82,11 @@ def rss(gym_pid: int) -> dict[str, int]:
 
 def agent_fail_rows(total: int) -> int:
     """How many of the first ``total`` rows carry the agent_fail fault."""
-    return sum(1 for n in range(FAULTY_EVERY - 1, total, FAULTY_EVERY)
-               if PATHS[(n // FAULTY_EVERY) % len(PATHS)] == "agent_fail")
+    return sum(
+        1
+        for n in range(FAULTY_EVERY - 1, total, FAULTY_EVERY)
+        if PATHS[(n // FAULTY_EVERY) % len(PATHS)] == "agent_fail"
+    )
 
 
 def per_process(growth: dict[str, float | None], actors: int) -> dict[str, float | None]:
@@ -119,17 +121,22 @@ def body(result: Result, args: Any) -> None:
     from rl_gym_actors.testing.polling import wait_for
 
     p = QUICK if args.quick else FULL
-    result.params.update(p, faulty_fraction=1 / FAULTY_EVERY, paths=list(PATHS),
-                         policy=POLICY.model_dump())
+    result.params.update(
+        p, faulty_fraction=1 / FAULTY_EVERY, paths=list(PATHS), policy=POLICY.model_dump()
+    )
     common.start_ray(num_cpus=2)
     tmp = Path(tempfile.mkdtemp(prefix="rlga-bench-soak-"))
     meter_path = tmp / "meter.jsonl"
-    server = GymServerProcess(agent="benchmarks.metered_agent:agent", token="bench-token",
-                              state_dir=tmp / "state", allow_faults=True,
-                              env={**os.environ, METER_ENV: str(meter_path)}).start()
+    server = GymServerProcess(
+        agent="benchmarks.metered_agent:agent",
+        token="bench-token",
+        state_dir=tmp / "state",
+        allow_faults=True,
+        env={**os.environ, METER_ENV: str(meter_path)},
+    ).start()
     endpoint = server.endpoint
     total = p["rollouts"]
-    sealed_bits = bytearray((total + 7) // 8)          # sized once: counting costs no memory
+    sealed_bits = bytearray((total + 7) // 8)  # sized once: counting costs no memory
     counted_twice = sealed = failed = 0
     failures: dict[str, int] = {}
     committed = failed_checkpoints = 0
@@ -141,9 +148,14 @@ def body(result: Result, args: Any) -> None:
         status = loop.run_until_complete(client.status("soak-probe", deadline_ts=time.time() + 30))
         return status.completed_unacknowledged
 
-    orch = Orchestrator([endpoint], policy=POLICY, pool_size=p["actors"],
-                        rollouts_per_actor=p["per_actor"], progress=False,
-                        orchestrator_id="bench-soak")
+    orch = Orchestrator(
+        [endpoint],
+        policy=POLICY,
+        pool_size=p["actors"],
+        rollouts_per_actor=p["per_actor"],
+        progress=False,
+        orchestrator_id="bench-soak",
+    )
     t0 = time.perf_counter()
     try:
         done = 0
@@ -168,70 +180,123 @@ def body(result: Result, args: Any) -> None:
             if since_checkpoint >= p["checkpoint_every"] or done >= total:
                 since_checkpoint = 0
                 try:
-                    orch.checkpoint(f"soak-{done}", str(tmp / "ckpt" / str(done)),
-                                    deadline_s=120.0)
+                    orch.checkpoint(f"soak-{done}", str(tmp / "ckpt" / str(done)), deadline_s=120.0)
                     committed += 1
                 except CheckpointFailed as exc:
                     failed_checkpoints += 1
                     progress(f"checkpoint at {done} failed: {str(exc)[:200]}")
             # a sample after every batch
-            samples.append({"rollouts": done, "s": round(time.perf_counter() - t0, 1),
-                            **rss(server.pid),
-                            "checkpoints": committed, "unacked_on_gym": gym_unacked(),
-                            "counted_twice": counted_twice})
+            samples.append(
+                {
+                    "rollouts": done,
+                    "s": round(time.perf_counter() - t0, 1),
+                    **rss(server.pid),
+                    "checkpoints": committed,
+                    "unacked_on_gym": gym_unacked(),
+                    "counted_twice": counted_twice,
+                }
+            )
             last = samples[-1]
-            progress(f"{done:,} rollouts, {last['s']:.0f}s: " + ", ".join(
-                f"{k} {last[k] / MB:.1f} MB" for k in PROCESSES)
-                + f"; un-ACKed {last['unacked_on_gym']}")
+            progress(
+                f"{done:,} rollouts, {last['s']:.0f}s: "
+                + ", ".join(f"{k} {last[k] / MB:.1f} MB" for k in PROCESSES)
+                + f"; un-ACKed {last['unacked_on_gym']}"
+            )
         elapsed = time.perf_counter() - t0
         snap = orch.snapshot()
     finally:
         orch.close()
         loop.run_until_complete(client.close())
         loop.close()
-    wait_for(lambda: read_meter(meter_path).running == 0, timeout_s=60, interval_s=0.05,
-             what="every agent run to end")
+    wait_for(
+        lambda: read_meter(meter_path).running == 0,
+        timeout_s=60,
+        interval_s=0.05,
+        what="every agent run to end",
+    )
     meter = read_meter(meter_path)
     server.stop()
-    runs_twice = sum(1 for (rid, att), runs in meter.runs.items()
-                     if sum(1 for _, end in runs if end == "completed") > 1)
+    runs_twice = sum(
+        1
+        for (rid, att), runs in meter.runs.items()
+        if sum(1 for _, end in runs if end == "completed") > 1
+    )
     half = [s for s in samples if s["rollouts"] > total / 2]
     growth = {k: slope([s["rollouts"] for s in half], [s[k] for s in half]) for k in PROCESSES}
     result.rows = samples
     result.extra.update(
-        growth_bytes_per_rollout={k: None if v is None else round(v, 1)
-                                  for k, v in growth.items()},
-        goal_bytes_per_rollout=GOAL_BYTES, rollouts=total, sealed=sealed, failed=failed,
-        failures_by_kind=failures, agent_fail_rows=agent_fail_rows(total), actors=p["actors"],
-        rollout_actor_each_bytes_per_rollout=None if growth["rollout_actors"] is None
+        growth_bytes_per_rollout={k: None if v is None else round(v, 1) for k, v in growth.items()},
+        goal_bytes_per_rollout=GOAL_BYTES,
+        rollouts=total,
+        sealed=sealed,
+        failed=failed,
+        failures_by_kind=failures,
+        agent_fail_rows=agent_fail_rows(total),
+        actors=p["actors"],
+        rollout_actor_each_bytes_per_rollout=None
+        if growth["rollout_actors"] is None
         else round(growth["rollout_actors"] / p["actors"], 1),
-        counted_twice=counted_twice, key_runs_completed_twice=runs_twice,
-        checkpoints_committed=committed, checkpoints_failed=failed_checkpoints,
+        counted_twice=counted_twice,
+        key_runs_completed_twice=runs_twice,
+        checkpoints_committed=committed,
+        checkpoints_failed=failed_checkpoints,
         unacked_at_end=samples[-1]["unacked_on_gym"] if samples else None,
-        rollouts_per_s=round(total / elapsed, 1), ledger_attempts_kept=snap.ledger.attempts,
-        ledger_pruned=snap.ledger.pruned, known_rollouts_kept=snap.known_rollouts,
+        rollouts_per_s=round(total / elapsed, 1),
+        ledger_attempts_kept=snap.ledger.attempts,
+        ledger_pruned=snap.ledger.pruned,
+        known_rollouts_kept=snap.known_rollouts,
         invariant_ok=snap.ledger.invariant_ok,
         # per process: the rollout actors' sum divided over the actors
-        held=all(v is not None and v < GOAL_BYTES
-                 for v in per_process(growth, p["actors"]).values())
-        and failed_checkpoints == 0 and counted_twice == 0 and runs_twice == 0
-        and bool(samples) and samples[-1]["unacked_on_gym"] == 0)
+        held=all(
+            v is not None and v < GOAL_BYTES for v in per_process(growth, p["actors"]).values()
+        )
+        and failed_checkpoints == 0
+        and counted_twice == 0
+        and runs_twice == 0
+        and bool(samples)
+        and samples[-1]["unacked_on_gym"] == 0,
+    )
     result.add_table(
         "RSS (MB) after each batch; un-ACKed = completed results Gym holds then (a checkpoint "
         f"every {p['checkpoint_every']:,} rollouts releases them)",
-        ["rollouts", "s", "driver", "ledger", "rollout actors", "Gym server", "checkpoints",
-         "un-ACKed", "counted twice"],
-        [[s["rollouts"], s["s"], s["driver"] / MB, s["ledger"] / MB, s["rollout_actors"] / MB,
-          s["gym_server"] / MB, s["checkpoints"], s["unacked_on_gym"], s["counted_twice"]]
-         for s in samples])
+        [
+            "rollouts",
+            "s",
+            "driver",
+            "ledger",
+            "rollout actors",
+            "Gym server",
+            "checkpoints",
+            "un-ACKed",
+            "counted twice",
+        ],
+        [
+            [
+                s["rollouts"],
+                s["s"],
+                s["driver"] / MB,
+                s["ledger"] / MB,
+                s["rollout_actors"] / MB,
+                s["gym_server"] / MB,
+                s["checkpoints"],
+                s["unacked_on_gym"],
+                s["counted_twice"],
+            ]
+            for s in samples
+        ],
+    )
     each = per_process(growth, p["actors"])
     result.add_table(
         f"Growth over the second half ({len(half)} samples, least squares), bytes per rollout; "
         f"goal < {GOAL_BYTES}",
-        ["process", "bytes / rollout (all its processes)", "bytes / rollout per process",
-         "under the goal"],
-        [[k, growth[k], each[k], each[k] is not None and each[k] < GOAL_BYTES]
-         for k in PROCESSES])
+        [
+            "process",
+            "bytes / rollout (all its processes)",
+            "bytes / rollout per process",
+            "under the goal",
+        ],
+        [[k, growth[k], each[k], each[k] is not None and each[k] < GOAL_BYTES] for k in PROCESSES],
+    )
     ex = result.extra
     result.notes += [
         f"{total:,} rollouts at {ex['rollouts_per_s']} /s: {sealed:,} sealed, {failed:,} failed "
@@ -251,14 +316,21 @@ def say(res: dict) -> str:
     g = ex.get("growth_bytes_per_rollout", {})
     each = per_process(g, ex.get("actors", 1)) if g else {}
     parts = ", ".join(
-        f"{k} {common.fmt(v)}" + (f" ({ex.get('actors')} processes: {common.fmt(each[k])} each)"
-                                  if k == "rollout_actors" and v is not None else "")
-        for k, v in g.items())
-    return (f"Over {ex.get('rollouts', 0):,} rollouts (5 % faulty), memory growth in the second "
-            f"half, bytes per rollout: {parts} (goal < {GOAL_BYTES}: "
-            f"{'held' if ex.get('held') else 'NOT held'}); {ex.get('checkpoints_committed')} "
-            f"checkpoints committed, {ex.get('checkpoints_failed')} failed, un-ACKed at the end "
-            f"{ex.get('unacked_at_end')}, counted twice {ex.get('counted_twice')}.")
+        f"{k} {common.fmt(v)}"
+        + (
+            f" ({ex.get('actors')} processes: {common.fmt(each[k])} each)"
+            if k == "rollout_actors" and v is not None
+            else ""
+        )
+        for k, v in g.items()
+    )
+    return (
+        f"Over {ex.get('rollouts', 0):,} rollouts (5 % faulty), memory growth in the second "
+        f"half, bytes per rollout: {parts} (goal < {GOAL_BYTES}: "
+        f"{'held' if ex.get('held') else 'NOT held'}); {ex.get('checkpoints_committed')} "
+        f"checkpoints committed, {ex.get('checkpoints_failed')} failed, un-ACKed at the end "
+        f"{ex.get('unacked_at_end')}, counted twice {ex.get('counted_twice')}."
+    )
 
 
 def plot(res: dict, ax: Any) -> None:

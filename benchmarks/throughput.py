@@ -27,15 +27,33 @@ from common import Result, bench_main, percentile, progress, ratio
 from direct import direct_batch, make_clients
 from fleet import Fleet
 
-QUICK = dict(sizes=[200], agent_ms=[0, 10, 100], concurrency=16, many=(2, 8), trials=3,
-             big_trials=3, big_from=10**9, lane_rollouts=8)
-FULL = dict(sizes=[1000, 10_000], agent_ms=[0, 10, 100], concurrency=64, many=(8, 8), trials=3,
-            big_trials=1, big_from=10_000, lane_rollouts=20)
+QUICK = dict(
+    sizes=[200],
+    agent_ms=[0, 10, 100],
+    concurrency=16,
+    many=(2, 8),
+    trials=3,
+    big_trials=3,
+    big_from=10**9,
+    lane_rollouts=8,
+)
+FULL = dict(
+    sizes=[1000, 10_000],
+    agent_ms=[0, 10, 100],
+    concurrency=64,
+    many=(8, 8),
+    trials=3,
+    big_trials=1,
+    big_from=10_000,
+    lane_rollouts=20,
+)
 
 
 def _rows(prefix: str, n: int, agent_ms: int) -> list[dict[str, Any]]:
-    return [{"_ng_rollout_id": f"{prefix}-{i}", "sleep_s": agent_ms / 1000.0, "reward": 0.5}
-            for i in range(n)]
+    return [
+        {"_ng_rollout_id": f"{prefix}-{i}", "sleep_s": agent_ms / 1000.0, "reward": 0.5}
+        for i in range(n)
+    ]
 
 
 class Counter:
@@ -57,12 +75,13 @@ def _orch_batch(orch: Any, rows: list[dict[str, Any]]) -> float:
     return dt
 
 
-def _settle(orch: Any, ids: "Counter") -> None:
+def _settle(orch: Any, ids: Counter) -> None:
     """A checkpoint between trials, not timed: with ``ack="at_checkpoint"`` (the default) it
     ACKs the batch's sealed results in acknowledge-completed batches (the checkpoint
     benchmark's 'sealed' kind measures that); with ACK-on-seal it finds nothing to do."""
-    report = orch.checkpoint(ids.next("tp-ck"), f"/tmp/rlga-bench-tp/{ids.next('d')}",
-                             deadline_s=120.0)
+    report = orch.checkpoint(
+        ids.next("tp-ck"), f"/tmp/rlga-bench-tp/{ids.next('d')}", deadline_s=120.0
+    )
     if not all(e.commit.manifest_digest for e in report.endpoints):
         raise RuntimeError("a throughput checkpoint did not commit")
 
@@ -84,6 +103,7 @@ def _direct(endpoints: Any, rows: list[dict[str, Any]], concurrency: int) -> Any
 
 def _orch_lanes(orch: Any, prefix: str, lanes: int, per_lane: int, agent_ms: int) -> list[float]:
     """Per-rollout latency: ``lanes`` concurrent lanes of one-row batches back to back."""
+
     async def lane(k: int) -> list[float]:
         out = []
         for i in range(per_lane):
@@ -102,8 +122,9 @@ def _orch_lanes(orch: Any, prefix: str, lanes: int, per_lane: int, agent_ms: int
     return asyncio.run(go())
 
 
-def _measure_config(result: Result, p: dict, fleet: Fleet, label: str, pool_size: int,
-                    per_actor: int, ids: Counter) -> list[dict[str, Any]]:
+def _measure_config(
+    result: Result, p: dict, fleet: Fleet, label: str, pool_size: int, per_actor: int, ids: Counter
+) -> list[dict[str, Any]]:
     from rl_gym_actors.config import TryPolicy
     from rl_gym_actors.orchestrator import Orchestrator
 
@@ -112,9 +133,14 @@ def _measure_config(result: Result, p: dict, fleet: Fleet, label: str, pool_size
     exclude = fleet.pids
     gym_pid = fleet.pids[0]
     t0 = time.perf_counter()
-    orch = Orchestrator(eps, policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
-                        pool_size=pool_size, rollouts_per_actor=per_actor, progress=False,
-                        orchestrator_id=f"bench-tp-{pool_size}x{per_actor}")
+    orch = Orchestrator(
+        eps,
+        policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
+        pool_size=pool_size,
+        rollouts_per_actor=per_actor,
+        progress=False,
+        orchestrator_id=f"bench-tp-{pool_size}x{per_actor}",
+    )
     start_s = time.perf_counter() - t0
     pool_start_s = orch.snapshot().pool.startup_s
     mem = common.worker_memory("worker:RolloutActor", exclude=exclude)
@@ -144,20 +170,28 @@ def _measure_config(result: Result, p: dict, fleet: Fleet, label: str, pool_size
                     _settle(orch, ids)
                 # latency lanes (one-row batches back to back) vs the direct loop's latencies
                 lat_o = _orch_lanes(orch, ids.next("l"), c, p["lane_rollouts"], agent_ms)
-                lat_d = _direct(eps, _rows(ids.next("ld"), c * p["lane_rollouts"], agent_ms),
-                                c).latencies
+                lat_d = _direct(
+                    eps, _rows(ids.next("ld"), c * p["lane_rollouts"], agent_ms), c
+                ).latencies
                 _settle(orch, ids)
                 d_med, o_med = statistics.median(d_s), statistics.median(o_s)
                 o_st = o_stats[o_s.index(sorted(o_s)[len(o_s) // 2])]
                 d_st = d_stats[d_s.index(sorted(d_s)[len(d_s) // 2])]
                 ideal = n * agent_ms / 1000.0 / c
                 row = {
-                    "config": label, "actors": pool_size, "rollouts_per_actor": per_actor,
-                    "concurrency": c, "agent_ms": agent_ms, "rollouts": n, "trials": trials,
-                    "direct_per_s": n / d_med, "ours_per_s": n / o_med,
+                    "config": label,
+                    "actors": pool_size,
+                    "rollouts_per_actor": per_actor,
+                    "concurrency": c,
+                    "agent_ms": agent_ms,
+                    "rollouts": n,
+                    "trials": trials,
+                    "direct_per_s": n / d_med,
+                    "ours_per_s": n / o_med,
                     "ratio": ratio(n / o_med, n / d_med),
                     "ideal_per_s": (n / ideal) if ideal else None,
-                    "direct_s_trials": d_s, "ours_s_trials": o_s,
+                    "direct_s_trials": d_s,
+                    "ours_s_trials": o_s,
                     "lat_direct_p50_ms": percentile(lat_d, 50) * 1e3,
                     "lat_direct_p99_ms": percentile(lat_d, 99) * 1e3,
                     "lat_ours_p50_ms": percentile(lat_o, 50) * 1e3,
@@ -172,20 +206,28 @@ def _measure_config(result: Result, p: dict, fleet: Fleet, label: str, pool_size
                     "direct_gym_cpu_ms_per_rollout": statistics.median(d_gym) / n * 1e3,
                     "cores_busy": o_st.cpu_s_total / o_med,
                     "actor_pss_mb_per_slot": (mem["pss_mb"] / c) if mem["workers"] else None,
-                    "pool_start_s": pool_start_s, "orchestrator_start_s": start_s,
-                    "ours_stats": o_st.as_dict(), "direct_stats": d_st.as_dict(),
+                    "pool_start_s": pool_start_s,
+                    "orchestrator_start_s": start_s,
+                    "ours_stats": o_st.as_dict(),
+                    "direct_stats": d_st.as_dict(),
                 }
                 row["added_p50_ms"] = row["lat_ours_p50_ms"] - row["lat_direct_p50_ms"]
                 row["added_p99_ms"] = row["lat_ours_p99_ms"] - row["lat_direct_p99_ms"]
                 rows_out.append(row)
-                progress(f"{label} agent={agent_ms}ms n={n}: ours {row['ours_per_s']:.0f}/s "
-                         f"direct {row['direct_per_s']:.0f}/s (x{row['ratio']:.2f}), added p50 "
-                         f"{row['added_p50_ms']:.1f} ms")
+                progress(
+                    f"{label} agent={agent_ms}ms n={n}: ours {row['ours_per_s']:.0f}/s "
+                    f"direct {row['direct_per_s']:.0f}/s (x{row['ratio']:.2f}), added p50 "
+                    f"{row['added_p50_ms']:.1f} ms"
+                )
     finally:
         orch.close()
     result.extra.setdefault("pools", {})[label] = {
-        "actors": pool_size, "rollouts_per_actor": per_actor, "orchestrator_start_s": start_s,
-        "pool_start_s": pool_start_s, "actor_memory": mem}
+        "actors": pool_size,
+        "rollouts_per_actor": per_actor,
+        "orchestrator_start_s": start_s,
+        "pool_start_s": pool_start_s,
+        "actor_memory": mem,
+    }
     return rows_out
 
 
@@ -200,37 +242,100 @@ def body(result: Result, args: Any) -> None:
     with Fleet(1) as fleet:
         try:
             rows += _measure_config(result, p, fleet, "1 per actor", c, 1, ids)
-            rows += _measure_config(result, p, fleet, f"{many_per} per actor", many_actors,
-                                    many_per, ids)
+            rows += _measure_config(
+                result, p, fleet, f"{many_per} per actor", many_actors, many_per, ids
+            )
         finally:
             common.stop_ray()
     result.rows = rows
     result.add_table(
         f"Rollouts per second at concurrency {c} (median of the trials; ideal = C / agent time). "
         "Latency: per rollout, p50 / p99, ours in one-row batches vs the direct loop:",
-        ["config", "agent ms", "N", "direct /s", "ours /s", "ours / direct", "ideal /s",
-         "added p50 ms", "added p99 ms", "ours p50 ms", "direct p50 ms"],
-        [[r["config"], r["agent_ms"], r["rollouts"], r["direct_per_s"], r["ours_per_s"],
-          r["ratio"], r["ideal_per_s"], r["added_p50_ms"], r["added_p99_ms"],
-          r["lat_ours_p50_ms"], r["lat_direct_p50_ms"]] for r in rows])
+        [
+            "config",
+            "agent ms",
+            "N",
+            "direct /s",
+            "ours /s",
+            "ours / direct",
+            "ideal /s",
+            "added p50 ms",
+            "added p99 ms",
+            "ours p50 ms",
+            "direct p50 ms",
+        ],
+        [
+            [
+                r["config"],
+                r["agent_ms"],
+                r["rollouts"],
+                r["direct_per_s"],
+                r["ours_per_s"],
+                r["ratio"],
+                r["ideal_per_s"],
+                r["added_p50_ms"],
+                r["added_p99_ms"],
+                r["lat_ours_p50_ms"],
+                r["lat_direct_p50_ms"],
+            ]
+            for r in rows
+        ],
+    )
     result.add_table(
         "Memory and CPU (orchestrator runs; the Gym server is measured apart). Peak RSS sums the "
         "driver, the rollout actors, the ledger and Ray's own processes; actor PSS per slot is the "
         "rollout actors' proportional memory divided by the rollouts they can hold:",
-        ["config", "agent ms", "N", "peak RSS MB (all)", "actors RSS MB", "actor PSS MB / slot",
-         "CPU ms / rollout (ours)", "CPU ms / rollout (direct)", "Gym CPU ms / rollout",
-         "cores busy"],
-        [[r["config"], r["agent_ms"], r["rollouts"], r["peak_rss_mb"], r["peak_rss_actors_mb"],
-          r["actor_pss_mb_per_slot"], r["cpu_ms_per_rollout"], r["direct_cpu_ms_per_rollout"],
-          r["gym_cpu_ms_per_rollout"], r["cores_busy"]] for r in rows])
+        [
+            "config",
+            "agent ms",
+            "N",
+            "peak RSS MB (all)",
+            "actors RSS MB",
+            "actor PSS MB / slot",
+            "CPU ms / rollout (ours)",
+            "CPU ms / rollout (direct)",
+            "Gym CPU ms / rollout",
+            "cores busy",
+        ],
+        [
+            [
+                r["config"],
+                r["agent_ms"],
+                r["rollouts"],
+                r["peak_rss_mb"],
+                r["peak_rss_actors_mb"],
+                r["actor_pss_mb_per_slot"],
+                r["cpu_ms_per_rollout"],
+                r["direct_cpu_ms_per_rollout"],
+                r["gym_cpu_ms_per_rollout"],
+                r["cores_busy"],
+            ]
+            for r in rows
+        ],
+    )
     pools = result.extra["pools"]
     result.add_table(
         "Warm pool start-up (created once per orchestrator, then kept):",
-        ["config", "actors", "pool start-up s", "orchestrator start s", "PSS MB per actor",
-         "RSS MB per actor"],
-        [[k, v["actors"], v["pool_start_s"], v["orchestrator_start_s"],
-          v["actor_memory"]["pss_per_worker_mb"], v["actor_memory"]["rss_per_worker_mb"]]
-         for k, v in pools.items()])
+        [
+            "config",
+            "actors",
+            "pool start-up s",
+            "orchestrator start s",
+            "PSS MB per actor",
+            "RSS MB per actor",
+        ],
+        [
+            [
+                k,
+                v["actors"],
+                v["pool_start_s"],
+                v["orchestrator_start_s"],
+                v["actor_memory"]["pss_per_worker_mb"],
+                v["actor_memory"]["rss_per_worker_mb"],
+            ]
+            for k, v in pools.items()
+        ],
+    )
     zero = [r for r in rows if r["agent_ms"] == 0]
     slow = [r for r in rows if r["agent_ms"] == max(p["agent_ms"])]
     best0 = max(zero, key=lambda r: r["ours_per_s"])
@@ -239,7 +344,8 @@ def body(result: Result, args: Any) -> None:
         f"agent 0 ms: {best0['ours_per_s']:.0f} rollouts/s ({best0['config']}) = "
         f"{best0['ratio']:.2f}x the direct loop's {best0['direct_per_s']:.0f}/s; agent "
         f"{bests['agent_ms']} ms: {bests['ours_per_s']:.0f}/s = {bests['ratio']:.2f}x direct; "
-        f"added latency p50 {best0['added_p50_ms']:.1f} ms at 0 ms agents")
+        f"added latency p50 {best0['added_p50_ms']:.1f} ms at 0 ms agents"
+    )
 
 
 if __name__ == "__main__":

@@ -29,22 +29,22 @@ from pathlib import Path
 
 try:
     import rl_gym_actors  # noqa: F401
-except ImportError:          # run from a checkout that is not installed: use the checkout
+except ImportError:  # run from a checkout that is not installed: use the checkout
     _ROOT = str(Path(__file__).resolve().parents[1])
     sys.path.insert(0, _ROOT)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH"))
-                                               if p)    # for Ray's worker processes
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p
+    )  # for Ray's worker processes
 
-from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy  # noqa: E402
-from rl_gym_actors.errors import ConnectionLost, StaleAttempt  # noqa: E402
-from rl_gym_actors.gym.client import GymClient  # noqa: E402
-from rl_gym_actors.testing.gym_process import GymServerProcess  # noqa: E402
-from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state  # noqa: E402
+from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
+from rl_gym_actors.errors import ConnectionLost, StaleAttempt
+from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.testing.gym_process import GymServerProcess
+from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 
 # The simulated agent's replies, plus ``first_try_sleep_s`` (a slow first try only).
 AGENT = "rl_gym_actors.testing.counting_agent:agent"
-POLICY = TryPolicy(rollout_s=1.0, receipt_s=0.5, max_tries=3, control_s=5.0,
-                   admission_wait_s=10.0)
+POLICY = TryPolicy(rollout_s=1.0, receipt_s=0.5, max_tries=3, control_s=5.0, admission_wait_s=10.0)
 
 Say = Callable[[str], None]
 
@@ -73,14 +73,19 @@ def gym(endpoint: GymEndpoint, method: str, *args, **kwargs):
 
 # ---------------------------------------------------------------- 0. the seven wire steps
 
+
 async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
     say = check.say
     say("== 0. The protocol's seven-step example, against the Gym server ==")
     async with GymClient(endpoint) as c:
         soon = lambda: time.time() + 10  # noqa: E731
         try:
-            await c.run({"reward": 0.5, "drop_reply": True}, rollout_id="rD", attempt_index=0,
-                        deadline_ts=soon())
+            await c.run(
+                {"reward": 0.5, "drop_reply": True},
+                rollout_id="rD",
+                attempt_index=0,
+                deadline_ts=soon(),
+            )
             lost = False
         except ConnectionLost:
             lost = True
@@ -90,14 +95,19 @@ async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
         report = await c.prepare("seed-ckpt", deadline_ts=time.time() + 1)
         listed = [a.key for a in report.completed_unacknowledged_attempts]
         say(f"  2. POST /prepare -> 409, {report.summary()} | listed: {listed}")
-        check.expect(not report.ready_to_commit and listed == [("rD", 0)],
-                     "prepare refuses and lists (rD, 0) as completed, not ACKed")
+        check.expect(
+            not report.ready_to_commit and listed == [("rD", 0)],
+            "prepare refuses and lists (rD, 0) as completed, not ACKed",
+        )
 
-        replay = await c.replay({"reward": 0.5}, rollout_id="rD", attempt_index=0,
-                                deadline_ts=soon())
+        replay = await c.replay(
+            {"reward": 0.5}, rollout_id="rD", attempt_index=0, deadline_ts=soon()
+        )
         say(f"  3. POST /run (rD, 0) during prepare -> replayed: {replay.reply}")
-        check.expect(replay.replayed and replay.reply == {"id": "r-rD", "reward": 0.5},
-                     "the stored reply came back; the agent did not run")
+        check.expect(
+            replay.replayed and replay.reply == {"id": "r-rD", "reward": 0.5},
+            "the stored reply came back; the agent did not run",
+        )
 
         receipt = (await c.receipt("rD", 0, deadline_ts=soon())).completion_receipt
         ack = await c.acknowledge(receipt, deadline_ts=soon())
@@ -107,16 +117,18 @@ async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
         report = await c.prepare("seed-ckpt", deadline_ts=time.time() + 2)
         say(f"  5. POST /prepare again -> {report.summary()}")
         check.expect(report.ready_to_commit, "prepare is ready to commit")
-        commit = await c.commit("seed-ckpt", tempfile.mkdtemp(prefix="seed-ckpt-"),
-                                deadline_ts=soon())
+        commit = await c.commit(
+            "seed-ckpt", tempfile.mkdtemp(prefix="seed-ckpt-"), deadline_ts=soon()
+        )
         await c.resume("seed-ckpt", deadline_ts=soon())
         say(f"     (commit: {commit.records} records; resume: admission open again)")
 
         say(f"  6. (rD, 0) execution_generation = {receipt.execution_generation}")
         check.expect(receipt.execution_generation == 1, "the agent ran (rD, 0) exactly once")
 
-        run_t = asyncio.ensure_future(c.run({"sleep_s": 30}, rollout_id="rT", attempt_index=0,
-                                            deadline_ts=time.time() + 60))
+        run_t = asyncio.ensure_future(
+            c.run({"sleep_s": 30}, rollout_id="rT", attempt_index=0, deadline_ts=time.time() + 60)
+        )
         while (await c.status("seed-probe", deadline_ts=soon())).running < 1:
             await asyncio.sleep(0.02)
         answer = await c.retire("rT", 0, checkpoint_id="seed-probe", deadline_ts=soon())
@@ -129,6 +141,7 @@ async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
 
 
 # ---------------------------------------------------------------- 1-5 with the orchestrator
+
 
 def outcome_line(o) -> str:
     parts = [f"{o.rollout_id}: {o.status}", f"attempt {o.attempt_index}", f"tries {o.tries}"]
@@ -146,49 +159,71 @@ def rollouts(orch: Orchestrator, ep: GymEndpoint, check: Checks) -> None:
     say("== 1. A reply dropped after Gym finished the run ==")
     (o,) = orch.run_batch([{"_ng_rollout_id": "demo-drop", "reward": 0.5, "drop_reply": True}])
     say(f"  {outcome_line(o)}")
-    say("  the /run connection broke -> retire said completed_unacknowledged -> replay /run "
-        "-> seal -> ACK")
-    check.expect(o.status == "sealed" and o.adopted and o.attempt_index == 0 and o.reward == 0.5,
-                 "sealed and adopted at attempt 0, reward as sent")
+    say(
+        "  the /run connection broke -> retire said completed_unacknowledged -> replay /run "
+        "-> seal -> ACK"
+    )
+    check.expect(
+        o.status == "sealed" and o.adopted and o.attempt_index == 0 and o.reward == 0.5,
+        "sealed and adopted at attempt 0, reward as sent",
+    )
     check.expect(o.receipt.execution_generation == 1, "execution_generation 1: the agent ran once")
 
     say("== 2. The rollout_s deadline fires while the agent still works ==")
-    (o,) = orch.run_batch([{"_ng_rollout_id": "demo-deadline", "first_try_sleep_s": 30,
-                            "reward": 0.25}])
+    (o,) = orch.run_batch(
+        [{"_ng_rollout_id": "demo-deadline", "first_try_sleep_s": 30, "reward": 0.25}]
+    )
     say(f"  {outcome_line(o)}")
     state0 = key_state(ep, "demo-deadline", 0)
     say(f"  try 0 on Gym: {state0} (retire said retired: the agent call was cancelled)")
     check.expect(state0 == "tombstoned", "try 0 was retired and cancelled")
-    check.expect(o.status == "sealed" and o.attempt_index == 1 and not o.adopted,
-                 "try 1 ran and was sealed")
+    check.expect(
+        o.status == "sealed" and o.attempt_index == 1 and not o.adopted, "try 1 ran and was sealed"
+    )
 
     say("== 3. The per-row receipt fetch times out ==")
-    (o,) = orch.run_batch([{"_ng_rollout_id": "demo-receipt", "receipt_delay_s": 2.0,
-                            "reward": 0.75}])
+    (o,) = orch.run_batch(
+        [{"_ng_rollout_id": "demo-receipt", "receipt_delay_s": 2.0, "reward": 0.75}]
+    )
     say(f"  {outcome_line(o)}")
-    say(f"  the receipt did not come within receipt_s={POLICY.receipt_s}s -> retire said "
-        "completed_unacknowledged -> adopted")
-    check.expect(o.status == "sealed" and o.adopted and o.attempt_index == 0
-                 and o.receipt.execution_generation == 1,
-                 "adopted at attempt 0; the agent ran once")
+    say(
+        f"  the receipt did not come within receipt_s={POLICY.receipt_s}s -> retire said "
+        "completed_unacknowledged -> adopted"
+    )
+    check.expect(
+        o.status == "sealed"
+        and o.adopted
+        and o.attempt_index == 0
+        and o.receipt.execution_generation == 1,
+        "adopted at attempt 0; the agent ran once",
+    )
 
     say("== 4. fail_fast: the first failed row stops the batch ==")
-    rows = [{"_ng_rollout_id": "demo-bad", "fail": True, "sleep_s": 0.1},
-            {"_ng_rollout_id": "demo-slow", "sleep_s": 30},
-            {"_ng_rollout_id": "demo-done", "receipt_delay_s": 30, "reward": 0.125}]
+    rows = [
+        {"_ng_rollout_id": "demo-bad", "fail": True, "sleep_s": 0.1},
+        {"_ng_rollout_id": "demo-slow", "sleep_s": 30},
+        {"_ng_rollout_id": "demo-done", "receipt_delay_s": 30, "reward": 0.125},
+    ]
     bad, slow, done = orch.run_batch(rows, fail_fast=True)
     for o in (bad, slow, done):
         say(f"  {outcome_line(o)}")
     check.expect(bad.status == "failed", "demo-bad failed (the agent raised on every try)")
-    check.expect(slow.status == "abandoned" and not slow.has_result
-                 and key_state(ep, "demo-slow", 0) == "tombstoned",
-                 "demo-slow was abandoned: its running try retired and cancelled")
-    check.expect(done.status == "abandoned" and done.adopted and done.reward == 0.125,
-                 "demo-done had finished on Gym: adopted, its result kept")
+    check.expect(
+        slow.status == "abandoned"
+        and not slow.has_result
+        and key_state(ep, "demo-slow", 0) == "tombstoned",
+        "demo-slow was abandoned: its running try retired and cancelled",
+    )
+    check.expect(
+        done.status == "abandoned" and done.adopted and done.reward == 0.125,
+        "demo-done had finished on Gym: adopted, its result kept",
+    )
     (later,) = orch.run_batch([{"_ng_rollout_id": "demo-done", "reward": 0.125}])
     say(f"  a later batch asks for demo-done again -> {outcome_line(later)}")
-    check.expect(later.status == "sealed" and later.adopted
-                 and later.receipt == done.receipt, "it gets the kept result; no agent run")
+    check.expect(
+        later.status == "sealed" and later.adopted and later.receipt == done.receipt,
+        "it gets the kept result; no agent run",
+    )
 
 
 def checkpoint(orch: Orchestrator, ep: GymEndpoint, check: Checks, ckpt_dir: str) -> None:
@@ -196,25 +231,37 @@ def checkpoint(orch: Orchestrator, ep: GymEndpoint, check: Checks, ckpt_dir: str
     say("== 5. A checkpoint, then the ledger's snapshot ==")
     report = orch.checkpoint("demo-step-1", ckpt_dir, deadline_s=30.0)
     for e in report.endpoints:
-        say(f"  {e.label}: adopted {e.adopted}, orphans ACKed {e.orphans_acked}, retired "
+        say(
+            f"  {e.label}: adopted {e.adopted}, orphans ACKed {e.orphans_acked}, retired "
             f"{e.retired}, prepare rounds {e.prepare_rounds}, committed {e.commit.records} "
-            f"records")
-    check.expect(all(e.commit.manifest_digest for e in report.endpoints), "the checkpoint committed")
+            f"records"
+        )
+    check.expect(
+        all(e.commit.manifest_digest for e in report.endpoints), "the checkpoint committed"
+    )
     status = gym(ep, "status", "demo-probe")
-    say(f"  Gym status: running={status.running} "
+    say(
+        f"  Gym status: running={status.running} "
         f"completed_unacknowledged={status.completed_unacknowledged} "
-        f"acknowledged={status.acknowledged_completed}")
-    check.expect(status.running == 0 and status.completed_unacknowledged == 0,
-                 "nothing running, nothing completed and un-ACKed")
+        f"acknowledged={status.acknowledged_completed}"
+    )
+    check.expect(
+        status.running == 0 and status.completed_unacknowledged == 0,
+        "nothing running, nothing completed and un-ACKed",
+    )
     snap = orch.snapshot()
     for url, e in snap.ledger.endpoints.items():
-        say(f"  ledger {url}: dispatched {e.dispatched} = running {e.running} + completed_unacked "
+        say(
+            f"  ledger {url}: dispatched {e.dispatched} = running {e.running} + completed_unacked "
             f"{e.completed_unacked} + acked {e.acked} + tombstoned {e.tombstoned}; adopted "
-            f"{e.adopted}")
+            f"{e.adopted}"
+        )
     check.expect(snap.ledger.invariant_ok, "the ledger's books balance")
-    say(f"  pool: {snap.pool.size} actors warm in {snap.pool.startup_s:.2f}s; "
+    say(
+        f"  pool: {snap.pool.size} actors warm in {snap.pool.startup_s:.2f}s; "
         f"seals {snap.actors.seals}, adoptions {snap.actors.adoptions}, "
-        f"cancelled tries {snap.actors.cancelled}")
+        f"cancelled tries {snap.actors.cancelled}"
+    )
 
 
 def run_demo(say: Say = print) -> bool:
@@ -226,14 +273,17 @@ def run_demo(say: Say = print) -> bool:
         say(f"Gym server: {ep.url} (pid {server.pid})")
         asyncio.run(wire_steps(ep, check))
         t = time.perf_counter()
-        with Orchestrator([ep], policy=POLICY, pool_size=2, rollouts_per_actor=2,
-                          progress=False) as orch:
+        with Orchestrator(
+            [ep], policy=POLICY, pool_size=2, rollouts_per_actor=2, progress=False
+        ) as orch:
             say(f"Ray and the orchestrator up in {time.perf_counter() - t:.1f}s")
             rollouts(orch, ep, check)
             with tempfile.TemporaryDirectory(prefix="demo-ckpt-") as ckpt_dir:
                 checkpoint(orch, ep, check, ckpt_dir)
-    say(f"== {'all expectations held' if not check.failed else 'FAILED: ' + '; '.join(check.failed)}"
-        f" ({time.perf_counter() - started:.1f}s) ==")
+    say(
+        f"== {'all expectations held' if not check.failed else 'FAILED: ' + '; '.join(check.failed)}"
+        f" ({time.perf_counter() - started:.1f}s) =="
+    )
     return not check.failed
 
 
@@ -241,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     return 0 if run_demo(lambda line: print(line, flush=True)) else 1
 
 

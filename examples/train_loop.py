@@ -51,7 +51,7 @@ import numpy as np
 
 try:
     import rl_gym_actors
-except ImportError:          # run from a checkout without installing it: use the checkout
+except ImportError:  # run from a checkout without installing it: use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import rl_gym_actors
 
@@ -61,6 +61,7 @@ MIDSTEP = "MIDSTEP"
 
 
 # ---------------------------------------------------------------- the task and the policy
+
 
 def action_values(prompts: int, actions: int, seed: int) -> np.ndarray:
     """values[p, a]: one best action (1.0) per prompt, the others in [0, 0.5)."""
@@ -75,8 +76,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def grpo_update(logits: np.ndarray, prompts: list[int], actions: list[int],
-                rewards: list[float], lr: float) -> np.ndarray:
+def grpo_update(
+    logits: np.ndarray, prompts: list[int], actions: list[int], rewards: list[float], lr: float
+) -> np.ndarray:
     """One group-relative policy-gradient step: per prompt, each sample's advantage is its
     reward against its group's mean (over the group's std); the step follows
     advantage * grad log pi(action). Groups with fewer than two samples or no spread are skipped."""
@@ -101,17 +103,22 @@ def rollout_id(step: int, prompt: int, sample: int, action: int) -> str:
     return f"tl-s{step}-p{prompt}-g{sample}-a{action}"
 
 
-def make_rows(step: int, logits: np.ndarray, values: np.ndarray, args: argparse.Namespace
-              ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def make_rows(
+    step: int, logits: np.ndarray, values: np.ndarray, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     rng = np.random.default_rng([args.seed, step])
     probs = softmax(logits)
     rows, faults = [], {"drop_reply": 0, "receipt_delay": 0, "deadline": 0}
     for p in range(args.prompts):
         for g in range(args.group):
             a = int(rng.choice(len(probs[p]), p=probs[p]))
-            row = {"_ng_rollout_id": rollout_id(step, p, g, a), "prompt": p, "action": a,
-                   "reward": float(values[p, a]),
-                   "sleep_s": round(float(rng.uniform(0.05, args.max_sleep_s)), 3)}
+            row = {
+                "_ng_rollout_id": rollout_id(step, p, g, a),
+                "prompt": p,
+                "action": a,
+                "reward": float(values[p, a]),
+                "sleep_s": round(float(rng.uniform(0.05, args.max_sleep_s)), 3),
+            }
             u = rng.random()
             if u < args.fault_rate:
                 row["drop_reply"] = True
@@ -141,6 +148,7 @@ async def scored_agent(row: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------- checkpoints beside the policy
+
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -174,6 +182,7 @@ def load_latest(workdir: Path, shape: tuple[int, int]) -> tuple[np.ndarray, dict
 
 # ---------------------------------------------------------------- the trainer (child process)
 
+
 def count_once(seen: set[str], counted: list[str], rollout: str) -> None:
     """A rollout's reward enters the policy at most once; the trainer stops if not."""
     if rollout in seen:
@@ -186,8 +195,7 @@ def log_step(meta: dict[str, Any], log: Any, record: dict[str, Any], note: str) 
     meta["history"].append(record)
     log.write(json.dumps(record) + "\n")
     log.flush()
-    print(f"step {record['step']}: mean reward {record['mean_reward']:.3f} ({note})",
-          flush=True)
+    print(f"step {record['step']}: mean reward {record['mean_reward']:.3f} ({note})", flush=True)
 
 
 def checkpoint_place(workdir: Path, step: int, incarnation: str) -> tuple[str, Path]:
@@ -198,59 +206,85 @@ def checkpoint_place(workdir: Path, step: int, incarnation: str) -> tuple[str, P
 
 
 def train(args: argparse.Namespace) -> int:
-    from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
-
     import ray
 
+    from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
+
     # A Ray of our own, on loopback ("local": never attach to a cluster someone else started).
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, _node_ip_address="127.0.0.1")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",
+    )
     workdir = Path(args.workdir)
     values = action_values(args.prompts, args.actions, args.seed)
     logits, meta = load_latest(workdir, values.shape)
     counted: list[str] = meta["counted"]
     seen = set(counted)
     incarnation = f"{os.getpid()}"
-    policy = TryPolicy(rollout_s=args.rollout_s, receipt_s=args.receipt_s, max_tries=3,
-                       control_s=5.0)
+    policy = TryPolicy(
+        rollout_s=args.rollout_s, receipt_s=args.receipt_s, max_tries=3, control_s=5.0
+    )
     log = open(workdir / "steps.jsonl", "a")
-    with Orchestrator([GymEndpoint(url=args.gym_url, token=TOKEN)], policy=policy,
-                      pool_size=args.pool_size, rollouts_per_actor=args.per_actor,
-                      orchestrator_id=f"tl{incarnation}") as orch:
+    with Orchestrator(
+        [GymEndpoint(url=args.gym_url, token=TOKEN)],
+        policy=policy,
+        pool_size=args.pool_size,
+        rollouts_per_actor=args.per_actor,
+        orchestrator_id=f"tl{incarnation}",
+    ) as orch:
         update = ray.remote(num_cpus=0)(grpo_update)
         print(f"trainer {incarnation}: resuming after step {meta['step']}", flush=True)
         for step in range(meta["step"] + 1, args.steps + 1):
             rows, faults = make_rows(step, logits, values, args)
             if step == args.crash_in_step:
-                print(f"{MIDSTEP} {step}", flush=True)      # the supervisor kills us now
+                print(f"{MIDSTEP} {step}", flush=True)  # the supervisor kills us now
             outcomes = orch.run_batch(rows)
             used = [(r, o) for r, o in zip(rows, outcomes) if o.status == "sealed"]
             for _, o in used:
                 count_once(seen, counted, o.rollout_id)
-            logits = ray.get(update.remote(logits, [r["prompt"] for r, _ in used],
-                                           [r["action"] for r, _ in used],
-                                           [o.reward for _, o in used], args.lr))
-            record = {"incarnation": incarnation, "step": step,
-                      "mean_reward": float(np.mean([o.reward for _, o in used])) if used else 0.0,
-                      "expected_reward": float((softmax(logits) * values).sum(1).mean()),
-                      "rows": len(rows), "sealed": len(used),
-                      "adopted": sum(o.adopted for o in outcomes),
-                      # adopted without a fault of their own: replayed from Gym's store after a
-                      # restart (a run the dead trainer started and never ACKed)
-                      "replayed_after_restart": sum(o.adopted for r, o in zip(rows, outcomes)
-                                                    if not _faulty(r)),
-                      "tries": sum(o.tries for o in outcomes), "faults": faults}
-            log_step(meta, log, record,
-                     f"adopted {record['adopted']}, tries {record['tries']}")
+            logits = ray.get(
+                update.remote(
+                    logits,
+                    [r["prompt"] for r, _ in used],
+                    [r["action"] for r, _ in used],
+                    [o.reward for _, o in used],
+                    args.lr,
+                )
+            )
+            record = {
+                "incarnation": incarnation,
+                "step": step,
+                "mean_reward": float(np.mean([o.reward for _, o in used])) if used else 0.0,
+                "expected_reward": float((softmax(logits) * values).sum(1).mean()),
+                "rows": len(rows),
+                "sealed": len(used),
+                "adopted": sum(o.adopted for o in outcomes),
+                # adopted without a fault of their own: replayed from Gym's store after a
+                # restart (a run the dead trainer started and never ACKed)
+                "replayed_after_restart": sum(
+                    o.adopted for r, o in zip(rows, outcomes) if not _faulty(r)
+                ),
+                "tries": sum(o.tries for o in outcomes),
+                "faults": faults,
+            }
+            log_step(meta, log, record, f"adopted {record['adopted']}, tries {record['tries']}")
             if step % args.ckpt_every == 0 or step == args.steps:
                 cid, ckpt_dir = checkpoint_place(workdir, step, incarnation)
                 report = orch.checkpoint(cid, str(ckpt_dir / "gym"), deadline_s=60.0)
-                meta["checkpoints"].append({"checkpoint_id": cid, "step": step,
-                                            "adopted": report.adopted,
-                                            "orphans_acked": report.orphans_acked,
-                                            "retired": report.retired,
-                                            "records": sum(e.commit.records
-                                                           for e in report.endpoints)})
+                meta["checkpoints"].append(
+                    {
+                        "checkpoint_id": cid,
+                        "step": step,
+                        "adopted": report.adopted,
+                        "orphans_acked": report.orphans_acked,
+                        "retired": report.retired,
+                        "records": sum(e.commit.records for e in report.endpoints),
+                    }
+                )
                 meta.update(step=step, counted=counted)
                 save_policy(ckpt_dir, logits, meta)
                 print(f"checkpoint {cid} committed", flush=True)
@@ -260,24 +294,48 @@ def train(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- the supervisor (this process)
 
+
 def _child(args: argparse.Namespace, gym_url: str, crash_in_step: int) -> subprocess.Popen:
-    cmd = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--gym-url", gym_url,
-           "--crash-in-step", str(crash_in_step)] + (["--via-nemo-rl"] if args.via_nemo_rl
-                                                      else [])
-    for name in ("workdir", "steps", "prompts", "actions", "group", "ckpt_every", "lr", "seed",
-                 "fault_rate", "max_sleep_s", "rollout_s", "receipt_s", "pool_size", "per_actor"):
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--role",
+        "trainer",
+        "--gym-url",
+        gym_url,
+        "--crash-in-step",
+        str(crash_in_step),
+    ] + (["--via-nemo-rl"] if args.via_nemo_rl else [])
+    for name in (
+        "workdir",
+        "steps",
+        "prompts",
+        "actions",
+        "group",
+        "ckpt_every",
+        "lr",
+        "seed",
+        "fault_rate",
+        "max_sleep_s",
+        "rollout_s",
+        "receipt_s",
+        "pool_size",
+        "per_actor",
+    ):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     package_root = str(Path(rl_gym_actors.__file__).resolve().parents[1])
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-           # the trainer's Ray workers import this package too
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                         if p)}
+    env = {
+        **os.environ,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # the trainer's Ray workers import this package too
+        "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+    }
     # its own session: the crash kills the trainer and every process it started (Ray included)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
-def _lines(proc: subprocess.Popen, verbose: bool) -> "queue.Queue[str | None]":
+def _lines(proc: subprocess.Popen, verbose: bool) -> queue.Queue[str | None]:
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -291,7 +349,7 @@ def _lines(proc: subprocess.Popen, verbose: bool) -> "queue.Queue[str | None]":
     return lines
 
 
-def _wait_line(lines: "queue.Queue[str | None]", prefix: str, timeout_s: float) -> str:
+def _wait_line(lines: queue.Queue[str | None], prefix: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -314,7 +372,7 @@ def _session_pids(sid: int) -> list[int]:
         try:
             if os.getsid(pid) == sid:
                 pids.append(pid)
-        except OSError:                    # gone meanwhile
+        except OSError:  # gone meanwhile
             continue
     return pids
 
@@ -323,7 +381,7 @@ def _crash(proc: subprocess.Popen) -> int:
     """SIGKILL the trainer and everything it started, at once, as a machine failure would.
     Returns how many processes were killed."""
     killed: set[int] = set()
-    for _ in range(3):                     # a process may fork while we kill
+    for _ in range(3):  # a process may fork while we kill
         pids = [p for p in _session_pids(proc.pid) if p not in killed]
         if not pids and killed:
             break
@@ -352,10 +410,16 @@ def supervise(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 _wait_line(lines, MIDSTEP, timeout_s=args.timeout_s)
                 rows = args.prompts * args.group
-                wait_for(lambda: gym.participant.snapshot()["running"] >= rows // 2, timeout_s=30,
-                         interval_s=0.005, what="half the step's rollouts to run on Gym")
-                crash = {"step": args.crash_in_step,
-                         "running_on_gym": gym.participant.snapshot()["running"]}
+                wait_for(
+                    lambda: gym.participant.snapshot()["running"] >= rows // 2,
+                    timeout_s=30,
+                    interval_s=0.005,
+                    what="half the step's rollouts to run on Gym",
+                )
+                crash = {
+                    "step": args.crash_in_step,
+                    "running_on_gym": gym.participant.snapshot()["running"],
+                }
             finally:
                 crash["processes_killed"] = _crash(proc)
             crash["exit_status"] = proc.returncode
@@ -369,23 +433,31 @@ def supervise(args: argparse.Namespace) -> dict[str, Any]:
         replayed_hint = gym.faults.dropped if gym.faults is not None else 0
     _, meta = load_latest(workdir, (args.prompts, args.actions))
     runs = [json.loads(line) for line in (workdir / "steps.jsonl").read_text().splitlines()]
-    return summarize(args, meta, runs, crash, gym_counts, replayed_hint,
-                     time.monotonic() - started)
+    return summarize(args, meta, runs, crash, gym_counts, replayed_hint, time.monotonic() - started)
 
 
-def summarize(args: argparse.Namespace, meta: dict[str, Any], runs: list[dict[str, Any]],
-              crash: dict[str, Any], gym_counts: dict[str, Any], dropped: int,
-              elapsed_s: float) -> dict[str, Any]:
+def summarize(
+    args: argparse.Namespace,
+    meta: dict[str, Any],
+    runs: list[dict[str, Any]],
+    crash: dict[str, Any],
+    gym_counts: dict[str, Any],
+    dropped: int,
+    elapsed_s: float,
+) -> dict[str, Any]:
     history = meta["history"]
     curve = [round(h["mean_reward"], 4) for h in history]
     k = max(1, len(curve) // 4)
     incarnations = list(dict.fromkeys(r["incarnation"] for r in runs))
     before = [r for r in runs if r["incarnation"] == incarnations[0]] if crash else []
-    redone = sorted(({r["step"] for r in before} | ({crash["step"]} if crash else set()))
-                    & {h["step"] for h in history if h["incarnation"] != incarnations[0]})
+    redone = sorted(
+        ({r["step"] for r in before} | ({crash["step"]} if crash else set()))
+        & {h["step"] for h in history if h["incarnation"] != incarnations[0]}
+    )
     counted = meta["counted"]
     result = {
-        "steps": len(history), "reward_curve": curve,
+        "steps": len(history),
+        "reward_curve": curve,
         "expected_reward_curve": [round(h["expected_reward"], 4) for h in history],
         "reward_rose": float(np.mean(curve[-k:])) > float(np.mean(curve[:k])) + 0.1,
         "checkpoints": meta["checkpoints"],
@@ -395,51 +467,82 @@ def summarize(args: argparse.Namespace, meta: dict[str, Any], runs: list[dict[st
         "redispatches": sum(h.get("redispatches", 0) for h in runs),
         "adopted_tries_all_runs": sum(r["adopted"] for r in runs),
         "replayed_after_restart": sum(h["replayed_after_restart"] for h in history),
-        "faults": {k_: sum(h["faults"][k_] for h in history)
-                   for k_ in ("drop_reply", "receipt_delay", "deadline")},
-        "crash": crash, "steps_redone_after_restart": redone,
-        "counted": len(counted), "counted_distinct": len(set(counted)),
-        "no_rollout_counted_twice": len(counted) == len(set(counted)) == sum(
-            h["sealed"] for h in history),
-        "gym": {k_: gym_counts.get(k_) for k_ in ("agent_starts", "acknowledged",
-                                                   "completed_unacknowledged", "tombstoned")},
-        "replies_dropped": dropped, "elapsed_s": round(elapsed_s, 1),
+        "faults": {
+            k_: sum(h["faults"][k_] for h in history)
+            for k_ in ("drop_reply", "receipt_delay", "deadline")
+        },
+        "crash": crash,
+        "steps_redone_after_restart": redone,
+        "counted": len(counted),
+        "counted_distinct": len(set(counted)),
+        "no_rollout_counted_twice": len(counted)
+        == len(set(counted))
+        == sum(h["sealed"] for h in history),
+        "gym": {
+            k_: gym_counts.get(k_)
+            for k_ in ("agent_starts", "acknowledged", "completed_unacknowledged", "tombstoned")
+        },
+        "replies_dropped": dropped,
+        "elapsed_s": round(elapsed_s, 1),
     }
-    result["ok"] = (result["reward_rose"] and result["every_checkpoint_committed"]
-                    and result["no_rollout_counted_twice"])
+    result["ok"] = (
+        result["reward_rose"]
+        and result["every_checkpoint_committed"]
+        and result["no_rollout_counted_twice"]
+    )
     return result
 
 
 def print_summary(r: dict[str, Any]) -> None:
-    print(f"\nreward curve ({r['steps']} steps; mean batch reward, then the policy's expected "
-          f"reward):")
+    print(
+        f"\nreward curve ({r['steps']} steps; mean batch reward, then the policy's expected "
+        f"reward):"
+    )
     for i, (m, e) in enumerate(zip(r["reward_curve"], r["expected_reward_curve"]), 1):
         print(f"  step {i:3d}  {m:.3f}  {e:.3f}  {'#' * int(round(40 * m))}")
     print("checkpoints committed:")
     for c in r["checkpoints"]:
-        gate = "" if c["adopted"] is None else (f"; adopted {c['adopted']}, orphans ACKed "
-                                                f"{c['orphans_acked']}, retired {c['retired']}")
+        gate = (
+            ""
+            if c["adopted"] is None
+            else (
+                f"; adopted {c['adopted']}, orphans ACKed "
+                f"{c['orphans_acked']}, retired {c['retired']}"
+            )
+        )
         print(f"  {c['checkpoint_id']}: {c['records']} Gym records{gate}")
     f = r["faults"]
-    print(f"faults injected: {f['drop_reply']} dropped replies, {f['receipt_delay']} late "
-          f"receipts, {f['deadline']} first tries past their deadline")
-    print(f"tries adopted instead of rerun: {r['adopted_tries']} in the final lineage "
-          f"({r['adopted_tries_all_runs']} over both runs)")
+    print(
+        f"faults injected: {f['drop_reply']} dropped replies, {f['receipt_delay']} late "
+        f"receipts, {f['deadline']} first tries past their deadline"
+    )
+    print(
+        f"tries adopted instead of rerun: {r['adopted_tries']} in the final lineage "
+        f"({r['adopted_tries_all_runs']} over both runs)"
+    )
     if r["crash"]:
-        print(f"crash: SIGKILL to {r['crash']['processes_killed']} processes in step "
-              f"{r['crash']['step']} with {r['crash']['running_on_gym']} "
-              f"runs in flight on Gym; steps redone after the restart: "
-              f"{r['steps_redone_after_restart']}; runs of the dead trainer replayed from Gym "
-              f"instead of rerun: {r['replayed_after_restart']}")
+        print(
+            f"crash: SIGKILL to {r['crash']['processes_killed']} processes in step "
+            f"{r['crash']['step']} with {r['crash']['running_on_gym']} "
+            f"runs in flight on Gym; steps redone after the restart: "
+            f"{r['steps_redone_after_restart']}; runs of the dead trainer replayed from Gym "
+            f"instead of rerun: {r['replayed_after_restart']}"
+        )
     g = r["gym"]
-    print(f"Gym: {g['agent_starts']} agent runs, {g['acknowledged']} ACKed, "
-          f"{g['completed_unacknowledged']} left un-ACKed, {g['tombstoned']} tombstoned")
-    print(f"counted once: {r['counted']} rollouts entered the final policy, "
-          f"{r['counted_distinct']} distinct")
+    print(
+        f"Gym: {g['agent_starts']} agent runs, {g['acknowledged']} ACKed, "
+        f"{g['completed_unacknowledged']} left un-ACKed, {g['tombstoned']} tombstoned"
+    )
+    print(
+        f"counted once: {r['counted']} rollouts entered the final policy, "
+        f"{r['counted_distinct']} distinct"
+    )
     verdict = "ok" if r["ok"] else "FAILED"
-    print(f"{verdict}: reward rose {r['reward_rose']}, every checkpoint committed "
-          f"{r['every_checkpoint_committed']}, no rollout counted twice "
-          f"{r['no_rollout_counted_twice']} ({r['elapsed_s']}s)")
+    print(
+        f"{verdict}: reward rose {r['reward_rose']}, every checkpoint committed "
+        f"{r['every_checkpoint_committed']}, no rollout counted twice "
+        f"{r['no_rollout_counted_twice']} ({r['elapsed_s']}s)"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -453,12 +556,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actions", type=int, default=4)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--ckpt-every", type=int, default=4)
-    p.add_argument("--crash-in-step", type=int, default=None,
-                   help="kill the trainer in this step (0: never; default: mid-run)")
+    p.add_argument(
+        "--crash-in-step",
+        type=int,
+        default=None,
+        help="kill the trainer in this step (0: never; default: mid-run)",
+    )
     p.add_argument("--lr", type=float, default=1.5)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--fault-rate", type=float, default=0.06,
-                   help="share of rows for each fault kind")
+    p.add_argument(
+        "--fault-rate", type=float, default=0.06, help="share of rows for each fault kind"
+    )
     p.add_argument("--max-sleep-s", type=float, default=0.4, help="agent time per run, at most")
     p.add_argument("--rollout-s", type=float, default=1.0)
     p.add_argument("--receipt-s", type=float, default=0.5)
@@ -467,8 +575,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=150.0)
     p.add_argument("--json", default=None, help="write the summary here")
     p.add_argument("--verbose", action="store_true", help="echo the trainer's lines")
-    p.add_argument("--via-nemo-rl", action="store_true",
-                   help="roll out through the NeMo RL drop-in, as NeMo RL drives it")
+    p.add_argument(
+        "--via-nemo-rl",
+        action="store_true",
+        help="roll out through the NeMo RL drop-in, as NeMo RL drives it",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.prompts, args.group, args.ckpt_every = 8, 6, 4, 3

@@ -36,16 +36,27 @@ def spin_up(args: Any, incarnation: str) -> Any:
     from rl_gym_actors.testing import nemo_rl_stand_in as nemo_gym
 
     use_in_nemo_rl(nemo_gym)
-    env_configs = {"nemo_gym": {"rl_gym_actors": {
-        "endpoints": [{"url": args.gym_url, "token": args.token, "name": AGENT}],
-        # one try per dispatch: a try that fails ends the row's stream as infrastructure, and
-        # the trainer re-dispatches it, as NeMo RL does
-        "policy": {"rollout_s": args.rollout_s, "receipt_s": args.receipt_s, "max_tries": 1,
-                   "control_s": 5.0},
-        "pool": {"size": args.pool_size, "rollouts_per_actor": args.per_actor},
-        "orchestrator_id": f"tln{incarnation}", "untrained_replies": "tokenize"}}}
-    return nemo_gym.spinup_nemo_gym_actor(env_configs, base_urls=[], model_name="toy-policy",
-                                          tokenizer=nemo_gym.CodePointTokenizer())
+    env_configs = {
+        "nemo_gym": {
+            "rl_gym_actors": {
+                "endpoints": [{"url": args.gym_url, "token": args.token, "name": AGENT}],
+                # one try per dispatch: a try that fails ends the row's stream as infrastructure, and
+                # the trainer re-dispatches it, as NeMo RL does
+                "policy": {
+                    "rollout_s": args.rollout_s,
+                    "receipt_s": args.receipt_s,
+                    "max_tries": 1,
+                    "control_s": 5.0,
+                },
+                "pool": {"size": args.pool_size, "rollouts_per_actor": args.per_actor},
+                "orchestrator_id": f"tln{incarnation}",
+                "untrained_replies": "tokenize",
+            }
+        }
+    }
+    return nemo_gym.spinup_nemo_gym_actor(
+        env_configs, base_urls=[], model_name="toy-policy", tokenizer=nemo_gym.CodePointTokenizer()
+    )
 
 
 def rollout(ray: Any, actor: Any, rows: list[dict[str, Any]]) -> tuple[dict[int, Any], int]:
@@ -60,22 +71,21 @@ def rollout(ray: Any, actor: Any, rows: list[dict[str, Any]]) -> tuple[dict[int,
             for ref in actor.run_rollouts.options(num_returns="streaming").remote(pending, "gym"):
                 rowidx, agent_ref, result, _timing = ray.get(ref)
                 got[rowidx] = (agent_ref, result)
-        except Exception as exc:          # the stream's failure, after its last yield
+        except Exception as exc:  # the stream's failure, after its last yield
             failure = getattr(exc, "cause", None) or exc
         missing = [r for r in pending if r["_rowidx"] not in got]
         if failure is None or not missing:
             break
-        if not isinstance(failure, (TimeoutError, ConnectionError)) or \
-                redispatches >= REDISPATCHES:
-            break                          # data: these rows are dropped
+        if not isinstance(failure, (TimeoutError, ConnectionError)) or redispatches >= REDISPATCHES:
+            break  # data: these rows are dropped
         redispatches += 1
-        pending = [dict(r, _ng_attempt_index=r.get("_ng_attempt_index", 0) + 1)
-                   for r in missing]
+        pending = [dict(r, _ng_attempt_index=r.get("_ng_attempt_index", 0) + 1) for r in missing]
     return got, redispatches
 
 
-def checkpoint(ray: Any, actor: Any, cid: str, directory: Path, owned: list[dict[str, Any]]
-               ) -> dict[str, Any]:
+def checkpoint(
+    ray: Any, actor: Any, cid: str, directory: Path, owned: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Between steps, in NeMo RL's order; returns what the commit wrote."""
     deadline = time.time() + 60.0
     if owned:
@@ -88,8 +98,14 @@ def checkpoint(ray: Any, actor: Any, cid: str, directory: Path, owned: list[dict
 def train_via_nemo_rl(args: Any, loop: Any) -> int:
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, _node_ip_address="127.0.0.1")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",
+    )
     workdir = Path(args.workdir)
     values = loop.action_values(args.prompts, args.actions, args.seed)
     logits, meta = loop.load_latest(workdir, values.shape)
@@ -98,25 +114,31 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
     incarnation = f"{os.getpid()}"
     args.token = loop.TOKEN
     actor = spin_up(args, incarnation)
-    if meta["checkpoints"]:                # a restart: restore, then reopen admission
+    if meta["checkpoints"]:  # a restart: restore, then reopen admission
         last = meta["checkpoints"][-1]
         where = workdir / "ckpt" / f"step-{last['step']:04d}" / "gym"
         restore_id = f"restore-{incarnation}"
-        ray.get(actor.restore_checkpoint.remote(restore_id, time.time() + 60, str(where),
-                                                last["checkpoint_id"]))
+        ray.get(
+            actor.restore_checkpoint.remote(
+                restore_id, time.time() + 60, str(where), last["checkpoint_id"]
+            )
+        )
         ray.get(actor.resume_checkpoint.remote(restore_id, time.time() + 60))
     update = ray.remote(num_cpus=0)(loop.grpo_update)
     owned: list[dict[str, Any]] = []
     log = open(workdir / "steps.jsonl", "a")
-    print(f"trainer {incarnation} (via NeMo RL's drop-in): resuming after step {meta['step']}",
-          flush=True)
+    print(
+        f"trainer {incarnation} (via NeMo RL's drop-in): resuming after step {meta['step']}",
+        flush=True,
+    )
     for step in range(meta["step"] + 1, args.steps + 1):
         rows, faults = loop.make_rows(step, logits, values, args)
         for r in rows:
-            r["responses_create_params"] = {"input": [{"role": "user",
-                                                       "content": f"prompt {r['prompt']}"}]}
+            r["responses_create_params"] = {
+                "input": [{"role": "user", "content": f"prompt {r['prompt']}"}]
+            }
         if step == args.crash_in_step:
-            print(f"{loop.MIDSTEP} {step}", flush=True)      # the supervisor kills us now
+            print(f"{loop.MIDSTEP} {step}", flush=True)  # the supervisor kills us now
         adopted_before = ray.get(actor.status.remote())["stats"]["adopted"]
         got, redispatches = rollout(ray, actor, rows)
         used = []
@@ -126,25 +148,44 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
             loop.count_once(seen, counted, receipt["rollout_id"])
             owned.append({"receipt": receipt, "agent_name": agent_ref["name"]})
             used.append((rows[i], float(result["full_result"]["reward"])))
-        logits = ray.get(update.remote(logits, [r["prompt"] for r, _ in used],
-                                       [r["action"] for r, _ in used],
-                                       [w for _, w in used], args.lr))
+        logits = ray.get(
+            update.remote(
+                logits,
+                [r["prompt"] for r, _ in used],
+                [r["action"] for r, _ in used],
+                [w for _, w in used],
+                args.lr,
+            )
+        )
         adopted = ray.get(actor.status.remote())["stats"]["adopted"] - adopted_before
-        record = {"incarnation": incarnation, "step": step,
-                  "mean_reward": float(np.mean([w for _, w in used])) if used else 0.0,
-                  "expected_reward": float((loop.softmax(logits) * values).sum(1).mean()),
-                  "rows": len(rows), "sealed": len(used), "adopted": adopted,
-                  "replayed_after_restart": 0, "tries": len(rows) + redispatches,
-                  "redispatches": redispatches, "faults": faults}
+        record = {
+            "incarnation": incarnation,
+            "step": step,
+            "mean_reward": float(np.mean([w for _, w in used])) if used else 0.0,
+            "expected_reward": float((loop.softmax(logits) * values).sum(1).mean()),
+            "rows": len(rows),
+            "sealed": len(used),
+            "adopted": adopted,
+            "replayed_after_restart": 0,
+            "tries": len(rows) + redispatches,
+            "redispatches": redispatches,
+            "faults": faults,
+        }
         loop.log_step(meta, log, record, f"adopted {adopted}, re-dispatches {redispatches}")
         if step % args.ckpt_every == 0 or step == args.steps:
             cid, ckpt_dir = loop.checkpoint_place(workdir, step, incarnation)
             committed = checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
             owned = []
-            meta["checkpoints"].append({
-                "checkpoint_id": cid, "step": step, "adopted": None, "orphans_acked": None,
-                "retired": None, "records": sum(p["payload"]["records"]
-                                                for p in committed["participants"])})
+            meta["checkpoints"].append(
+                {
+                    "checkpoint_id": cid,
+                    "step": step,
+                    "adopted": None,
+                    "orphans_acked": None,
+                    "retired": None,
+                    "records": sum(p["payload"]["records"] for p in committed["participants"]),
+                }
+            )
             meta.update(step=step, counted=counted)
             loop.save_policy(ckpt_dir, logits, meta)
             ray.get(actor.resume_checkpoint.remote(cid, time.time() + 60))

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import Any
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPolicy, TryPolicy
-from rl_gym_actors.errors import *  # noqa: F401,F403  (the error tree is public API)
+from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
 
 __version__ = "0.1.0"
 

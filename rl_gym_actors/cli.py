@@ -54,51 +54,84 @@ DEFAULT_CHECKPOINT_LEASE_S = 60.0
 
 # ---------------------------------------------------------------- gym serve
 
+
 def add_gym(subparsers: argparse._SubParsersAction) -> None:
     from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES
 
     gym = subparsers.add_parser("gym", help="the Gym agent server side")
     gym_sub = gym.add_subparsers(dest="gym_command", required=True, metavar="{serve,abort}")
     serve = gym_sub.add_parser(
-        "serve", help="serve a Gym agent that takes part in checkpoints",
-        description="Serve /run and the checkpoint control plane (docs/PROTOCOL.md).")
+        "serve",
+        help="serve a Gym agent that takes part in checkpoints",
+        description="Serve /run and the checkpoint control plane (docs/PROTOCOL.md).",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0, help="0 (the default) picks a free port")
-    serve.add_argument("--agent", default="simulated",
-                       help="'simulated', a Python 'module:function', or an upstream agent's "
-                            "http(s):// /run URL")
-    serve.add_argument("--state-dir", default=None,
-                       help="keep replies, receipts, ACK fences and tombstones here (SQLite); "
-                            "without it everything lives in memory")
-    serve.add_argument("--token", default=None,
-                       help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN, else a "
-                            "random one printed once)")
-    serve.add_argument("--allow-faults", action="store_true",
-                       help="honour the fault-injection row fields drop_reply and receipt_delay_s")
-    serve.add_argument("--checkpoint-lease-s", type=_lease_s, default=DEFAULT_CHECKPOINT_LEASE_S,
-                       help="a checkpoint id holds admission until this many seconds past its "
-                            "deadline_ts with no further call for it; then the server aborts it "
-                            "(0: no lease)")
-    serve.add_argument("--checkpoint-root", default=None,
-                       help="confine commit's checkpoint_dir to this directory (relative paths "
-                            "resolve inside it; anything else is refused with 422)")
+    serve.add_argument(
+        "--agent",
+        default="simulated",
+        help="'simulated', a Python 'module:function', or an upstream agent's http(s):// /run URL",
+    )
+    serve.add_argument(
+        "--state-dir",
+        default=None,
+        help="keep replies, receipts, ACK fences and tombstones here (SQLite); "
+        "without it everything lives in memory",
+    )
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN, else a "
+        "random one printed once)",
+    )
+    serve.add_argument(
+        "--allow-faults",
+        action="store_true",
+        help="honour the fault-injection row fields drop_reply and receipt_delay_s",
+    )
+    serve.add_argument(
+        "--checkpoint-lease-s",
+        type=_lease_s,
+        default=DEFAULT_CHECKPOINT_LEASE_S,
+        help="a checkpoint id holds admission until this many seconds past its "
+        "deadline_ts with no further call for it; then the server aborts it "
+        "(0: no lease)",
+    )
+    serve.add_argument(
+        "--checkpoint-root",
+        default=None,
+        help="confine commit's checkpoint_dir to this directory (relative paths "
+        "resolve inside it; anything else is refused with 422)",
+    )
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
-    serve.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
-                       help="HTTP implementation (auto: httptools when installed)")
-    serve.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
-                       help="event loop (auto: uvloop when installed)")
-    serve.add_argument("--log-level", default="warning",
-                       choices=["debug", "info", "warning", "error", "critical"])
+    serve.add_argument(
+        "--http",
+        default="auto",
+        choices=["auto", "h11", "httptools"],
+        help="HTTP implementation (auto: httptools when installed)",
+    )
+    serve.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop (auto: uvloop when installed)",
+    )
+    serve.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+    )
     serve.set_defaults(func=gym_serve)
 
     abort = gym_sub.add_parser(
-        "abort", help="abort the checkpoint that holds a Gym server (resume its id)",
+        "abort",
+        help="abort the checkpoint that holds a Gym server (resume its id)",
         description="Send resume for --checkpoint-id: admission reopens and the id is spent. "
-                    "Works against our server and a real NeMo Gym alike.")
+        "Works against our server and a real NeMo Gym alike.",
+    )
     abort.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
     abort.add_argument("--checkpoint-id", required=True)
-    abort.add_argument("--token", default=None,
-                       help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN)")
+    abort.add_argument(
+        "--token", default=None, help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN)"
+    )
     abort.add_argument("--timeout-s", type=float, default=10.0)
     abort.set_defaults(func=gym_abort)
 
@@ -114,8 +147,11 @@ def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.server import GymServer, resolve_token, run_event_loop
     from rl_gym_actors.gym.store import open_store
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     token, source = resolve_token(args.token)
     faults = None
     if args.allow_faults:
@@ -130,13 +166,22 @@ def gym_serve(args: argparse.Namespace) -> int:
         return 2
     participant = Participant(agent, store, **participant_options(args))
     try:
-        server = GymServer(participant, token=token, host=args.host, port=args.port,
-                           max_body_bytes=args.max_body_bytes, faults=faults,
-                           log_level=args.log_level, handle_signals=True, http=args.http)
+        server = GymServer(
+            participant,
+            token=token,
+            host=args.host,
+            port=args.port,
+            max_body_bytes=args.max_body_bytes,
+            faults=faults,
+            log_level=args.log_level,
+            handle_signals=True,
+            http=args.http,
+        )
     except OSError as exc:
         store.close()
-        print(f"rl-gym-actors gym serve: cannot bind {args.host}:{args.port}: {exc}",
-              file=sys.stderr)
+        print(
+            f"rl-gym-actors gym serve: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
         return 2
 
     def ready() -> None:
@@ -158,14 +203,16 @@ def gym_abort(args: argparse.Namespace) -> int:
 
     token = args.token or os.environ.get(TOKEN_ENV)
     if not token:
-        print(f"rl-gym-actors gym abort: a token is needed (--token or ${TOKEN_ENV})",
-              file=sys.stderr)
+        print(
+            f"rl-gym-actors gym abort: a token is needed (--token or ${TOKEN_ENV})", file=sys.stderr
+        )
         return 2
 
     async def abort() -> dict:
         async with GymClient(GymEndpoint(url=args.url, token=token)) as client:
-            answer = await client.resume(args.checkpoint_id,
-                                         deadline_ts=time.time() + args.timeout_s)
+            answer = await client.resume(
+                args.checkpoint_id, deadline_ts=time.time() + args.timeout_s
+            )
         return answer.model_dump(mode="json", exclude_none=True)
 
     try:
@@ -179,10 +226,11 @@ def gym_abort(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- the entry point
 
+
 def add_observe(subparsers: argparse._SubParsersAction) -> None:
     from rl_gym_actors.observe import add_commands
 
-    add_commands(subparsers)          # status, ledger
+    add_commands(subparsers)  # status, ledger
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_gym, add_observe]
@@ -191,7 +239,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_gym, add_obs
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rl-gym-actors",
-        description="Keep RL training on Ray from losing track of Gym environment work.")
+        description="Keep RL training on Ray from losing track of Gym environment work.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(subparsers)

@@ -22,6 +22,7 @@ TOKEN_ENV = "RL_GYM_CONTROL_TOKEN"
 # One rule per input, for every RL-side entry point (orchestrator, ledger, client, drop-in);
 # the Gym server checks the same ids on the wire and answers 422 instead.
 
+
 def checkpoint_id_arg(value: object) -> str:
     """A checkpoint id from a caller; :class:`ConfigError` unless it is a valid wire id."""
     if not is_valid_checkpoint_id(value):
@@ -32,8 +33,12 @@ def checkpoint_id_arg(value: object) -> str:
 def deadline_s_arg(value: object) -> float:
     """A time budget in seconds from a caller; :class:`ConfigError` unless it is a finite
     number above 0 (a bool is not a number here)."""
-    if (not isinstance(value, (int, float)) or isinstance(value, bool)
-            or not math.isfinite(value) or value <= 0):
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigError(f"deadline_s must be a positive number, got {value!r}")
     return float(value)
 
@@ -112,8 +117,11 @@ class RetryPolicy(_Settings):
 
     def wait(self, rand: Callable[[], float] = random.random) -> wait_base:
         """The tenacity wait of this policy; ``rand`` draws the jitter."""
-        base = wait_exponential(multiplier=self.backoff_initial_s, max=self.backoff_max_s,
-                                exp_base=self.backoff_multiplier)
+        base = wait_exponential(
+            multiplier=self.backoff_initial_s,
+            max=self.backoff_max_s,
+            exp_base=self.backoff_multiplier,
+        )
         return _Jittered(base, self.jitter, rand) if self.jitter else base
 
     def backoff(self, retry_number: int, rand: float = 0.0) -> float:
@@ -165,7 +173,7 @@ class PoolConfig(_Settings):
     size: Annotated[int, Field(ge=1)] = 16
     rollouts_per_actor: Annotated[int, Field(ge=1)] = 1
     num_cpus: Annotated[float, Field(ge=0)] = 0.0
-    spread: bool = True                         # SPREAD scheduling across nodes
+    spread: bool = True  # SPREAD scheduling across nodes
 
 
 class LedgerConfig(_Settings):

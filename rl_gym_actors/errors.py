@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> "RlGymError":
+def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> RlGymError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(fields)
@@ -62,8 +62,15 @@ class GymError(RlGymError):
 
     code: str = "gym_error"
 
-    def __init__(self, detail: str = "", *, status: int = 0, code: str | None = None,
-                 url: str = "", body: Any = None) -> None:
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        status: int = 0,
+        code: str | None = None,
+        url: str = "",
+        body: Any = None,
+    ) -> None:
         self.status = status
         self.code = code or type(self).code
         self.detail = detail
@@ -102,8 +109,16 @@ class CheckpointConflict(GymRejected):
 
     code = "checkpoint_conflict"
 
-    def __init__(self, detail: str = "", *, status: int = 0, code: str | None = None,
-                 url: str = "", body: Any = None, active_checkpoint_id: str | None = None) -> None:
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        status: int = 0,
+        code: str | None = None,
+        url: str = "",
+        body: Any = None,
+        active_checkpoint_id: str | None = None,
+    ) -> None:
         if active_checkpoint_id is None and isinstance(body, dict):
             inner = body.get("error")
             for place in (body, inner if isinstance(inner, dict) else {}):
@@ -173,8 +188,9 @@ class EndpointDown(GymUnavailable):
     until a background probe reaches it again; the call was not sent. ``cause`` is the last
     failure as its type and message (``cause_type``, ``cause``)."""
 
-    def __init__(self, detail: str = "", *, url: str = "", cause: str = "",
-                 cause_type: str = "") -> None:
+    def __init__(
+        self, detail: str = "", *, url: str = "", cause: str = "", cause_type: str = ""
+    ) -> None:
         self.cause = cause
         self.cause_type = cause_type
         super().__init__(detail, url=url)
@@ -187,8 +203,9 @@ class ProtocolViolation(RlGymError):
 class CheckpointFailed(RlGymError):
     """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint."""
 
-    def __init__(self, message: str, *, checkpoint_id: str = "",
-                 blockers: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, *, checkpoint_id: str = "", blockers: dict[str, Any] | None = None
+    ) -> None:
         self.checkpoint_id = checkpoint_id
         self.blockers = blockers or {}
         super().__init__(message)
@@ -220,14 +237,26 @@ class PoolClosed(RlGymError):
 # code on the wire -> the exception class a client raises for it
 ERROR_BY_CODE: dict[str, type[GymError]] = {
     cls.code: cls
-    for cls in (StaleAttempt, DuplicateExecution, AckRejected, NotCompleted, UnknownExecution,
-                CheckpointConflict, StaleCheckpoint, CheckpointNotReady, Unauthorized,
-                InvalidRequest, AgentFailed, AdmissionClosed)
+    for cls in (
+        StaleAttempt,
+        DuplicateExecution,
+        AckRejected,
+        NotCompleted,
+        UnknownExecution,
+        CheckpointConflict,
+        StaleCheckpoint,
+        CheckpointNotReady,
+        Unauthorized,
+        InvalidRequest,
+        AgentFailed,
+        AdmissionClosed,
+    )
 }
 
 
-def gym_error(status: int, code: str | None, detail: str = "", *, url: str = "",
-              body: Any = None) -> GymError:
+def gym_error(
+    status: int, code: str | None, detail: str = "", *, url: str = "", body: Any = None
+) -> GymError:
     """The typed error for an error answer. Unknown codes map by status."""
     cls = ERROR_BY_CODE.get(code or "")
     if cls is None:

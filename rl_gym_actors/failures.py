@@ -25,26 +25,26 @@ from enum import Enum
 
 from rl_gym_actors import errors
 
-_BY_ERROR: dict[type[BaseException], "FailureKind"] = {}
+_BY_ERROR: dict[type[BaseException], FailureKind] = {}
 
 
 class Repeat(str, Enum):
     """Who repeats a failed idempotent call, if anyone."""
 
-    NO = "no"                  # repeating it as is will not help
-    IN_CALL = "in_call"        # the call's retry decider repeats it at once, with backoff
-    LATER = "later"            # the caller repeats the step later: the server must change first
-
+    NO = "no"  # repeating it as is will not help
+    IN_CALL = "in_call"  # the call's retry decider repeats it at once, with backoff
+    LATER = "later"  # the caller repeats the step later: the server must change first
 
 
 class FailureKind(str, Enum):
     """The kind of a failure; see the module docstring. The value is the kind's code."""
 
     transport: bool
-    repeat: "Repeat"
+    repeat: Repeat
 
-    def __new__(cls, code: str, transport: bool, repeat: "Repeat",
-                *raised_by: type[BaseException]) -> "FailureKind":
+    def __new__(
+        cls, code: str, transport: bool, repeat: Repeat, *raised_by: type[BaseException]
+    ) -> FailureKind:
         member = str.__new__(cls, code)
         member._value_ = code
         member.transport = transport
@@ -55,9 +55,9 @@ class FailureKind(str, Enum):
     # name = (code, infrastructure?, who repeats it, the exceptions that raise it)
     LOST = ("connection_lost", True, Repeat.IN_CALL, errors.ConnectionLost, errors.GymUnavailable)
     SERVER_ERROR = ("server_error", True, Repeat.IN_CALL, errors.GymServerError)
-    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)   # any 5xx to /run
+    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)  # any 5xx to /run
     DEADLINE = ("deadline_exceeded", True, Repeat.IN_CALL, errors.DeadlineExceeded, TimeoutError)
-    ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)   # not sent at all
+    ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)  # not sent at all
     LEDGER_LOST = ("ledger_lost", True, Repeat.NO, errors.LedgerLost)
     ADMISSION_CLOSED = ("agent_admission_closed", True, Repeat.LATER, errors.AdmissionClosed)
     CONFLICT = ("checkpoint_conflict", True, Repeat.LATER, errors.CheckpointConflict)
@@ -65,15 +65,15 @@ class FailureKind(str, Enum):
     STALE = ("stale_attempt", True, Repeat.NO, errors.StaleAttempt)
     DUPLICATE = ("duplicate_execution", True, Repeat.NO, errors.DuplicateExecution)
     UNKNOWN = ("unknown_execution", True, Repeat.NO, errors.UnknownExecution)
-    ACTOR_DIED = ("actor_died", True, Repeat.NO)                 # a rollout actor's process died
+    ACTOR_DIED = ("actor_died", True, Repeat.NO)  # a rollout actor's process died
     POOL_CLOSED = ("pool_closed", True, Repeat.NO, errors.PoolClosed)
-    ABANDONED = ("abandoned", True, Repeat.NO)                   # the batch stopped early
-    INTERNAL = ("internal_error", True, Repeat.NO)               # an unexpected exception (a bug)
+    ABANDONED = ("abandoned", True, Repeat.NO)  # the batch stopped early
+    INTERNAL = ("internal_error", True, Repeat.NO)  # an unexpected exception (a bug)
     PROTOCOL = ("protocol_violation", False, Repeat.LATER, errors.ProtocolViolation)
     REJECTED = ("rejected", False, Repeat.NO, errors.GymRejected, errors.ConfigError)  # a 4xx
-    INVALID_REPLY = ("invalid_reply", False, Repeat.NO)          # the reply cannot become a result
-    FORGOTTEN = ("forgotten_rollout", False, Repeat.NO)   # sealed before, no longer remembered:
-                                                          # another try would seal it twice
+    INVALID_REPLY = ("invalid_reply", False, Repeat.NO)  # the reply cannot become a result
+    FORGOTTEN = ("forgotten_rollout", False, Repeat.NO)  # sealed before, no longer remembered:
+    # another try would seal it twice
 
     @property
     def may_pass(self) -> bool:

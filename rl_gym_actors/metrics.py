@@ -35,11 +35,28 @@ OTHER_ROUTE = "other"
 RETIRE_ROUTE = f"{CONTROL_PREFIX}/retire"
 
 # Seconds; fits HTTP control calls (milliseconds) and agent runs (seconds to minutes).
-LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                      1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 
 # ---------------------------------------------------------------- the Gym server's set
+
 
 class _ParticipantCounts:
     """A collector that reads the participant's snapshot at scrape time (a custom collector in
@@ -55,15 +72,27 @@ class _ParticipantCounts:
         value = (lambda name: _field(snap, name)) if snap is not None else None
         families: list[Metric] = []
         for kind, name, text, fields in (
-                (CounterMetricFamily, "runs_started", "Agent runs started.", ("agent_starts",)),
-                (CounterMetricFamily, "runs_completed",
-                 "Agent runs that finished with a stored reply.",
-                 ("completed_unacknowledged", "acknowledged")),
-                (CounterMetricFamily, "attempts_acked", "Completed attempts released by an ACK.",
-                 ("acknowledged",)),
-                (GaugeMetricFamily, "running", "Agent runs in progress.", ("running",)),
-                (GaugeMetricFamily, "completed_unacknowledged",
-                 "Completed attempts not yet ACKed.", ("completed_unacknowledged",))):
+            (CounterMetricFamily, "runs_started", "Agent runs started.", ("agent_starts",)),
+            (
+                CounterMetricFamily,
+                "runs_completed",
+                "Agent runs that finished with a stored reply.",
+                ("completed_unacknowledged", "acknowledged"),
+            ),
+            (
+                CounterMetricFamily,
+                "attempts_acked",
+                "Completed attempts released by an ACK.",
+                ("acknowledged",),
+            ),
+            (GaugeMetricFamily, "running", "Agent runs in progress.", ("running",)),
+            (
+                GaugeMetricFamily,
+                "completed_unacknowledged",
+                "Completed attempts not yet ACKed.",
+                ("completed_unacknowledged",),
+            ),
+        ):
             if value is None:
                 families.append(kind(f"{p}_{name}", text))
             else:
@@ -93,24 +122,44 @@ class GymServerMetrics:
     replayed from the store, retires that tombstoned an attempt, and request latency.
     """
 
-    def __init__(self, snapshot_fn: Callable[[], Mapping[str, Any]] | None = None, *,
-                 registry: CollectorRegistry | None = None, prefix: str = "gym") -> None:
+    def __init__(
+        self,
+        snapshot_fn: Callable[[], Mapping[str, Any]] | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        prefix: str = "gym",
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         p = prefix
-        self.registry.register(_ParticipantCounts(p, snapshot_fn or (lambda: {})))
-        self.runs_replayed = Counter(f"{p}_runs_replayed",
-                                     "/run answers served from the store (the agent did not run).",
-                                     registry=self.registry)
-        self.retired = Counter(f"{p}_attempts_retired",
-                               "retire calls that tombstoned an attempt (cancelled or unknown).",
-                               registry=self.registry)
-        self.latency = Histogram(f"{p}_request_duration_seconds",
-                                 "HTTP request latency by route, method and status.",
-                                 ("route", "method", "status"), buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
+        self.registry.register(_ParticipantCounts(p, snapshot_fn or (dict)))
+        self.runs_replayed = Counter(
+            f"{p}_runs_replayed",
+            "/run answers served from the store (the agent did not run).",
+            registry=self.registry,
+        )
+        self.retired = Counter(
+            f"{p}_attempts_retired",
+            "retire calls that tombstoned an attempt (cancelled or unknown).",
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            f"{p}_request_duration_seconds",
+            "HTTP request latency by route, method and status.",
+            ("route", "method", "status"),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
-    def observe(self, route: str, method: str, status: int, seconds: float, *,
-                replayed: bool = False, body: bytes | None = None) -> None:
+    def observe(
+        self,
+        route: str,
+        method: str,
+        status: int,
+        seconds: float,
+        *,
+        replayed: bool = False,
+        body: bytes | None = None,
+    ) -> None:
         """One HTTP answer: its latency, and what it says (replayed run, tombstoning retire)."""
         self.latency.labels(route=route, method=method, status=str(status)).observe(seconds)
         if status != 200:
@@ -147,8 +196,9 @@ class MetricsMiddleware:
     exposition is unauthenticated, as scrapers expect; it carries counts only.
     """
 
-    def __init__(self, app: Any, metrics: GymServerMetrics, *,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, app: Any, metrics: GymServerMetrics, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self._exposition = make_asgi_app(metrics.registry)
@@ -173,8 +223,10 @@ class MetricsMiddleware:
             nonlocal status, replayed
             if message.get("type") == "http.response.start":
                 status = int(message.get("status", 500))
-                replayed = any(k.lower() == REPLAYED_HEADER.encode() and v.strip() == b"1"
-                               for k, v in message.get("headers") or [])
+                replayed = any(
+                    k.lower() == REPLAYED_HEADER.encode() and v.strip() == b"1"
+                    for k, v in message.get("headers") or []
+                )
             elif keep_body and message.get("type") == "http.response.body":
                 chunks.append(message.get("body", b""))
             await send(message)
@@ -182,11 +234,18 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, observed_send)
         finally:
-            self.metrics.observe(route_label(scope), method, status, self._clock() - started,
-                                 replayed=replayed, body=b"".join(chunks) if keep_body else None)
+            self.metrics.observe(
+                route_label(scope),
+                method,
+                status,
+                self._clock() - started,
+                replayed=replayed,
+                body=b"".join(chunks) if keep_body else None,
+            )
 
 
 # ---------------------------------------------------------------- Ray metrics for the actors
+
 
 def _ray_running() -> Any:
     """The ``ray`` module when this process is a connected Ray worker or driver, else None.
@@ -207,8 +266,14 @@ class RayMetric:
     unconditionally and tests can read what was recorded in this process.
     """
 
-    def __init__(self, kind: str, name: str, description: str, tag_keys: Sequence[str] = (),
-                 boundaries: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        description: str,
+        tag_keys: Sequence[str] = (),
+        boundaries: Sequence[float] | None = None,
+    ) -> None:
         if kind not in ("counter", "gauge", "histogram"):
             raise ValueError(f"unknown metric kind {kind!r}")
         self.kind = kind
@@ -237,15 +302,20 @@ class RayMetric:
                     from ray.util import metrics as ray_metrics
 
                     if self.kind == "counter":
-                        self._metric = ray_metrics.Counter(self.name, self.description,
-                                                           tag_keys=self.tag_keys)
+                        self._metric = ray_metrics.Counter(
+                            self.name, self.description, tag_keys=self.tag_keys
+                        )
                     elif self.kind == "gauge":
-                        self._metric = ray_metrics.Gauge(self.name, self.description,
-                                                         tag_keys=self.tag_keys)
+                        self._metric = ray_metrics.Gauge(
+                            self.name, self.description, tag_keys=self.tag_keys
+                        )
                     else:
-                        self._metric = ray_metrics.Histogram(self.name, self.description,
-                                                             boundaries=self.boundaries,
-                                                             tag_keys=self.tag_keys)
+                        self._metric = ray_metrics.Histogram(
+                            self.name,
+                            self.description,
+                            boundaries=self.boundaries,
+                            tag_keys=self.tag_keys,
+                        )
                 except Exception:
                     self._failed = True
                     logger.debug("cannot create Ray metric %s", self.name, exc_info=True)
@@ -286,12 +356,21 @@ class RayMetric:
 
 TRIES = RayMetric("counter", "rlga_tries_total", "Tries started by rollout actors.", ("endpoint",))
 SEALS = RayMetric("counter", "rlga_seals_total", "Replies sealed by rollout actors.", ("endpoint",))
-ADOPTIONS = RayMetric("counter", "rlga_adoptions_total",
-                      "Finished tries adopted (replayed, sealed, ACKed) instead of rerun.",
-                      ("endpoint",))
-ORPHANS_ACKED = RayMetric("counter", "rlga_orphans_acked_total",
-                          "Completed attempts with no owner that the ledger ACKed.", ("endpoint",))
+ADOPTIONS = RayMetric(
+    "counter",
+    "rlga_adoptions_total",
+    "Finished tries adopted (replayed, sealed, ACKed) instead of rerun.",
+    ("endpoint",),
+)
+ORPHANS_ACKED = RayMetric(
+    "counter",
+    "rlga_orphans_acked_total",
+    "Completed attempts with no owner that the ledger ACKed.",
+    ("endpoint",),
+)
 CHECKPOINT_PREPARE_SECONDS = RayMetric(
-    "histogram", "rlga_checkpoint_prepare_seconds",
+    "histogram",
+    "rlga_checkpoint_prepare_seconds",
     "Time from a checkpoint's start to every endpoint being ready to commit.",
-    boundaries=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0))
+    boundaries=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)

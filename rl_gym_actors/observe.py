@@ -35,12 +35,14 @@ STATUS_CHECKPOINT_ID = "rlga-status"
 
 # ---------------------------------------------------------------- tables
 
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned columns separated by two spaces; numbers right-aligned."""
     cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1
-               for i in range(len(headers))]
+    numeric = [
+        all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))
+    ]
     lines = []
     for r in cells:
         parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
@@ -61,13 +63,20 @@ def _yes(flag: bool) -> str:
 
 
 def _attempt_rows(infos: Sequence[AttemptInfo]) -> list[list[Any]]:
-    return [[i.rollout_id, i.attempt_index, i.state,
-             i.completion_receipt.result_identity if i.completion_receipt else ""]
-            for i in infos]
+    return [
+        [
+            i.rollout_id,
+            i.attempt_index,
+            i.state,
+            i.completion_receipt.result_identity if i.completion_receipt else "",
+        ]
+        for i in infos
+    ]
 
 
-def status_table(report: StatusReport, *, url: str, checkpoint_id: str = STATUS_CHECKPOINT_ID,
-                 limit: int = 20) -> str:
+def status_table(
+    report: StatusReport, *, url: str, checkpoint_id: str = STATUS_CHECKPOINT_ID, limit: int = 20
+) -> str:
     """A Gym status object as text: the counts, then the attempts standing in a checkpoint's way
     (running or parked without a boundary, and completed but not ACKed), at most ``limit``."""
     head = [
@@ -81,7 +90,10 @@ def status_table(report: StatusReport, *, url: str, checkpoint_id: str = STATUS_
         ["acknowledged_completed", report.acknowledged_completed],
         ["active", report.active],
     ]
-    out = [f"Gym {url}  (status for checkpoint id {checkpoint_id})", table(["FIELD", "VALUE"], head)]
+    out = [
+        f"Gym {url}  (status for checkpoint id {checkpoint_id})",
+        table(["FIELD", "VALUE"], head),
+    ]
     seen: set[tuple[str, int]] = set()
     blocking: list[AttemptInfo] = []
     for info in [*report.blocking_attempts, *report.completed_unacknowledged_attempts]:
@@ -91,8 +103,9 @@ def status_table(report: StatusReport, *, url: str, checkpoint_id: str = STATUS_
     if blocking:
         out.append("")
         out.append(f"attempts in a checkpoint's way: {len(blocking)}")
-        out.append(table(["ROLLOUT_ID", "ATTEMPT", "STATE", "RESULT"],
-                         _attempt_rows(blocking[:limit])))
+        out.append(
+            table(["ROLLOUT_ID", "ATTEMPT", "STATE", "RESULT"], _attempt_rows(blocking[:limit]))
+        )
         if len(blocking) > limit:
             out.append(f"... and {len(blocking) - limit} more (--limit, or --json for all)")
     if report.executions:
@@ -100,36 +113,72 @@ def status_table(report: StatusReport, *, url: str, checkpoint_id: str = STATUS_
         for info in report.executions:
             by_state[info.state] = by_state.get(info.state, 0) + 1
         out.append("")
-        out.append("executions by state: " + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())))
+        out.append(
+            "executions by state: " + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items()))
+        )
     return "\n".join(out)
 
 
 def snapshot_table(name: str, snap: LedgerSnapshot) -> str:
     """A ledger snapshot as text: one row per endpoint, then the totals."""
-    rows = [[e.endpoint, e.dispatched, e.running, e.completed_unacked, e.acked, e.tombstoned,
-             e.adopted, "ok" if e.invariant_ok else "BROKEN"] for e in snap.endpoints.values()]
-    out = [f"Ledger {name}",
-           table(["ENDPOINT", "DISPATCHED", "RUNNING", "UNACKED", "ACKED", "TOMBSTONED",
-                  "ADOPTED", "INVARIANT"], rows) if rows else "(no attempts reported yet)",
-           "",
-           table(["TOTAL", "VALUE"], [
-               ["rollouts", snap.rollouts], ["attempts", snap.attempts],
-               ["reports", snap.reports],
-               ["owners holding rollouts", len(snap.owners)],
-               ["live owners", len(snap.live_owners)],
-               ["adoptions (gate)", snap.adoptions], ["orphans ACKed", snap.orphans_acked],
-               ["retired (gate)", snap.retired],
-               ["checkpoints committed", snap.checkpoints_committed],
-               ["checkpoints failed", snap.checkpoints_failed],
-               ["last checkpoint", snap.last_checkpoint_id or "-"],
-               ["invariant", "ok" if snap.invariant_ok else "BROKEN"]])]
+    rows = [
+        [
+            e.endpoint,
+            e.dispatched,
+            e.running,
+            e.completed_unacked,
+            e.acked,
+            e.tombstoned,
+            e.adopted,
+            "ok" if e.invariant_ok else "BROKEN",
+        ]
+        for e in snap.endpoints.values()
+    ]
+    out = [
+        f"Ledger {name}",
+        table(
+            [
+                "ENDPOINT",
+                "DISPATCHED",
+                "RUNNING",
+                "UNACKED",
+                "ACKED",
+                "TOMBSTONED",
+                "ADOPTED",
+                "INVARIANT",
+            ],
+            rows,
+        )
+        if rows
+        else "(no attempts reported yet)",
+        "",
+        table(
+            ["TOTAL", "VALUE"],
+            [
+                ["rollouts", snap.rollouts],
+                ["attempts", snap.attempts],
+                ["reports", snap.reports],
+                ["owners holding rollouts", len(snap.owners)],
+                ["live owners", len(snap.live_owners)],
+                ["adoptions (gate)", snap.adoptions],
+                ["orphans ACKed", snap.orphans_acked],
+                ["retired (gate)", snap.retired],
+                ["checkpoints committed", snap.checkpoints_committed],
+                ["checkpoints failed", snap.checkpoints_failed],
+                ["last checkpoint", snap.last_checkpoint_id or "-"],
+                ["invariant", "ok" if snap.invariant_ok else "BROKEN"],
+            ],
+        ),
+    ]
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------- fetching
 
-async def fetch_status(endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *,
-                       timeout_s: float = 10.0) -> StatusReport:
+
+async def fetch_status(
+    endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *, timeout_s: float = 10.0
+) -> StatusReport:
     """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost)."""
     from rl_gym_actors.gym.client import GymClient
 
@@ -147,18 +196,25 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
 
     if not ray.is_initialized():
         if address and address != "auto":
-            _check_reachable(address, timeout_s)    # ray.init would retry for minutes
-        ray.init(address=address or "auto", namespace=RAY_NAMESPACE, log_to_driver=False,
-                 logging_level="ERROR", configure_logging=False)
-    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a.get("namespace") == RAY_NAMESPACE
-                   and a.get("name", "").startswith(LEDGER_PREFIX))
+            _check_reachable(address, timeout_s)  # ray.init would retry for minutes
+        ray.init(
+            address=address or "auto",
+            namespace=RAY_NAMESPACE,
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=False,
+        )
+    names = sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == RAY_NAMESPACE and a.get("name", "").startswith(LEDGER_PREFIX)
+    )
     found: dict[str, Any] = {}
     refs = {}
     for name in names:
         try:
             refs[name] = ray.get_actor(name, namespace=RAY_NAMESPACE).snapshot.remote()
-        except Exception as exc:          # gone between listing and lookup
+        except Exception as exc:  # gone between listing and lookup
             found[name] = f"{type(exc).__name__}: {exc}"
     deadline = time.monotonic() + timeout_s
     for name, ref in refs.items():
@@ -173,7 +229,7 @@ def _check_reachable(address: str, timeout_s: float) -> None:
     """Raise ConnectionError when nothing accepts connections at ``host:port``."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        return                                     # not host:port: let Ray interpret it
+        return  # not host:port: let Ray interpret it
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
     except OSError as exc:
@@ -182,28 +238,36 @@ def _check_reachable(address: str, timeout_s: float) -> None:
 
 # ---------------------------------------------------------------- commands
 
-def add_commands(subparsers: "argparse._SubParsersAction") -> None:
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``status`` and ``ledger``; each sets ``func`` to its entry point."""
     p = subparsers.add_parser("status", help="print a Gym server's checkpoint status")
     p.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--token", default=None,
-                   help="control-plane bearer token (default: $RL_GYM_CONTROL_TOKEN)")
-    p.add_argument("--checkpoint-id", default=STATUS_CHECKPOINT_ID,
-                   help="checkpoint id to ask the status for (any id not yet spent)")
+    p.add_argument(
+        "--token", default=None, help="control-plane bearer token (default: $RL_GYM_CONTROL_TOKEN)"
+    )
+    p.add_argument(
+        "--checkpoint-id",
+        default=STATUS_CHECKPOINT_ID,
+        help="checkpoint id to ask the status for (any id not yet spent)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
     p.add_argument("--limit", type=int, default=20, help="attempts listed at most")
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=status_command)
 
-    p = subparsers.add_parser("ledger", help="print the ledgers' snapshots of a running Ray cluster")
+    p = subparsers.add_parser(
+        "ledger", help="print the ledgers' snapshots of a running Ray cluster"
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
     p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
     p.set_defaults(func=ledger_command)
 
 
-def status_command(args: argparse.Namespace, out: TextIO | None = None,
-                   err: TextIO | None = None) -> int:
+def status_command(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     try:
@@ -222,13 +286,18 @@ def status_command(args: argparse.Namespace, out: TextIO | None = None,
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True), file=out)
     else:
-        print(status_table(report, url=endpoint.url, checkpoint_id=args.checkpoint_id,
-                           limit=max(0, args.limit)), file=out)
+        print(
+            status_table(
+                report, url=endpoint.url, checkpoint_id=args.checkpoint_id, limit=max(0, args.limit)
+            ),
+            file=out,
+        )
     return 0
 
 
-def ledger_command(args: argparse.Namespace, out: TextIO | None = None,
-                   err: TextIO | None = None) -> int:
+def ledger_command(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     try:
@@ -241,11 +310,25 @@ def ledger_command(args: argparse.Namespace, out: TextIO | None = None,
         return 1
     answered = {n: s for n, s in found.items() if isinstance(s, LedgerSnapshot)}
     if args.json:
-        print(json.dumps({n: (s.model_dump(mode="json") if isinstance(s, LedgerSnapshot)
-                              else {"error": s}) for n, s in found.items()},
-                         indent=2, sort_keys=True), file=out)
+        print(
+            json.dumps(
+                {
+                    n: (
+                        s.model_dump(mode="json") if isinstance(s, LedgerSnapshot) else {"error": s}
+                    )
+                    for n, s in found.items()
+                },
+                indent=2,
+                sort_keys=True,
+            ),
+            file=out,
+        )
     else:
-        blocks = [snapshot_table(n, s) if isinstance(s, LedgerSnapshot)
-                  else f"Ledger {n}\n  no answer: {s}" for n, s in found.items()]
+        blocks = [
+            snapshot_table(n, s)
+            if isinstance(s, LedgerSnapshot)
+            else f"Ledger {n}\n  no answer: {s}"
+            for n, s in found.items()
+        ]
         print("\n\n".join(blocks), file=out)
     return 0 if answered else 1

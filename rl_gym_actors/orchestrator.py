@@ -55,10 +55,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Ma
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-# runtime sets Ray's env before Ray loads
-from rl_gym_actors.actors.runtime import RAY_NAMESPACE, LoopThread, ensure_ray
-
-import ray  # noqa: E402  (after runtime: loopback environment first)
+import ray
 from pydantic import BaseModel, ConfigDict
 from ray.exceptions import RayActorError, RayTaskError
 
@@ -67,8 +64,10 @@ from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
-from rl_gym_actors.config import (GymEndpoint, LedgerConfig, PoolConfig, TryPolicy,
-                                  deadline_s_arg)
+
+# runtime sets Ray's env before Ray loads
+from rl_gym_actors.actors.runtime import RAY_NAMESPACE, LoopThread, ensure_ray
+from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, TryPolicy, deadline_s_arg
 from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
@@ -76,17 +75,22 @@ from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.gym.probe import probe_endpoints
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, WIRE_INT_MAX,
-                                    is_valid_attempt_index, is_valid_rollout_id)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    ROLLOUT_ID_FIELD,
+    WIRE_INT_MAX,
+    is_valid_attempt_index,
+    is_valid_rollout_id,
+)
 
 logger = logging.getLogger(__name__)
 
 ENDPOINT_FIELD = "_ng_endpoint"
-MEMORY = 1_000_000            # rollout ids remembered (oldest forgotten first)
-WARN_UNACKED = 50_000         # sealed results held un-ACKed on Gym before a warning
-CALL_SLACK_S = 30.0           # a ledger call may take this much beyond its own deadline
+MEMORY = 1_000_000  # rollout ids remembered (oldest forgotten first)
+WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
+CALL_SLACK_S = 30.0  # a ledger call may take this much beyond its own deadline
 START_TIMEOUT_S = 120.0
-LEDGER_RESTARTS = 16          # Ray restarts a dead ledger this often (then LedgerLost)
+LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)
 
 
 class ActorTotals(RolloutCounters):
@@ -123,7 +127,7 @@ class _Item:
     endpoint_index: int
     first_attempt: int
     previous_attempt: int | None
-    ready: Outcome | None = None      # answered without dispatch
+    ready: Outcome | None = None  # answered without dispatch
 
 
 @dataclass
@@ -131,7 +135,7 @@ class _Batch:
     fail_fast: bool
     stopped: bool = False
     waiting: dict[str, asyncio.Task] = field(default_factory=dict)
-    running: dict[str, tuple[Any, int]] = field(default_factory=dict)   # rid -> (handle, first)
+    running: dict[str, tuple[Any, int]] = field(default_factory=dict)  # rid -> (handle, first)
     abandons: list[Any] = field(default_factory=list)
 
 
@@ -140,13 +144,23 @@ class Orchestrator:
     :meth:`astart` (or the first call). ``progress`` draws a progress bar for each batch: None
     (the default) only on a terminal, False never."""
 
-    def __init__(self, endpoints: Sequence[GymEndpoint | str], *, policy: TryPolicy | None = None,
-                 pool_size: int | None = None, rollouts_per_actor: int | None = None,
-                 pool: PoolConfig | None = None, ledger: LedgerConfig | None = None,
-                 orchestrator_id: str | None = None, run_id: str | None = None,
-                 progress: bool | None = None, ack: str | None = None,
-                 warn_unacked: int = WARN_UNACKED, check_endpoints: bool = True,
-                 start: bool = True) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[GymEndpoint | str],
+        *,
+        policy: TryPolicy | None = None,
+        pool_size: int | None = None,
+        rollouts_per_actor: int | None = None,
+        pool: PoolConfig | None = None,
+        ledger: LedgerConfig | None = None,
+        orchestrator_id: str | None = None,
+        run_id: str | None = None,
+        progress: bool | None = None,
+        ack: str | None = None,
+        warn_unacked: int = WARN_UNACKED,
+        check_endpoints: bool = True,
+        start: bool = True,
+    ) -> None:
         self.endpoints = _endpoints(endpoints)
         self.policy = policy or TryPolicy()
         if ack is not None:
@@ -158,10 +172,13 @@ class Orchestrator:
             raise ConfigError(f"warn_unacked must be an int >= 1, got {warn_unacked!r}")
         self.warn_unacked = warn_unacked
         self.check_endpoints = check_endpoints
-        self._unacked = 0                # sealed results left un-ACKed since the last checkpoint
+        self._unacked = 0  # sealed results left un-ACKed since the last checkpoint
         self._warned_at = 0
-        updates = {k: v for k, v in (("size", pool_size), ("rollouts_per_actor",
-                                                             rollouts_per_actor)) if v is not None}
+        updates = {
+            k: v
+            for k, v in (("size", pool_size), ("rollouts_per_actor", rollouts_per_actor))
+            if v is not None
+        }
         try:
             self.pool_config = (pool or PoolConfig()).model_copy(update=updates)
             PoolConfig.model_validate(self.pool_config.model_dump())
@@ -175,12 +192,12 @@ class Orchestrator:
         if not is_valid_rollout_id(self.run_id) or len(self.run_id) > 200:
             raise ConfigError(f"invalid run_id {self.run_id!r}")
         self._run_prefix = self.run_id + "-"
-        self._claims: set[str] = set()   # dispatched ids without the prefix, since a commit
+        self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
         self.progress = progress
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: Any = None
         self._pool: WarmPool | None = None
-        self._memory = RolloutMemory(MEMORY)       # what is known of every rollout id
+        self._memory = RolloutMemory(MEMORY)  # what is known of every rollout id
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
@@ -189,14 +206,14 @@ class Orchestrator:
 
     # ------------------------------------------------------------ life cycle
 
-    def start(self) -> "Orchestrator":
+    def start(self) -> Orchestrator:
         """Start Ray if needed, the ledger actor and the warm pool (idempotent)."""
         self._check_open()
-        ensure_ray()                     # on the caller's thread: Ray wants the main thread
+        ensure_ray()  # on the caller's thread: Ray wants the main thread
         self._loop.run(self._start())
         return self
 
-    async def astart(self) -> "Orchestrator":
+    async def astart(self) -> Orchestrator:
         self._check_open()
         if not ray.is_initialized():
             await asyncio.to_thread(ensure_ray)
@@ -230,13 +247,13 @@ class Orchestrator:
             await self._loop.arun(self._close())
             self._loop.stop()
 
-    def __enter__(self) -> "Orchestrator":
+    def __enter__(self) -> Orchestrator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> "Orchestrator":
+    async def __aenter__(self) -> Orchestrator:
         return await self.astart()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -244,20 +261,23 @@ class Orchestrator:
 
     # ------------------------------------------------------------ the API
 
-    def run_batch(self, rows: Iterable[Mapping[str, Any]], *,
-                  fail_fast: bool = False) -> list[Outcome]:
+    def run_batch(
+        self, rows: Iterable[Mapping[str, Any]], *, fail_fast: bool = False
+    ) -> list[Outcome]:
         """One outcome per row, in row order. A failed row never raises; with ``fail_fast`` the
         first failed row stops the batch: every other rollout is abandoned (it retires its try,
         and a try that had finished is adopted and its result kept). Raises ConfigError for
         malformed rows before anything is dispatched."""
         return self._sync(self._run_batch(rows, fail_fast))
 
-    async def arun_batch(self, rows: Iterable[Mapping[str, Any]], *,
-                         fail_fast: bool = False) -> list[Outcome]:
+    async def arun_batch(
+        self, rows: Iterable[Mapping[str, Any]], *, fail_fast: bool = False
+    ) -> list[Outcome]:
         return await self._async(self._run_batch(rows, fail_fast))
 
-    def stream(self, rows: Iterable[Mapping[str, Any]], *,
-               fail_fast: bool = False) -> Iterator[IndexedOutcome]:
+    def stream(
+        self, rows: Iterable[Mapping[str, Any]], *, fail_fast: bool = False
+    ) -> Iterator[IndexedOutcome]:
         """Yield ``(index, outcome)`` for each row as its rollout ends (completion order).
         Closing the iterator early (``close()``, ``break`` and dropping it, or leaving a ``with
         contextlib.closing(...)``) abandons the rest as ``fail_fast`` does. Raises ConfigError
@@ -277,16 +297,19 @@ class Orchestrator:
             if self._loop.alive:
                 self._loop.run(stream.stop(ended or ()))
 
-    async def astream(self, rows: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
-                      *, fail_fast: bool = False) -> AsyncIterator[IndexedOutcome]:
+    async def astream(
+        self,
+        rows: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+        *,
+        fail_fast: bool = False,
+    ) -> AsyncIterator[IndexedOutcome]:
         """The async :meth:`stream`. ``rows`` may also be an async iterable: each row is
         dispatched as it arrives (a malformed one raises ConfigError from the iterator and the
         rest is abandoned); the stream ends once the rows end and every rollout has. Close it
         early with ``aclose()`` (or ``contextlib.aclosing``)."""
         self._check_open()
         lazy = isinstance(rows, AsyncIterable)
-        stream = await self._async(self._open_stream(None if lazy else _row_list(rows),
-                                                     fail_fast))
+        stream = await self._async(self._open_stream(None if lazy else _row_list(rows), fail_fast))
         feeder = asyncio.ensure_future(self._feed(stream, rows)) if lazy else None
         ended: list[IndexedOutcome] = []
         try:
@@ -301,7 +324,7 @@ class Orchestrator:
             if self._loop.alive:
                 await self._loop.arun(stream.stop(ended or ()))
 
-    async def _feed(self, stream: "_Stream", rows: AsyncIterable[Mapping[str, Any]]) -> None:
+    async def _feed(self, stream: _Stream, rows: AsyncIterable[Mapping[str, Any]]) -> None:
         """On the caller's loop: hand each row of ``rows`` to the stream as it arrives."""
         error: BaseException | None = None
         try:
@@ -309,26 +332,39 @@ class Orchestrator:
                 await self._async(stream.add(row))
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:    # a bad row or the iterable's own error ends the stream
+        except BaseException as exc:  # a bad row or the iterable's own error ends the stream
             error = exc
         if self._loop.alive:
             await self._loop.arun(stream.end_of_rows(error))
 
-    def checkpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
-                   deadline_s: float = 120.0, sweep_foreign: bool = False) -> CheckpointReport:
+    def checkpoint(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        *,
+        deadline_s: float = 120.0,
+        sweep_foreign: bool = False,
+    ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
         forgotten runs, prepares, commits, resumes). Raises CheckpointFailed when an endpoint is
         not ready by the deadline (its ``blockers`` name another run's attempts ``foreign``, and
         another checkpoint id that holds a server ``active_checkpoint_id``), LedgerLost when the
         ledger is gone for good."""
-        return self._sync(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s,
-                                           sweep_foreign))
+        return self._sync(
+            self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
+        )
 
-    async def acheckpoint(self, checkpoint_id: str, checkpoint_dir: str, *,
-                          deadline_s: float = 120.0,
-                          sweep_foreign: bool = False) -> CheckpointReport:
-        return await self._async(self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s,
-                                                  sweep_foreign))
+    async def acheckpoint(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        *,
+        deadline_s: float = 120.0,
+        sweep_foreign: bool = False,
+    ) -> CheckpointReport:
+        return await self._async(
+            self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
+        )
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
@@ -344,8 +380,9 @@ class Orchestrator:
         raises for an endpoint: ``report.aborted`` says whether every endpoint resumed it."""
         return self._sync(self._abort(checkpoint_id, deadline_s))
 
-    async def aabort_checkpoint(self, checkpoint_id: str, *,
-                                deadline_s: float = 10.0) -> AbortReport:
+    async def aabort_checkpoint(
+        self, checkpoint_id: str, *, deadline_s: float = 10.0
+    ) -> AbortReport:
         return await self._async(self._abort(checkpoint_id, deadline_s))
 
     @property
@@ -368,15 +405,29 @@ class Orchestrator:
                 await probe_endpoints(self.endpoints)
             # Ray restarts a ledger that dies and sends the calls in flight again; the
             # restarted ledger rebuilds its book from the rollout actors it finds by name
-            ledger = LedgerActor.options(name=ledger_name(self.id), namespace=RAY_NAMESPACE,
-                                         num_cpus=0, max_restarts=LEDGER_RESTARTS,
-                                         max_task_retries=-1).remote(
-                self.endpoints, self.policy, self.ledger_config,
-                owner_pattern=actor_pattern(self.id), run_id=self.run_id)
+            ledger = LedgerActor.options(
+                name=ledger_name(self.id),
+                namespace=RAY_NAMESPACE,
+                num_cpus=0,
+                max_restarts=LEDGER_RESTARTS,
+                max_task_retries=-1,
+            ).remote(
+                self.endpoints,
+                self.policy,
+                self.ledger_config,
+                owner_pattern=actor_pattern(self.id),
+                run_id=self.run_id,
+            )
             try:
                 await asyncio.wait_for(ledger.ping.remote(), START_TIMEOUT_S)
-                pool = WarmPool(self.id, self.endpoints, self.policy, self.pool_config,
-                                self.ledger_config, ledger)
+                pool = WarmPool(
+                    self.id,
+                    self.endpoints,
+                    self.policy,
+                    self.pool_config,
+                    self.ledger_config,
+                    ledger,
+                )
                 await pool.start()
             except BaseException:
                 ray.kill(ledger, no_restart=True)
@@ -392,7 +443,7 @@ class Orchestrator:
         if self._ledger is not None:
             try:
                 await asyncio.wait_for(self._ledger.close.remote(), 2.0)
-            except Exception:            # closing is best effort; the kill below is not
+            except Exception:  # closing is best effort; the kill below is not
                 pass
             ray.kill(self._ledger, no_restart=True)
 
@@ -411,14 +462,15 @@ class Orchestrator:
                 for index, outcome in ended:
                     outcomes[index] = outcome
         except BaseException:
-            stream.cancel()              # the caller gave up: each running rollout retires its try
+            stream.cancel()  # the caller gave up: each running rollout retires its try
             raise
         finally:
             await stream.stop(())
-        return outcomes                  # type: ignore[return-value]
+        return outcomes  # type: ignore[return-value]
 
-    async def _open_stream(self, rows: list[Mapping[str, Any]] | None,
-                           fail_fast: bool) -> "_Stream":
+    async def _open_stream(
+        self, rows: list[Mapping[str, Any]] | None, fail_fast: bool
+    ) -> _Stream:
         """A stream of ``rows`` (all checked before any is dispatched), or an open one (None)
         that :meth:`_Stream.add` feeds."""
         pool = await self._ready()
@@ -454,8 +506,10 @@ class Orchestrator:
             try:
                 if self._memory.unsure(rid):
                     item.previous_attempt = await self._learn_current(item)
-                outcome = await self._chunks.run(slot.handle, (
-                    item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt))
+                outcome = await self._chunks.run(
+                    slot.handle,
+                    (item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt),
+                )
             except asyncio.CancelledError:
                 # the caller gave up on the batch: the rollout retires its try on its own
                 slot.handle.abandon.remote(rid, item.first_attempt)
@@ -464,13 +518,20 @@ class Orchestrator:
             except RayActorError as exc:
                 await pool.actor_failed(slot, exc)
                 self._memory.lose(rid, item.first_attempt, self.policy.max_tries)
-                outcome = self._failed(item, f"rollout actor {slot.name} died: "
-                                             f"{type(exc).__name__}", FailureKind.ACTOR_DIED)
+                outcome = self._failed(
+                    item,
+                    f"rollout actor {slot.name} died: {type(exc).__name__}",
+                    FailureKind.ACTOR_DIED,
+                )
             except (RayTaskError, RlGymError) as exc:
-                cause = exc.cause if isinstance(exc, RayTaskError) and isinstance(
-                    exc.cause, BaseException) else exc
-                outcome = self._failed(item, f"rollout actor {slot.name} raised: {cause!r}",
-                                       failure_kind(cause))
+                cause = (
+                    exc.cause
+                    if isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException)
+                    else exc
+                )
+                outcome = self._failed(
+                    item, f"rollout actor {slot.name} raised: {cause!r}", failure_kind(cause)
+                )
             else:
                 self._memory.finish_outcome(rid, item.first_attempt, outcome)
                 if outcome.has_result and not outcome.acked:
@@ -491,14 +552,25 @@ class Orchestrator:
         for rid, (handle, first) in list(batch.running.items()):
             batch.abandons.append(handle.abandon.remote(rid, first))
 
-    async def _checkpoint(self, checkpoint_id: str, checkpoint_dir: str, deadline_s: float,
-                          sweep_foreign: bool = False) -> CheckpointReport:
+    async def _checkpoint(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        deadline_s: float,
+        sweep_foreign: bool = False,
+    ) -> CheckpointReport:
         await self._ready()
         deadline_s = deadline_s_arg(deadline_s)
         claims = sorted(self._claims)
-        report = await self._ledger_call("checkpoint", checkpoint_id, str(checkpoint_dir),
-                                         deadline_s, bool(sweep_foreign), claims,
-                                         timeout_s=deadline_s + CALL_SLACK_S)
+        report = await self._ledger_call(
+            "checkpoint",
+            checkpoint_id,
+            str(checkpoint_dir),
+            deadline_s,
+            bool(sweep_foreign),
+            claims,
+            timeout_s=deadline_s + CALL_SLACK_S,
+        )
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
         self._committed()
@@ -523,14 +595,17 @@ class Orchestrator:
                 "Gym keeps each in memory until a checkpoint releases it. Call "
                 "Orchestrator.checkpoint() more often, or pass ack='on_seal' to release each "
                 "result at once (a crash then loses the results since the last checkpoint).",
-                self._unacked, self.policy.ack)
+                self._unacked,
+                self.policy.ack,
+            )
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         await self._ready()
         deadline_s = deadline_s_arg(deadline_s)
         try:
-            return await self._ledger_call("abort_checkpoint", checkpoint_id, deadline_s,
-                                           timeout_s=deadline_s + CALL_SLACK_S)
+            return await self._ledger_call(
+                "abort_checkpoint", checkpoint_id, deadline_s, timeout_s=deadline_s + CALL_SLACK_S
+            )
         except LedgerLost:
             # freeing Gym needs no book: resume from here, with clients of our own
             clients = [GymClient(ep) for ep in self.endpoints]
@@ -550,12 +625,16 @@ class Orchestrator:
                 raise exc.cause from None
             raise
         except RayActorError as exc:
-            raise LedgerLost(f"the ledger of orchestrator {self.id} is gone ({method}): "
-                             f"{type(exc).__name__}", cause=f"{type(exc).__name__}: {exc}"[:500]
-                             ) from None
+            raise LedgerLost(
+                f"the ledger of orchestrator {self.id} is gone ({method}): {type(exc).__name__}",
+                cause=f"{type(exc).__name__}: {exc}"[:500],
+            ) from None
         except TimeoutError:
-            raise LedgerLost(f"the ledger of orchestrator {self.id} did not answer {method} "
-                             f"within {timeout_s:.0f}s", cause="TimeoutError") from None
+            raise LedgerLost(
+                f"the ledger of orchestrator {self.id} did not answer {method} "
+                f"within {timeout_s:.0f}s",
+                cause="TimeoutError",
+            ) from None
 
     async def _snapshot(self) -> OrchestratorSnapshot:
         pool = await self._ready()
@@ -567,10 +646,14 @@ class Orchestrator:
         for snap in alive:
             for name in RolloutCounters.model_fields:
                 sums[name] = sums.get(name, 0) + getattr(snap, name)
-        return OrchestratorSnapshot(orchestrator_id=self.id, ledger=ledger, pool=pool.snapshot(),
-                                    actors=ActorTotals(actors=len(alive), **sums),
-                                    known_rollouts=len(self._memory),
-                                    in_flight=self._memory.in_flight)
+        return OrchestratorSnapshot(
+            orchestrator_id=self.id,
+            ledger=ledger,
+            pool=pool.snapshot(),
+            actors=ActorTotals(actors=len(alive), **sums),
+            known_rollouts=len(self._memory),
+            in_flight=self._memory.in_flight,
+        )
 
     # ------------------------------------------------------------ rows and memory
 
@@ -578,7 +661,7 @@ class Orchestrator:
         """Every row checked (ConfigError names the first bad one) before any is handed out."""
         seen: set[str] = set()
         items = [self._plan_row(i, row, seen) for i, row in enumerate(rows)]
-        for item in items:               # every row is valid: hand out the kept results
+        for item in items:  # every row is valid: hand out the kept results
             if item.ready is not None:
                 self._memory.hand_out(item.rollout_id)
         return items
@@ -604,17 +687,29 @@ class Orchestrator:
         seen.add(rid)
         first = row.get(ATTEMPT_INDEX_FIELD, 0)
         if not is_valid_attempt_index(first):
-            raise ConfigError(f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int from 0 to "
-                              f"{WIRE_INT_MAX}, got {first!r}")
-        gym_row = {k: v for k, v in row.items()
-                   if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+            raise ConfigError(
+                f"row {i}: {ATTEMPT_INDEX_FIELD} must be an int from 0 to "
+                f"{WIRE_INT_MAX}, got {first!r}"
+            )
+        gym_row = {
+            k: v
+            for k, v in row.items()
+            if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)
+        }
         try:
             json.dumps(gym_row, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
         plan = self._memory.plan(rid, first)
-        return _Item(i, rid, gym_row, self._endpoint_for(row, rid, i), plan.first_attempt,
-                     plan.previous_attempt, plan.ready)
+        return _Item(
+            i,
+            rid,
+            gym_row,
+            self._endpoint_for(row, rid, i),
+            plan.first_attempt,
+            plan.previous_attempt,
+            plan.ready,
+        )
 
     async def _learn_current(self, item: _Item) -> int | None:
         """A rollout whose actor died: the ledger knows which try was current (the dead
@@ -623,8 +718,12 @@ class Orchestrator:
         try:
             current = await self._ledger_call("current_attempt", rid, timeout_s=CALL_SLACK_S)
         except (LedgerLost, RayTaskError) as exc:
-            logger.warning("ledger did not say the current try of %s (%r): retiring try %s",
-                           rid, exc, item.previous_attempt)
+            logger.warning(
+                "ledger did not say the current try of %s (%r): retiring try %s",
+                rid,
+                exc,
+                item.previous_attempt,
+            )
             return item.previous_attempt
         self._memory.learn_current(rid, current)
         return self._memory.plan(rid, item.first_attempt).previous_attempt
@@ -633,17 +732,22 @@ class Orchestrator:
         wanted = row.get(ENDPOINT_FIELD)
         if wanted is not None:
             for n, ep in enumerate(self.endpoints):
-                if wanted in (ep.name, ep.url) or (isinstance(wanted, str)
-                                                   and wanted.rstrip("/") == ep.url):
+                if wanted in (ep.name, ep.url) or (
+                    isinstance(wanted, str) and wanted.rstrip("/") == ep.url
+                ):
                     return n
             raise ConfigError(f"row {i}: {ENDPOINT_FIELD} {wanted!r} names no endpoint")
         return endpoint_index_for(rid, len(self.endpoints))
 
     def _failed(self, item: _Item, reason: str, failure: FailureKind) -> Outcome:
-        return Outcome(rollout_id=item.rollout_id, status="failed",
-                       attempt_index=item.first_attempt,
-                       endpoint=self.endpoints[item.endpoint_index].url, reason=reason,
-                       failure=failure)
+        return Outcome(
+            rollout_id=item.rollout_id,
+            status="failed",
+            attempt_index=item.first_attempt,
+            endpoint=self.endpoints[item.endpoint_index].url,
+            reason=reason,
+            failure=failure,
+        )
 
 
 class _Stream:
@@ -757,10 +861,13 @@ def endpoint_index_for(rollout_id: str, n_endpoints: int) -> int:
 
 
 def _not_dispatched(item: _Item, endpoints: list[GymEndpoint]) -> Outcome:
-    return Outcome(rollout_id=item.rollout_id, status="abandoned",
-                   endpoint=endpoints[item.endpoint_index].url,
-                   reason="batch stopped (fail_fast) before this row was dispatched",
-                   failure=FailureKind.ABANDONED)
+    return Outcome(
+        rollout_id=item.rollout_id,
+        status="abandoned",
+        endpoint=endpoints[item.endpoint_index].url,
+        reason="batch stopped (fail_fast) before this row was dispatched",
+        failure=FailureKind.ABANDONED,
+    )
 
 
 def _endpoints(endpoints: Sequence[GymEndpoint | str]) -> list[GymEndpoint]:

@@ -38,9 +38,17 @@ class ProgressBar:
     the orchestrator may report from a callback thread.
     """
 
-    def __init__(self, total: int, *, label: str = "rollouts", stream: TextIO | None = None,
-                 enabled: bool | None = None, width: int = 24, min_interval_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        label: str = "rollouts",
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        width: int = 24,
+        min_interval_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total = max(0, int(total))
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
@@ -106,7 +114,7 @@ class ProgressBar:
                 except (OSError, ValueError):
                     pass
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:

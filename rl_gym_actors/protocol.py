@@ -15,13 +15,12 @@ import re
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import (BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints, model_validator
 
 CONTROL_PREFIX = "/ng-control/v1/agent-checkpoint"
 CAPABILITIES_PATH = "/ng-control/v1/capabilities"
 REPLAYED_HEADER = "x-gym-replayed"
-RECEIPT_HEADER = "x-gym-completion-receipt"      # (ext) the receipt beside a /run answer
+RECEIPT_HEADER = "x-gym-completion-receipt"  # (ext) the receipt beside a /run answer
 ROLLOUT_ID_FIELD = "_ng_rollout_id"
 ATTEMPT_INDEX_FIELD = "_ng_attempt_index"
 
@@ -30,16 +29,18 @@ _ID_RE = re.compile(ID_PATTERN)
 ROLLOUT_ID_MAX = 256
 CHECKPOINT_ID_MAX = 128
 
-RolloutId = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1,
-                                             max_length=ROLLOUT_ID_MAX)]
-CheckpointId = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1,
-                                                max_length=CHECKPOINT_ID_MAX)]
-WIRE_INT_MAX = 2**63 - 1            # what SQLite's INTEGER (a signed 64-bit int) holds
+RolloutId = Annotated[
+    str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=ROLLOUT_ID_MAX)
+]
+CheckpointId = Annotated[
+    str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=CHECKPOINT_ID_MAX)
+]
+WIRE_INT_MAX = 2**63 - 1  # what SQLite's INTEGER (a signed 64-bit int) holds
 AttemptIndex = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
 Generation = Annotated[int, Field(ge=1, le=WIRE_INT_MAX)]
 Count = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-ExecutionKey = tuple[str, int]     # (rollout_id, attempt_index): one execution on a Gym server
+ExecutionKey = tuple[str, int]  # (rollout_id, attempt_index): one execution on a Gym server
 
 
 def is_valid_rollout_id(value: object) -> bool:
@@ -47,17 +48,18 @@ def is_valid_rollout_id(value: object) -> bool:
 
 
 def is_valid_checkpoint_id(value: object) -> bool:
-    return (isinstance(value, str) and 0 < len(value) <= CHECKPOINT_ID_MAX
-            and bool(_ID_RE.match(value)))
+    return (
+        isinstance(value, str) and 0 < len(value) <= CHECKPOINT_ID_MAX and bool(_ID_RE.match(value))
+    )
 
 
 def is_valid_attempt_index(value: object) -> bool:
     """An int (not a bool) in ``0 .. WIRE_INT_MAX``."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and 0 <= value <= WIRE_INT_MAX)
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= WIRE_INT_MAX
 
 
 # ---------------------------------------------------------------- digest and identity
+
 
 def canonical_json(obj: Any) -> bytes:
     """Keys sorted, separators ``,`` and ``:`` with no spaces, non-ASCII escaped."""
@@ -83,6 +85,7 @@ def result_identity(reply: Any, digest: str | None = None) -> str:
 
 # ---------------------------------------------------------------- models
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,7 +97,7 @@ class _Lenient(BaseModel):
 class ExecutionState(str, Enum):
     RUNNING = "running"
     PARKED = "parked"
-    COMPLETED = "completed"          # finished, reply stored, not ACKed
+    COMPLETED = "completed"  # finished, reply stored, not ACKed
     ACKNOWLEDGED = "acknowledged"
     TOMBSTONED = "tombstoned"
 
@@ -113,16 +116,22 @@ class CompletionReceipt(BaseModel):
     execution_generation: Generation
     result_identity: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
     result_digest: Digest
-    manifest_capture_key: Annotated[str, StringConstraints(
-        pattern=ID_PATTERN, min_length=1, max_length=ROLLOUT_ID_MAX + 24)] | None = None
-    terminal_model_call_id: Annotated[str, StringConstraints(min_length=1,
-                                                             max_length=1024)] | None = None
+    manifest_capture_key: (
+        Annotated[
+            str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=ROLLOUT_ID_MAX + 24)
+        ]
+        | None
+    ) = None
+    terminal_model_call_id: (
+        Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None
+    ) = None
 
     @model_validator(mode="after")
-    def _lineage_pair(self) -> "CompletionReceipt":
+    def _lineage_pair(self) -> CompletionReceipt:
         if (self.manifest_capture_key is None) != (self.terminal_model_call_id is None):
-            raise ValueError("manifest_capture_key and terminal_model_call_id come together "
-                             "or not at all")
+            raise ValueError(
+                "manifest_capture_key and terminal_model_call_id come together or not at all"
+            )
         return self
 
     @property
@@ -138,16 +147,31 @@ class CompletionReceipt(BaseModel):
         return canonical_json(self.wire())
 
     @classmethod
-    def for_reply(cls, rollout_id: str, attempt_index: int, generation: int,
-                  reply: Any, lineage: "ModelLineage | None" = None) -> "CompletionReceipt":
+    def for_reply(
+        cls,
+        rollout_id: str,
+        attempt_index: int,
+        generation: int,
+        reply: Any,
+        lineage: ModelLineage | None = None,
+    ) -> CompletionReceipt:
         digest = result_digest(reply)
-        extra = {} if lineage is None else {
-            "manifest_capture_key": lineage.manifest_capture_key,
-            "terminal_model_call_id": lineage.terminal_model_call_id}
-        return cls(rollout_id=rollout_id, attempt_index=attempt_index,
-                   execution_generation=generation,
-                   result_identity=result_identity(reply, digest), result_digest=digest,
-                   **extra)
+        extra = (
+            {}
+            if lineage is None
+            else {
+                "manifest_capture_key": lineage.manifest_capture_key,
+                "terminal_model_call_id": lineage.terminal_model_call_id,
+            }
+        )
+        return cls(
+            rollout_id=rollout_id,
+            attempt_index=attempt_index,
+            execution_generation=generation,
+            result_identity=result_identity(reply, digest),
+            result_digest=digest,
+            **extra,
+        )
 
 
 class ModelLineage(BaseModel):
@@ -186,7 +210,7 @@ class AckBatchRequest(_Strict):
     executions: Annotated[list[CompletionReceipt], Field(min_length=1)]
 
     @model_validator(mode="after")
-    def _unique_keys(self) -> "AckBatchRequest":
+    def _unique_keys(self) -> AckBatchRequest:
         keys = [r.key for r in self.executions]
         if len(set(keys)) != len(keys):
             raise ValueError("executions: keys must be unique")
@@ -208,15 +232,15 @@ class RetireAnswer(_Lenient):
     retired: bool
     tombstoned: bool
     completed_unacknowledged: bool = False
-    acknowledged: bool | None = None          # (ext) true when the key was already released
+    acknowledged: bool | None = None  # (ext) true when the key was already released
 
 
 class AttemptInfo(_Lenient):
     rollout_id: str
     attempt_index: int
-    state: str                                # a real Gym also says "park_requested"
+    state: str  # a real Gym also says "park_requested"
     completion_receipt: CompletionReceipt | None = None
-    execution_generation: int | None = None   # (ext)
+    execution_generation: int | None = None  # (ext)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -227,7 +251,7 @@ class ExpiredCheckpoint(_Lenient):
     """(ext) The last checkpoint id that its lease aborted."""
 
     checkpoint_id: str
-    phase: str                                # the phase it was left in
+    phase: str  # the phase it was left in
     lease_until: float
     expired_at: float
 
@@ -236,12 +260,12 @@ class LeaseInfo(_Lenient):
     """(ext) The checkpoint lease of a server that has one."""
 
     lease_s: float
-    lease_until: float | None = None          # when the active checkpoint id lapses
+    lease_until: float | None = None  # when the active checkpoint id lapses
     last_expired: ExpiredCheckpoint | None = None
 
 
 class StatusReport(_Lenient):
-    state: str = "accepting"                 # "accepting" or "preparing"
+    state: str = "accepting"  # "accepting" or "preparing"
     ready_to_commit: bool = False
     running: int = 0
     parked: int = 0
@@ -253,13 +277,15 @@ class StatusReport(_Lenient):
     blocking_attempts: list[AttemptInfo] = Field(default_factory=list)
     completed_unacknowledged_attempts: list[AttemptInfo] = Field(default_factory=list)
     executions: list[AttemptInfo] = Field(default_factory=list)
-    phase: str | None = None                  # (ext) the fence's phase
-    checkpoint_id: str | None = None          # (ext) the active checkpoint id
+    phase: str | None = None  # (ext) the fence's phase
+    checkpoint_id: str | None = None  # (ext) the active checkpoint id
     checkpoint_lease: LeaseInfo | None = None  # (ext)
 
     def summary(self) -> str:
-        return (f"ready_to_commit={self.ready_to_commit} running={self.running} "
-                f"parked={self.parked} completed_unacknowledged={self.completed_unacknowledged}")
+        return (
+            f"ready_to_commit={self.ready_to_commit} running={self.running} "
+            f"parked={self.parked} completed_unacknowledged={self.completed_unacknowledged}"
+        )
 
 
 class CommitAnswer(_Lenient):
@@ -273,7 +299,7 @@ class ResumeAnswer(_Lenient):
 
 
 class ReceiptAnswer(_Lenient):
-    state: str                                # "completed" or "acknowledged"
+    state: str  # "completed" or "acknowledged"
     # None only for an ACKed key whose receipt a server without a state dir no longer keeps
     completion_receipt: CompletionReceipt | None = None
 
@@ -281,17 +307,17 @@ class ReceiptAnswer(_Lenient):
 class ErrorDetail(_Lenient):
     code: str
     detail: str = ""
-    active_checkpoint_id: str | None = None   # (ext) on checkpoint_conflict: the id in the way
-    phase: str | None = None                  # (ext) on checkpoint_conflict: its phase
+    active_checkpoint_id: str | None = None  # (ext) on checkpoint_conflict: the id in the way
+    phase: str | None = None  # (ext) on checkpoint_conflict: its phase
 
 
 class ErrorBody(_Lenient):
     error: ErrorDetail
-    report: StatusReport | None = None        # (ext) on a prepare 409
+    report: StatusReport | None = None  # (ext) on a prepare 409
 
 
 class MultiProcess(_Lenient):
-    mode: str = "single_worker"               # "single_worker", "coordinator" or "unmanaged"
+    mode: str = "single_worker"  # "single_worker", "coordinator" or "unmanaged"
     num_workers: int = 1
 
 
@@ -315,6 +341,8 @@ class Capabilities(_Lenient):
 
 
 def prepare_incomplete_detail(report: StatusReport) -> str:
-    return (f"agent prepare is incomplete: running={report.running}, "
-            f"parked_without_boundary={report.parked_without_boundary}, "
-            f"completed_unacknowledged={report.completed_unacknowledged}")
+    return (
+        f"agent prepare is incomplete: running={report.running}, "
+        f"parked_without_boundary={report.parked_without_boundary}, "
+        f"completed_unacknowledged={report.completed_unacknowledged}"
+    )

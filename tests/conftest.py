@@ -20,9 +20,14 @@ def ray_session():
         # address="local": always a Ray of our own, never another process's live cluster
         # metrics reach the node's metrics agent every 2 s (Ray's default: 10 s), so a test
         # reading Ray's export waits seconds, not tens of them
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False,
-                 _system_config={"metrics_report_interval_ms": 2000})
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _system_config={"metrics_report_interval_ms": 2000},
+        )
     yield ray
     ray.shutdown()
 

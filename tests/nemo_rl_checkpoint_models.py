@@ -33,8 +33,7 @@ class Contract(Strict):
     schema_version: Literal[1]
     admission_states: list[Literal["accepting", "draining", "paused"]]
     checkpoint_mode: Literal["stateless", "export_restore"]
-    concurrency_contract: Literal["stateless", "serialized_per_session",
-                                  "transactional_parallel"]
+    concurrency_contract: Literal["stateless", "serialized_per_session", "transactional_parallel"]
     multi_process: MultiProcess
     instance_role: Literal["policy", "auxiliary"] | None = None
     features: list[str] = []
@@ -109,7 +108,7 @@ class PayloadParticipant(Strict):
     payload: dict
 
 
-class ParticipantsResult(Strict):                  # resume, abort and restore
+class ParticipantsResult(Strict):  # resume, abort and restore
     checkpoint_id: str
     participants: list[PayloadParticipant]
 

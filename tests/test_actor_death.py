@@ -12,43 +12,50 @@ import ray
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
+from rl_gym_actors.testing.polling import wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-POLICY = TryPolicy(rollout_s=1.0, receipt_s=30.0, max_tries=3, control_s=5.0,
-                   admission_wait_s=10.0)
+POLICY = TryPolicy(rollout_s=1.0, receipt_s=30.0, max_tries=3, control_s=5.0, admission_wait_s=10.0)
 
 
-def test_a_redispatch_after_actor_death_adopts_the_later_try_that_finished(ray_session, gym,
-                                                                          agent, tmp_path):
+def test_a_redispatch_after_actor_death_adopts_the_later_try_that_finished(
+    ray_session, gym, agent, tmp_path
+):
     ep = GymEndpoint(url=gym.url, token=gym.token)
     rid = "death-adopts-1"
     # try 0 outlives rollout_s and is retired; try 1 finishes at once, but its receipt fetch
     # hangs, so the actor holds try 1 completed on Gym and unsealed when it is killed
-    row = {"_ng_rollout_id": rid, "reward": 0.5, "first_try_sleep_s": 5.0,
-           "receipt_delay_s": 15.0}
-    with Orchestrator([ep], policy=POLICY, pool_size=1, rollouts_per_actor=1,
-                      progress=False) as orch, ThreadPoolExecutor(1) as pool:
+    row = {"_ng_rollout_id": rid, "reward": 0.5, "first_try_sleep_s": 5.0, "receipt_delay_s": 15.0}
+    with (
+        Orchestrator(
+            [ep], policy=POLICY, pool_size=1, rollouts_per_actor=1, progress=False
+        ) as orch,
+        ThreadPoolExecutor(1) as pool,
+    ):
         first = pool.submit(orch.run_batch, [row])
         # (read Gym through its participant: a receipt request would take the planned delay)
-        wait_for(lambda: gym.faults.delayed == 1, timeout_s=20,
-                 what="the actor waits on try 1's receipt")
-        wait_for(lambda: ray.get(orch.ledger.current_attempt.remote(rid)) == 1, timeout_s=10,
-                 what="the ledger hears of try 1")
+        wait_for(
+            lambda: gym.faults.delayed == 1, timeout_s=20, what="the actor waits on try 1's receipt"
+        )
+        wait_for(
+            lambda: ray.get(orch.ledger.current_attempt.remote(rid)) == 1,
+            timeout_s=10,
+            what="the ledger hears of try 1",
+        )
         assert (rid, 0) in agent.cancelled and (rid, 1) in agent.finished
         assert gym.participant.snapshot()["completed_unacknowledged"] == 1
         assert agent.runs_of(rid) == 2
-        victim = orch.snapshot().pool.leases[rid]               # the actor holding the rollout
+        victim = orch.snapshot().pool.leases[rid]  # the actor holding the rollout
         ray.kill(ray.get_actor(victim, namespace=RAY_NAMESPACE), no_restart=True)
         (lost,) = first.result(timeout=30)
         assert lost.status == "failed" and lost.failure is FailureKind.ACTOR_DIED
 
         (out,) = orch.run_batch([row])
         assert (out.status, out.attempt_index, out.adopted) == ("sealed", 1, True)
-        assert out.reward == 0.5 and not out.acked         # ack="at_checkpoint": Gym keeps it
-        assert agent.runs_of(rid) == 2                    # adopted, not rerun
+        assert out.reward == 0.5 and not out.acked  # ack="at_checkpoint": Gym keeps it
+        assert agent.runs_of(rid) == 2  # adopted, not rerun
         assert key_state(ep, rid, 1) == "completed"
         orch.checkpoint("after-death", str(tmp_path / "ck"), deadline_s=30.0)
         assert key_state(ep, rid, 1) == "acknowledged"

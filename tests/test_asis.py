@@ -20,8 +20,10 @@ def gym():
 
 async def test_one_dropped_reply_blocks_every_checkpoint(gym, tmp_path):
     async with AsIsRunner([gym.endpoint], POLICY, concurrency=4) as runner:
-        rows = [{"_ng_rollout_id": "rD", "reward": 0.5, "drop_reply": True},
-                {"_ng_rollout_id": "rOK", "reward": 1.0}]
+        rows = [
+            {"_ng_rollout_id": "rD", "reward": 0.5, "drop_reply": True},
+            {"_ng_rollout_id": "rOK", "reward": 1.0},
+        ]
         outcomes = await runner.run_batch(rows)
 
         dropped, ok = outcomes
@@ -30,7 +32,7 @@ async def test_one_dropped_reply_blocks_every_checkpoint(gym, tmp_path):
         assert (ok.status, ok.attempt_index, ok.acked) == ("sealed", 0, True)
         assert runner.stats.tries_given_up["run"] == 1
 
-        for n in range(2):      # not once: every later checkpoint is blocked by the same try
+        for n in range(2):  # not once: every later checkpoint is blocked by the same try
             ckpt = await runner.checkpoint(f"c{n}", str(tmp_path / f"c{n}"), prepare_s=0.3)
             assert ckpt.blocked
             report = ckpt.reports[gym.endpoint.url]
@@ -39,7 +41,7 @@ async def test_one_dropped_reply_blocks_every_checkpoint(gym, tmp_path):
         assert runner.stats.checkpoints_committed == 0
 
     truth = gym.participant.snapshot()
-    assert truth["agent_starts"] == 3              # rD twice (finished work rerun), rOK once
+    assert truth["agent_starts"] == 3  # rD twice (finished work rerun), rOK once
     assert truth["completed_unacknowledged"] == 1
     assert truth["acknowledged"] == 2
 

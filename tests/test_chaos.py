@@ -51,14 +51,17 @@ def test_a_rollout_actor_killed_mid_batch(ray_session, tmp_path):
 @pytest.mark.slow
 def test_a_three_node_cluster_losing_a_node(tmp_path):
     # its own Ray cluster: in a process of its own
-    code = ("import json; from rl_gym_actors.testing import chaos; "
-            "row = chaos.node_loss(chaos.Sizes(rows=12, pool=4, per_actor=2), "
-            f"__import__('pathlib').Path({str(tmp_path)!r})); "
-            "print('ROW ' + json.dumps(row.as_dict()))")
+    code = (
+        "import json; from rl_gym_actors.testing import chaos; "
+        "row = chaos.node_loss(chaos.Sizes(rows=12, pool=4, per_actor=2), "
+        f"__import__('pathlib').Path({str(tmp_path)!r})); "
+        "print('ROW ' + json.dumps(row.as_dict()))"
+    )
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ROW ")]
     assert lines, out.stderr[-3000:]
     row = chaos.ChaosRow(**json.loads(lines[-1][4:]))

@@ -26,7 +26,7 @@ from rl_gym_actors.testing.polling import until
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 _ids = itertools.count()
-LONG_S = 30.0          # an agent run that no test waits for
+LONG_S = 30.0  # an agent run that no test waits for
 
 
 def soon(seconds: float = 10.0) -> float:
@@ -45,16 +45,17 @@ def make_ledger(ray, endpoints: list[GymEndpoint], **config):
     from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
     from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 
-    return LedgerActor.options(name=ledger_name(f"gate-{next(_ids)}"),
-                               namespace=RAY_NAMESPACE).remote(
-        endpoints, TryPolicy(control_s=5.0), LedgerConfig(**config))
+    return LedgerActor.options(
+        name=ledger_name(f"gate-{next(_ids)}"), namespace=RAY_NAMESPACE
+    ).remote(endpoints, TryPolicy(control_s=5.0), LedgerConfig(**config))
 
 
 def make_owner(ray, name: str, endpoint: GymEndpoint, ledger):
     from rl_gym_actors.testing.stand_in_owner import StandInOwner
 
     owner = StandInOwner.options(name=name, namespace="rl_gym_actors").remote(
-        name, endpoint, ledger)
+        name, endpoint, ledger
+    )
     assert ray.get(owner.ping.remote()) == name
     ray.get(ledger.register_owners.remote({name: owner}))
     return owner
@@ -67,6 +68,7 @@ async def receipt_state(client: GymClient, rid: str, att: int = 0) -> str:
 async def completed(client: GymClient, rid: str, att: int = 0) -> None:
     async def check() -> bool:
         return await receipt_state(client, rid, att) == "completed"
+
     await until(check, what=f"({rid}, {att}) to complete")
 
 
@@ -75,13 +77,15 @@ def manifest(path: str) -> dict:
         return json.load(fh)
 
 
-async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(ray_session,
-                                                                            tmp_path):
+async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(
+    ray_session, tmp_path
+):
     async with gym() as (endpoint, client):
         rids = [f"orphan-{i}" for i in range(5)]
-        for rid in rids:      # posted directly: no owner, no report, never ACKed
-            result = await client.run({"reward": 0.5}, rollout_id=rid, attempt_index=0,
-                                      deadline_ts=soon())
+        for rid in rids:  # posted directly: no owner, no report, never ACKed
+            result = await client.run(
+                {"reward": 0.5}, rollout_id=rid, attempt_index=0, deadline_ts=soon()
+            )
             assert result.reply == {"id": f"r-{rid}", "reward": 0.5}
         before = await client.status("probe-orphans", deadline_ts=soon())
         assert before.completed_unacknowledged == 5 and not before.ready_to_commit
@@ -97,8 +101,9 @@ async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(ra
         assert snap.orphans_acked == 5 and snap.checkpoints_committed == 1
         assert snap.endpoints[endpoint.url].acked == 5 and snap.invariant_ok
         # admission reopened: a new run goes through
-        await client.run({"reward": 1.0}, rollout_id="after-orphans", attempt_index=0,
-                         deadline_ts=soon())
+        await client.run(
+            {"reward": 1.0}, rollout_id="after-orphans", attempt_index=0, deadline_ts=soon()
+        )
         # a spent checkpoint id fails by name, and admission stays open
         with pytest.raises(CheckpointFailed, match="stale_checkpoint"):
             await ledger.checkpoint.remote("ckpt-orphans", str(tmp_path / "again"), 5.0)
@@ -107,14 +112,24 @@ async def test_orphan_completed_attempts_get_acked_and_the_checkpoint_commits(ra
 
 
 async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits_fast(
-        ray_session, tmp_path):
+    ray_session, tmp_path
+):
     async with gym() as (endpoint, client):
-        runs = [asyncio.ensure_future(client.run({"sleep_s": LONG_S}, rollout_id=f"slow-{i}",
-                                                 attempt_index=0, deadline_ts=soon(60)))
-                for i in range(3)]
+        runs = [
+            asyncio.ensure_future(
+                client.run(
+                    {"sleep_s": LONG_S},
+                    rollout_id=f"slow-{i}",
+                    attempt_index=0,
+                    deadline_ts=soon(60),
+                )
+            )
+            for i in range(3)
+        ]
 
         async def all_running() -> bool:
             return (await client.status("probe-slow", deadline_ts=soon())).running == 3
+
         await until(all_running, what="every run to start")
 
         ledger = make_ledger(ray_session, [endpoint])
@@ -123,9 +138,9 @@ async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits
         elapsed = time.monotonic() - start
 
         assert report.retired == 3 and report.orphans_acked == 0
-        assert elapsed < 5.0 < LONG_S, elapsed          # prepare never waited on the agent
+        assert elapsed < 5.0 < LONG_S, elapsed  # prepare never waited on the agent
         assert manifest(str(tmp_path))
-        for run in runs:                                # their callers learn they were retired
+        for run in runs:  # their callers learn they were retired
             with pytest.raises(StaleAttempt):
                 await asyncio.wait_for(run, 5.0)
         assert (await ledger.snapshot.remote()).endpoints[endpoint.url].tombstoned == 3
@@ -133,7 +148,8 @@ async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits
 
 
 async def test_an_owner_adopts_its_current_completed_try_and_a_stale_try_is_acked(
-        ray_session, tmp_path):
+    ray_session, tmp_path
+):
     async with gym() as (endpoint, client):
         ledger = make_ledger(ray_session, [endpoint])
         owner = make_owner(ray_session, "rlga-rollout-gate-adopt-0", endpoint, ledger)
@@ -145,8 +161,9 @@ async def test_an_owner_adopts_its_current_completed_try_and_a_stale_try_is_acke
         await completed(client, "rB")
         await owner.start.remote({"reward": 0.75}, "rB", 1)
 
-        async def rb1_acked() -> bool:     # the owner's own flow seals and ACKs rB/1
+        async def rb1_acked() -> bool:  # the owner's own flow seals and ACKs rB/1
             return (await owner.states.remote()).get("rB/1") == "acked"
+
         await until(rb1_acked, what="rb1 to be ACKed")
         assert (await owner.states.remote())["rA/0"] == "running"
 
@@ -157,7 +174,7 @@ async def test_an_owner_adopts_its_current_completed_try_and_a_stale_try_is_acke
         assert await receipt_state(client, "rB") == "acknowledged"
         states = await owner.states.remote()
         assert states["rA/0"] == "acked" and states["rB/1"] == "acked"
-        assert states["rB/0"] == "running"        # the owner never sealed its stale try
+        assert states["rB/0"] == "running"  # the owner never sealed its stale try
         # the agent ran rA/0 once: the adopted receipt is the first execution's
         receipt = (await client.receipt("rA", 0, deadline_ts=soon())).completion_receipt
         assert receipt.execution_generation == 1
@@ -194,10 +211,12 @@ async def test_a_killed_owners_attempts_count_as_forgotten(ray_session, tmp_path
 async def test_two_endpoints_commit_in_one_checkpoint(ray_session, tmp_path):
     async with gym("east") as (east, east_client), gym("west") as (west, west_client):
         for client, rid in ((east_client, "e-orphan"), (west_client, "w-orphan")):
-            await client.run({"reward": 0.5}, rollout_id=rid, attempt_index=0,
-                             deadline_ts=soon())
-        slow = asyncio.ensure_future(west_client.run({"sleep_s": LONG_S}, rollout_id="w-slow",
-                                                     attempt_index=0, deadline_ts=soon(60)))
+            await client.run({"reward": 0.5}, rollout_id=rid, attempt_index=0, deadline_ts=soon())
+        slow = asyncio.ensure_future(
+            west_client.run(
+                {"sleep_s": LONG_S}, rollout_id="w-slow", attempt_index=0, deadline_ts=soon(60)
+            )
+        )
         ledger = make_ledger(ray_session, [east, west])
 
         report = await ledger.checkpoint.remote("ckpt-two", str(tmp_path), 20.0)
@@ -214,8 +233,7 @@ async def test_two_endpoints_commit_in_one_checkpoint(ray_session, tmp_path):
         ray_session.kill(ledger)
 
 
-async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_session,
-                                                                         tmp_path):
+async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_session, tmp_path):
     async with gym() as (endpoint, client):
         ledger = make_ledger(ray_session, [endpoint], prepare_slice_s=0.5)
         owner = make_owner(ray_session, "rlga-rollout-gate-deadline-0", endpoint, ledger)
@@ -224,6 +242,7 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
 
         async def running() -> bool:
             return await receipt_state(client, "rL") == "running"
+
         await until(running, what="the run to start")
 
         deadline_s = 1.5
@@ -232,17 +251,18 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
             await ledger.checkpoint.remote("ckpt-late", str(tmp_path / "late"), deadline_s)
         elapsed = time.monotonic() - start
 
-        assert 1.0 <= elapsed < deadline_s + 2.5, elapsed      # it waited, then gave up in time
+        assert 1.0 <= elapsed < deadline_s + 2.5, elapsed  # it waited, then gave up in time
         err = info.value
         assert err.checkpoint_id == "ckpt-late"
         blocked = err.blockers[endpoint.label]
         assert {"rollout_id": "rL", "attempt_index": 0, "state": "running"} in blocked["attempts"]
         assert blocked.get("resumed", True)
-        assert await receipt_state(client, "rL") == "running"      # not retired: it is owned
+        assert await receipt_state(client, "rL") == "running"  # not retired: it is owned
         status = await client.status("probe-late", deadline_ts=soon())
         assert status.state == "accepting"
-        result = await client.run({"reward": 0.1}, rollout_id="after-late", attempt_index=0,
-                                  deadline_ts=soon())
+        result = await client.run(
+            {"reward": 0.1}, rollout_id="after-late", attempt_index=0, deadline_ts=soon()
+        )
         assert result.reply["reward"] == 0.1
         snap = await ledger.snapshot.remote()
         assert snap.checkpoints_failed == 1 and snap.checkpoints_committed == 0
@@ -258,16 +278,26 @@ async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, t
     from rl_gym_actors.errors import AgentFailed
     from rl_gym_actors.testing.real_gym import RealGymStandIn
 
-    with GymServerThread(token="test-token", allow_faults=True) as server, \
-            RealGymStandIn(server.endpoint) as real:
+    with (
+        GymServerThread(token="test-token", allow_faults=True) as server,
+        RealGymStandIn(server.endpoint) as real,
+    ):
         async with GymClient(real.endpoint) as client:
-            await client.run({"reward": 0.5}, rollout_id="real-orphan", attempt_index=0,
-                             deadline_ts=soon())
-            slow = asyncio.ensure_future(client.run({"sleep_s": LONG_S}, rollout_id="real-slow",
-                                                    attempt_index=0, deadline_ts=soon(60)))
+            await client.run(
+                {"reward": 0.5}, rollout_id="real-orphan", attempt_index=0, deadline_ts=soon()
+            )
+            slow = asyncio.ensure_future(
+                client.run(
+                    {"sleep_s": LONG_S},
+                    rollout_id="real-slow",
+                    attempt_index=0,
+                    deadline_ts=soon(60),
+                )
+            )
 
             async def running() -> bool:
                 return (await client.status("probe-real", deadline_ts=soon())).running == 1
+
             await until(running, what="the run to start")
             ledger = make_ledger(ray_session, [real.endpoint])
 
@@ -284,8 +314,7 @@ async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, t
             ray_session.kill(ledger)
 
 
-async def test_a_live_owners_try_dispatched_after_the_flush_is_not_retired(ray_session,
-                                                                        tmp_path):
+async def test_a_live_owners_try_dispatched_after_the_flush_is_not_retired(ray_session, tmp_path):
     """The gate's first flush misses a try its owner dispatched just after it: the try is
     unknown to the book while admission is open, so the gate closes admission, flushes again,
     learns the owner holds it, and waits for it instead of retiring it."""
@@ -296,6 +325,7 @@ async def test_a_live_owners_try_dispatched_after_the_flush_is_not_retired(ray_s
 
         async def running() -> bool:
             return await receipt_state(client, "rLate") == "running"
+
         await until(running, what="the run to start")
 
         report = await ledger.checkpoint.remote("ckpt-late-report", str(tmp_path), 20.0)

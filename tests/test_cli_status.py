@@ -30,8 +30,17 @@ async def one_unacked(gym):
 
 
 def run(url, **kw):
-    args = argparse.Namespace(**{"url": url, "token": "test-token", "checkpoint_id": "rlga-status",
-                                 "timeout": 5.0, "limit": 20, "json": False, **kw})
+    args = argparse.Namespace(
+        **{
+            "url": url,
+            "token": "test-token",
+            "checkpoint_id": "rlga-status",
+            "timeout": 5.0,
+            "limit": 20,
+            "json": False,
+            **kw,
+        }
+    )
     out, err = io.StringIO(), io.StringIO()
     code = status_command(args, out, err)
     return code, out.getvalue(), err.getvalue()
@@ -75,7 +84,7 @@ def test_wrong_token_is_refused_with_exit_2(gym):
 def test_unreachable_server_exits_1_within_its_timeout():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]          # closed again: nothing listens there
+        port = s.getsockname()[1]  # closed again: nothing listens there
     started = time.monotonic()
     code, _, err = run(f"http://127.0.0.1:{port}", timeout=1.0)
     assert code == 1 and "did not answer" in err
@@ -91,7 +100,12 @@ def test_bad_arguments_exit_2(gym, kw):
 @pytest.mark.slow
 def test_the_installed_command_line_prints_the_table(gym, one_unacked):
     env = {**os.environ, "RL_GYM_CONTROL_TOKEN": "test-token"}
-    proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "status", gym.url],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl_gym_actors.cli", "status", gym.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert field(proc.stdout, "completed_unacknowledged") == "1"

@@ -19,7 +19,7 @@ from rl_gym_actors.observe import ledger_command, snapshot_table
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-URL = "http://127.0.0.1:9"          # never contacted: the ledger only folds reports here
+URL = "http://127.0.0.1:9"  # never contacted: the ledger only folds reports here
 
 
 @pytest.fixture
@@ -29,12 +29,17 @@ def ledger(ray_session):
 
     name = ledger_name(f"cli-{uuid.uuid4().hex[:8]}")
     actor = LedgerActor.options(name=name, namespace=RAY_NAMESPACE).remote(
-        [GymEndpoint(url=URL)], TryPolicy(), LedgerConfig())
-    ray_session.get(actor.report.remote([
-        AttemptReport("r1", 0, URL, AttemptState.ACKED, "owner-a"),
-        AttemptReport("r2", 0, URL, AttemptState.RUNNING, "owner-a"),
-        AttemptReport("r3", 1, URL, AttemptState.SEALED, "owner-b", adopted=True),
-    ]))
+        [GymEndpoint(url=URL)], TryPolicy(), LedgerConfig()
+    )
+    ray_session.get(
+        actor.report.remote(
+            [
+                AttemptReport("r1", 0, URL, AttemptState.ACKED, "owner-a"),
+                AttemptReport("r2", 0, URL, AttemptState.RUNNING, "owner-a"),
+                AttemptReport("r3", 1, URL, AttemptState.SEALED, "owner-b", adopted=True),
+            ]
+        )
+    )
     yield name
     ray_session.kill(actor)
 
@@ -49,7 +54,7 @@ def run(**kw):
 def test_ledger_command_prints_every_ledger_as_a_table(ledger):
     code, out, err = run()
     assert code == 0, err
-    block = out[out.index(f"Ledger {ledger}"):]
+    block = out[out.index(f"Ledger {ledger}") :]
     row = next(line for line in block.splitlines() if line.startswith(URL))
     assert row.split() == [URL, "3", "1", "1", "1", "0", "1", "ok"]
     assert "rollouts" in block and "checkpoints committed" in block
@@ -65,9 +70,14 @@ def test_ledger_command_json_is_the_snapshot(ledger):
 def test_snapshot_table_flags_a_broken_invariant():
     from rl_gym_actors.core.ledger import EndpointSnapshot
 
-    snap = LedgerSnapshot(endpoints={URL: EndpointSnapshot(endpoint=URL, dispatched=2, acked=1,
-                                                           invariant_ok=False)},
-                          rollouts=2, attempts=2, reports=2, owners={}, invariant_ok=False)
+    snap = LedgerSnapshot(
+        endpoints={URL: EndpointSnapshot(endpoint=URL, dispatched=2, acked=1, invariant_ok=False)},
+        rollouts=2,
+        attempts=2,
+        reports=2,
+        owners={},
+        invariant_ok=False,
+    )
     text = snapshot_table("x", snap)
     assert "BROKEN" in text.splitlines()[2] and text.rstrip().endswith("BROKEN")
 
@@ -75,15 +85,23 @@ def test_snapshot_table_flags_a_broken_invariant():
 def test_the_command_line_attaches_to_a_running_ray_by_address(ledger, ray_session):
     address = ray_session.get_runtime_context().gcs_address
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
-                           address, "--json"], capture_output=True, text=True, timeout=120,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address", address, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     snap = LedgerSnapshot.model_validate(json.loads(proc.stdout)[ledger])
     assert snap.endpoints[URL].acked == 1
 
 
 def test_no_ray_to_attach_to_exits_1():
-    proc = subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address",
-                           "127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "cannot attach" in proc.stderr

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
 
 def test_the_demo_holds_end_to_end(ray_session, load_example):
     lines: list[str] = []
@@ -13,8 +13,11 @@ def test_the_demo_holds_end_to_end(ray_session, load_example):
     text = "\n".join(lines)
     assert "NO!" not in text and "all expectations held" in text
     # the seven wire steps, in order
-    steps = [line.strip()[:2] for line in lines if line.strip()[:2] in
-             {"1.", "2.", "3.", "4.", "5.", "6.", "7."}]
+    steps = [
+        line.strip()[:2]
+        for line in lines
+        if line.strip()[:2] in {"1.", "2.", "3.", "4.", "5.", "6.", "7."}
+    ]
     assert steps == ["1.", "2.", "3.", "4.", "5.", "6.", "7."]
     assert "listed: [('rD', 0)]" in text and "replayed: {'id': 'r-rD', 'reward': 0.5}" in text
     for section in ("== 1.", "== 2.", "== 3.", "== 4.", "== 5."):

@@ -28,29 +28,47 @@ def soon(seconds: float = 5.0) -> float:
 async def kill_mid_checkpoint(server, client: GymClient, tmp_path, deadline_s: float):
     """Start a driver of run ``grpo-7``, let it reach prepare while its slow row runs, SIGKILL
     it and its Ray. Returns when the kill is done (and checked), with the time it checkpointed."""
-    driver = DriverProcess(["--url", server.url, "--token", server.token, "--run-id", "grpo-7",
-                            "--rows", "3", "--slow-row-s", "60", "--checkpoint-id", "step-1",
-                            # one rollout actor (2 slots: the slow row and the rows after it)
-                            "--pool", "1",
-                            "--checkpoint-dir", str(tmp_path / "old"),
-                            "--deadline-s", str(deadline_s)])
+    driver = DriverProcess(
+        [
+            "--url",
+            server.url,
+            "--token",
+            server.token,
+            "--run-id",
+            "grpo-7",
+            "--rows",
+            "3",
+            "--slow-row-s",
+            "60",
+            "--checkpoint-id",
+            "step-1",
+            # one rollout actor (2 slots: the slow row and the rows after it)
+            "--pool",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / "old"),
+            "--deadline-s",
+            str(deadline_s),
+        ]
+    )
     try:
         driver.wait_for("checkpointing", 180)
         checkpointing = time.monotonic()
+
         async def preparing() -> bool:
             return (await client.status("probe", deadline_ts=soon())).state == "preparing"
+
         await until(preparing, timeout_s=30, what="the driver to prepare")
     finally:
         pids = driver.kill()
-    for pid in pids:                                # the driver and its whole local Ray
+    for pid in pids:  # the driver and its whole local Ray
         await until(lambda: not alive(pid), interval_s=0.05, what=f"pid {pid} to die")
     status = await client.status("probe", deadline_ts=soon())
-    assert status.state == "preparing" and status.running == 1   # Gym is held: the bug's state
+    assert status.state == "preparing" and status.running == 1  # Gym is held: the bug's state
     return checkpointing
 
 
-async def test_a_new_driver_aborts_the_dead_checkpoint_and_commits_its_own(ray_session,
-                                                                         tmp_path):
+async def test_a_new_driver_aborts_the_dead_checkpoint_and_commits_its_own(ray_session, tmp_path):
     from rl_gym_actors.orchestrator import Orchestrator
 
     with GymServerThread(token="test-token") as server:
@@ -58,8 +76,9 @@ async def test_a_new_driver_aborts_the_dead_checkpoint_and_commits_its_own(ray_s
         async with GymClient(endpoint) as client:
             await kill_mid_checkpoint(server, client, tmp_path, deadline_s=120.0)
             killed = time.monotonic()
-            async with Orchestrator([endpoint], policy=POLICY, pool_size=2, run_id="grpo-7",
-                                    progress=False, start=False) as orch:
+            async with Orchestrator(
+                [endpoint], policy=POLICY, pool_size=2, run_id="grpo-7", progress=False, start=False
+            ) as orch:
                 assert (await orch.aabort_checkpoint("step-1")).aborted
                 outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(4)])
                 assert [o.status for o in outcomes] == ["sealed"] * 4
@@ -77,18 +96,19 @@ async def test_with_a_lease_a_new_driver_commits_with_no_manual_step(ray_session
     from rl_gym_actors.orchestrator import Orchestrator
 
     dead_deadline_s = 4.0
-    with GymServerThread(token="test-token",
-                         args=["--checkpoint-lease-s", str(LEASE_S)]) as server:
+    with GymServerThread(token="test-token", args=["--checkpoint-lease-s", str(LEASE_S)]) as server:
         endpoint = GymEndpoint(url=server.url, token=server.token)
         async with GymClient(endpoint) as client:
-            checkpointing = await kill_mid_checkpoint(server, client, tmp_path,
-                                                      deadline_s=dead_deadline_s)
+            checkpointing = await kill_mid_checkpoint(
+                server, client, tmp_path, deadline_s=dead_deadline_s
+            )
             # the dead checkpoint lapses at its deadline + the lease (on the server's clock)
             lapse = checkpointing + dead_deadline_s + LEASE_S
-            async with Orchestrator([endpoint], policy=POLICY, pool_size=2, run_id="grpo-7",
-                                    progress=False, start=False) as orch:
+            async with Orchestrator(
+                [endpoint], policy=POLICY, pool_size=2, run_id="grpo-7", progress=False, start=False
+            ) as orch:
                 await orch.astart()
-                ready = time.monotonic()          # starting actors is no part of recovering
+                ready = time.monotonic()  # starting actors is no part of recovering
                 outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(4)])
                 assert [o.status for o in outcomes] == ["sealed"] * 4
                 await orch.acheckpoint("step-2", str(tmp_path / "new"), deadline_s=30)

@@ -30,13 +30,13 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
         async with GymClient(server.endpoint, down_span_s=0.3, probe_every_s=0.05) as client:
             assert (await client.status("c", deadline_ts=soon())).state == "accepting"
             server.kill()
-            with pytest.raises((ConnectionLost, EndpointDown)):   # refused, retried, down
+            with pytest.raises((ConnectionLost, EndpointDown)):  # refused, retried, down
                 await client.status("c", deadline_ts=soon(1.0))
-            assert client.health.down                 # the retries went on past the span
+            assert client.health.down  # the retries went on past the span
             start = time.monotonic()
             with pytest.raises(EndpointDown) as down:
                 await client.retire("r", 0, checkpoint_id="c", deadline_ts=soon())
-            assert time.monotonic() - start < 0.1     # not sent at all
+            assert time.monotonic() - start < 0.1  # not sent at all
             assert down.value.cause_type == "ConnectionLost"
             assert "Cannot connect" in down.value.cause
             server.restart()
@@ -50,14 +50,21 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
 @pytest.mark.ray
 @pytest.mark.slow
 async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_cause(
-        ray_session, tmp_path):
+    ray_session, tmp_path
+):
     from rl_gym_actors.orchestrator import Orchestrator
 
     server = GymServerThread(token="test-token").start()
     endpoint = GymEndpoint(url=server.url, token=server.token, name="dead")
     try:
-        async with Orchestrator([endpoint], policy=POLICY, pool_size=2, rollouts_per_actor=2,
-                                progress=False, start=False) as orch:
+        async with Orchestrator(
+            [endpoint],
+            policy=POLICY,
+            pool_size=2,
+            rollouts_per_actor=2,
+            progress=False,
+            start=False,
+        ) as orch:
             await orch.astart()
             server.kill()
             start = time.monotonic()
@@ -66,11 +73,11 @@ async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_c
             bound = POLICY.rollout_s * POLICY.max_tries + POLICY.control_s
             assert took < bound, (took, bound)
             assert all(o.status == "failed" for o in outcomes)
-            assert {o.failure for o in outcomes} <= {FailureKind.ENDPOINT_DOWN,
-                                                     FailureKind.LOST}
+            assert {o.failure for o in outcomes} <= {FailureKind.ENDPOINT_DOWN, FailureKind.LOST}
             assert any(o.failure is FailureKind.ENDPOINT_DOWN for o in outcomes)
-            assert all("Cannot connect" in (o.reason or "") for o in outcomes), \
-                {o.reason for o in outcomes}
+            assert all("Cannot connect" in (o.reason or "") for o in outcomes), {
+                o.reason for o in outcomes
+            }
 
             start = time.monotonic()
             with pytest.raises(CheckpointFailed) as failed:
@@ -89,15 +96,17 @@ async def test_a_checkpoint_against_a_frozen_gym_fails_within_its_deadline(ray_s
     server = GymServerProcess(token="test-token").start()
     endpoint = GymEndpoint(url=server.url, token=server.token)
     try:
-        async with Orchestrator([endpoint], policy=POLICY, pool_size=1, progress=False,
-                                start=False) as orch:
+        async with Orchestrator(
+            [endpoint], policy=POLICY, pool_size=1, progress=False, start=False
+        ) as orch:
             assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
             os.kill(server.pid, signal.SIGSTOP)
             for deadline_s in (2.0, 3.0):
                 start = time.monotonic()
                 with pytest.raises(CheckpointFailed):
-                    await orch.acheckpoint(f"frozen-{deadline_s}", str(tmp_path),
-                                           deadline_s=deadline_s)
+                    await orch.acheckpoint(
+                        f"frozen-{deadline_s}", str(tmp_path), deadline_s=deadline_s
+                    )
                 assert time.monotonic() - start < deadline_s + 0.5
     finally:
         os.kill(server.pid, signal.SIGCONT)
@@ -108,17 +117,16 @@ def test_a_down_endpoint_lets_one_trial_call_through_per_interval():
     from rl_gym_actors.gym.health import EndpointHealth
 
     now = [100.0]
-    health = EndpointHealth("g", threshold=2, span_s=1.0, trial_every_s=1.0,
-                            clock=lambda: now[0])
+    health = EndpointHealth("g", threshold=2, span_s=1.0, trial_every_s=1.0, clock=lambda: now[0])
     for t in (100.0, 101.0):
         now[0] = t
         health.failed(ConnectionLost("refused"))
     assert health.down
     with pytest.raises(EndpointDown):
-        health.check("run", "u")                  # a failure just now: fail at once
+        health.check("run", "u")  # a failure just now: fail at once
     now[0] = 102.0
-    health.check("run", "u")                      # a second on: one trial goes through
+    health.check("run", "u")  # a second on: one trial goes through
     with pytest.raises(EndpointDown):
-        health.check("run", "u")                  # ... and only one
+        health.check("run", "u")  # ... and only one
     assert health.succeeded() and not health.down  # its answer brings the endpoint back
     health.check("run", "u")

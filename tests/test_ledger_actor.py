@@ -15,7 +15,7 @@ from rl_gym_actors.errors import ConfigError
 
 pytestmark = pytest.mark.ray
 
-EP = GymEndpoint(url="http://127.0.0.1:9", token="t")      # never contacted by these tests
+EP = GymEndpoint(url="http://127.0.0.1:9", token="t")  # never contacted by these tests
 STATES = list(AttemptState)
 
 
@@ -25,7 +25,8 @@ def ledger(ray_session):
     from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 
     actor = LedgerActor.options(name="rlga-ledger-test-actor", namespace=RAY_NAMESPACE).remote(
-        [EP], TryPolicy(), LedgerConfig())
+        [EP], TryPolicy(), LedgerConfig()
+    )
     yield actor
     ray_session.kill(actor)
 
@@ -33,11 +34,19 @@ def ledger(ray_session):
 @pytest.mark.slow
 def test_reports_in_any_order_from_many_callers_fold_like_the_book(ray_session, ledger):
     rnd = random.Random(7)
-    reports = [AttemptReport(f"order-{i % 40}", i % 3, EP.url, rnd.choice(STATES),
-                             f"owner-{i % 4}", adopted=rnd.random() < 0.2,
-                             released=rnd.random() < 0.1)
-               for i in range(1200)]
-    batches = [reports[i:i + 100] for i in range(0, len(reports), 100)]
+    reports = [
+        AttemptReport(
+            f"order-{i % 40}",
+            i % 3,
+            EP.url,
+            rnd.choice(STATES),
+            f"owner-{i % 4}",
+            adopted=rnd.random() < 0.2,
+            released=rnd.random() < 0.1,
+        )
+        for i in range(1200)
+    ]
+    batches = [reports[i : i + 100] for i in range(0, len(reports), 100)]
     rnd.shuffle(batches)
     for batch in batches:
         rnd.shuffle(batch)
@@ -48,15 +57,21 @@ def test_reports_in_any_order_from_many_callers_fold_like_the_book(ray_session, 
     snap = ray_session.get(ledger.snapshot.remote())
     assert snap.invariant_ok
     assert snap.model_dump(exclude={"live_owners"}) == expected.snapshot().model_dump(
-        exclude={"live_owners"})
+        exclude={"live_owners"}
+    )
 
 
 @pytest.mark.slow
 def test_report_throughput_in_batches_of_100(ray_session, ledger):
     """The ledger absorbs tens of thousands of events/s from a handful of senders."""
-    batches = [[AttemptReport(f"tp-{b}-{i}", 0, EP.url, AttemptState.RUNNING, f"tp-owner-{b % 8}")
-                for i in range(100)] for b in range(300)]
-    ray_session.get(ledger.report.remote(batches[0]))          # warm
+    batches = [
+        [
+            AttemptReport(f"tp-{b}-{i}", 0, EP.url, AttemptState.RUNNING, f"tp-owner-{b % 8}")
+            for i in range(100)
+        ]
+        for b in range(300)
+    ]
+    ray_session.get(ledger.report.remote(batches[0]))  # warm
     start = time.perf_counter()
     ray_session.get([ledger.report.remote(b) for b in batches[1:]])
     rate = 299 * 100 / (time.perf_counter() - start)
@@ -67,9 +82,12 @@ def test_report_throughput_in_batches_of_100(ray_session, ledger):
 
 
 def test_checkpoint_refuses_bad_arguments_with_config_errors(ray_session, ledger):
-    for args in (("bad id!", "/tmp/x", 5.0), ("ok", "/tmp/x", 0), ("ok", "", 5.0),
-                 ("ok", "/tmp/x", float("nan"))):
+    for args in (
+        ("bad id!", "/tmp/x", 5.0),
+        ("ok", "/tmp/x", 0),
+        ("ok", "", 5.0),
+        ("ok", "/tmp/x", float("nan")),
+    ):
         with pytest.raises(ConfigError):
             ray_session.get(ledger.checkpoint.remote(*args))
     assert ray_session.get(ledger.ping.remote()) == "rlga-ledger-test-actor"
-

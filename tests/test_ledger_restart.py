@@ -27,30 +27,42 @@ def soon(seconds: float = 10.0) -> float:
 async def until_running(client: GymClient, n: int) -> None:
     async def started() -> bool:
         return (await client.status("probe", deadline_ts=soon())).running >= n
+
     await until(started, timeout_s=15, what="the batch to start")
 
 
 async def settled(orch, url: str, dispatched: int):
     """The snapshot once every report is in (reports travel in batches), with a deadline."""
+
     async def all_in():
         snap = await orch.asnapshot()
         ep = snap.ledger.endpoints[url]
         assert snap.ledger.invariant_ok and ep.invariant_ok
         return snap if ep.dispatched >= dispatched and ep.running == 0 else None
+
     return await until(all_in, timeout_s=10, what="every report to reach the ledger")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["mid-batch", "mid-checkpoint"])
-async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_session, tmp_path,
-                                                                         when):
+async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(
+    ray_session, tmp_path, when
+):
     from rl_gym_actors.orchestrator import Orchestrator
 
     with GymServerThread(token="test-token") as server:
         endpoint = GymEndpoint(url=server.url, token=server.token)
-        async with GymClient(endpoint) as client, Orchestrator(
-                [endpoint], policy=POLICY, pool_size=2, rollouts_per_actor=2, progress=False,
-                start=False) as orch:
+        async with (
+            GymClient(endpoint) as client,
+            Orchestrator(
+                [endpoint],
+                policy=POLICY,
+                pool_size=2,
+                rollouts_per_actor=2,
+                progress=False,
+                start=False,
+            ) as orch,
+        ):
             rows = [{"sleep_s": 1.0, "reward": 0.5} for _ in range(4)]
             batch = asyncio.ensure_future(orch.arun_batch(rows))
             await until_running(client, 4)
@@ -58,14 +70,17 @@ async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_se
                 ray_session.kill(orch.ledger, no_restart=False)
                 outcomes = await asyncio.wait_for(batch, 30)
             else:
-                ckpt = asyncio.ensure_future(orch.acheckpoint("during", str(tmp_path / "d"),
-                                                              deadline_s=20.0))
-                async def preparing() -> bool:        # the gate has prepared: admission closed
+                ckpt = asyncio.ensure_future(
+                    orch.acheckpoint("during", str(tmp_path / "d"), deadline_s=20.0)
+                )
+
+                async def preparing() -> bool:  # the gate has prepared: admission closed
                     return (await client.status("probe", deadline_ts=soon())).state == "preparing"
+
                 await until(preparing, what="the gate to prepare")
                 ray_session.kill(orch.ledger, no_restart=False)
                 outcomes = await asyncio.wait_for(batch, 30)
-                report = await asyncio.wait_for(ckpt, 40)     # Ray sent the call again
+                report = await asyncio.wait_for(ckpt, 40)  # Ray sent the call again
                 assert report.endpoints[0].commit.records >= 1
             assert [o.status for o in outcomes] == ["sealed"] * 4
             assert await orch.ledger.restarted.remote()
@@ -78,7 +93,7 @@ async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(ray_se
             assert snap.ledger.checkpoints_committed >= 1
             status = await client.status("probe-end", deadline_ts=soon())
             assert status.running == 0 and status.completed_unacknowledged == 0
-            assert server.participant.snapshot()["agent_starts"] == 7   # nothing ran twice
+            assert server.participant.snapshot()["agent_starts"] == 7  # nothing ran twice
 
 
 async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
@@ -86,8 +101,9 @@ async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
 
     with GymServerThread(token="test-token") as server:
         endpoint = GymEndpoint(url=server.url, token=server.token)
-        async with Orchestrator([endpoint], policy=POLICY, pool_size=1, progress=False,
-                                start=False) as orch:
+        async with Orchestrator(
+            [endpoint], policy=POLICY, pool_size=1, progress=False, start=False
+        ) as orch:
             assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
             ray_session.kill(orch.ledger, no_restart=True)
             with pytest.raises(LedgerLost):

@@ -55,7 +55,7 @@ async def _call(app, path, method="GET", route: str | None = None):
 
     scope = {"type": "http", "path": path, "method": method, "headers": [], "query_string": b""}
     if route is not None:
-        scope["route"] = _Route(route)                     # as if the app's router matched it
+        scope["route"] = _Route(route)  # as if the app's router matched it
     await app(scope, receive, send)
     return sent
 
@@ -64,6 +64,7 @@ def _answering(status, body=b"{}", headers=()):
     async def inner(scope, receive, send):
         await send({"type": "http.response.start", "status": status, "headers": list(headers)})
         await send({"type": "http.response.body", "body": body})
+
     return inner
 
 
@@ -74,25 +75,39 @@ async def test_middleware_serves_metrics_and_labels_answers_by_the_matched_route
     sent = await _call(app, "/run", "POST", route="/run")
     assert sent[0]["status"] == 409
     assert value(metrics, "gym_request_duration_seconds_count", **RUN, status="409") == 1
-    await _call(app, "/wp-admin/../etc", "GET")                # no route matched
-    assert value(metrics, "gym_request_duration_seconds_count", route="other", method="GET",
-                 status="409") == 1
+    await _call(app, "/wp-admin/../etc", "GET")  # no route matched
+    assert (
+        value(
+            metrics, "gym_request_duration_seconds_count", route="other", method="GET", status="409"
+        )
+        == 1
+    )
     sent = await _call(app, "/metrics")
     assert sent[0]["status"] == 200
     families = {f.name: f for f in text_string_to_metric_families(sent[1]["body"].decode())}
-    sums = [s.value for s in families["gym_request_duration_seconds"].samples
-            if s.name.endswith("_sum") and s.labels["route"] == "/run"]
+    sums = [
+        s.value
+        for s in families["gym_request_duration_seconds"].samples
+        if s.name.endswith("_sum") and s.labels["route"] == "/run"
+    ]
     assert sums == [0.25]
 
 
 async def test_middleware_counts_replayed_runs_and_tombstoning_retires():
     metrics = GymServerMetrics()
     retire = "/ng-control/v1/agent-checkpoint/retire"
-    await _call(MetricsMiddleware(_answering(200, headers=[(b"x-gym-replayed", b"1")]), metrics),
-                "/run", "POST", route="/run")
+    await _call(
+        MetricsMiddleware(_answering(200, headers=[(b"x-gym-replayed", b"1")]), metrics),
+        "/run",
+        "POST",
+        route="/run",
+    )
     await _call(MetricsMiddleware(_answering(200), metrics), "/run", "POST", route="/run")
-    for body in (b'{"retired": true, "tombstoned": true}', b'{"retired": false, "tombstoned": false}',
-                 b'not json'):
+    for body in (
+        b'{"retired": true, "tombstoned": true}',
+        b'{"retired": false, "tombstoned": false}',
+        b"not json",
+    ):
         await _call(MetricsMiddleware(_answering(200, body), metrics), retire, "POST", route=retire)
     assert value(metrics, "gym_runs_replayed_total") == 1
     assert value(metrics, "gym_attempts_retired_total") == 1
@@ -114,7 +129,7 @@ def test_ray_metric_outside_ray_keeps_a_local_tally_only(monkeypatch):
     m = RayMetric("counter", "rlga_test_local_total", "test", ("endpoint",))
     m.inc(tags={"endpoint": "http://x"})
     m.inc(2)
-    m.inc(0)                                      # nothing to count: no call into Ray at all
+    m.inc(0)  # nothing to count: no call into Ray at all
     assert m.local_total == 3
     assert not m.enabled
     assert "ray" not in sys.modules

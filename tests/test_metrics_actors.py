@@ -27,8 +27,7 @@ class NoOwners:
 
 
 async def test_a_rollout_worker_counts_tries_seals_and_adoptions(gym):
-    before = (metrics.TRIES.local_total, metrics.SEALS.local_total,
-              metrics.ADOPTIONS.local_total)
+    before = (metrics.TRIES.local_total, metrics.SEALS.local_total, metrics.ADOPTIONS.local_total)
     worker = RolloutWorker("metrics-worker", [gym.endpoint], TryPolicy(receipt_s=2.0), slots=2)
     try:
         plain = await worker.run_rollout({"reward": 1.0}, "mw-plain")
@@ -41,15 +40,17 @@ async def test_a_rollout_worker_counts_tries_seals_and_adoptions(gym):
 
 
 async def test_the_gate_counts_orphans_acked_and_times_prepare(gym, tmp_path):
-    async with GymClient(gym.endpoint) as client:       # a run no rollout actor reported
-        await client.run({"reward": 0.5}, rollout_id="mg-orphan", attempt_index=0,
-                         deadline_ts=time.time() + 10)
-    orphans, prepares = (metrics.ORPHANS_ACKED.local_total,
-                         metrics.CHECKPOINT_PREPARE_SECONDS.local_total)
+    async with GymClient(gym.endpoint) as client:  # a run no rollout actor reported
+        await client.run(
+            {"reward": 0.5}, rollout_id="mg-orphan", attempt_index=0, deadline_ts=time.time() + 10
+        )
+    orphans, prepares = (
+        metrics.ORPHANS_ACKED.local_total,
+        metrics.CHECKPOINT_PREPARE_SECONDS.local_total,
+    )
     client = GymClient(gym.endpoint)
     try:
-        gate = CheckpointGate(Book([gym.url]), [gym.endpoint], [client], NoOwners(),
-                              LedgerConfig())
+        gate = CheckpointGate(Book([gym.url]), [gym.endpoint], [client], NoOwners(), LedgerConfig())
         report = await gate.run("metrics-ck", str(tmp_path), time.time() + 20)
     finally:
         await client.close()

@@ -22,16 +22,19 @@ def test_wrappers_are_backed_by_ray_metrics_inside_a_worker(ray_session):
         metrics.TRIES.inc(tags={"endpoint": ENDPOINT})
         metrics.TRIES.inc(2, tags={"endpoint": ENDPOINT})
         metrics.CHECKPOINT_PREPARE_SECONDS.observe(0.25)
-        return (metrics.TRIES.enabled, metrics.TRIES.local_total,
-                type(metrics.TRIES._metric).__name__,
-                metrics.CHECKPOINT_PREPARE_SECONDS.local_total)
+        return (
+            metrics.TRIES.enabled,
+            metrics.TRIES.local_total,
+            type(metrics.TRIES._metric).__name__,
+            metrics.CHECKPOINT_PREPARE_SECONDS.local_total,
+        )
 
     enabled, total, kind, prepare_s = ray_session.get(record.remote())
     assert enabled and kind == "Counter"
     assert total == 3 and prepare_s == 0.25
 
 
-@pytest.mark.slow            # Ray exports on its own interval (2 s in the suite: conftest)
+@pytest.mark.slow  # Ray exports on its own interval (2 s in the suite: conftest)
 def test_an_rlga_metric_reaches_rays_metrics_endpoint(ray_session):
     @ray_session.remote(num_cpus=0)
     def record() -> None:
@@ -49,8 +52,11 @@ def test_an_rlga_metric_reaches_rays_metrics_endpoint(ray_session):
                 text = answer.read().decode()
         except OSError:
             return []
-        return [line for line in text.splitlines()
-                if line.startswith("ray_rlga_seals_total{") and f'endpoint="{ENDPOINT}"' in line]
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("ray_rlga_seals_total{") and f'endpoint="{ENDPOINT}"' in line
+        ]
 
     lines = wait_for(exported, timeout_s=60, interval_s=0.5, what="ray_rlga_seals_total")
     assert float(lines[0].rsplit(" ", 1)[1]) >= 5

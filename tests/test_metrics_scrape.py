@@ -14,17 +14,18 @@ from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.testing.polling import until
 
 Samples = dict[tuple[str, frozenset], float]
-RUN_200 = ("gym_request_duration_seconds_count",
-           frozenset({"route": "/run", "method": "POST", "status": "200"}.items()))
+RUN_200 = (
+    "gym_request_duration_seconds_count",
+    frozenset({"route": "/run", "method": "POST", "status": "200"}.items()),
+)
 
 
 async def scrape(url: str) -> Samples:
     """Every sample of the exposition, keyed by (name, labels); an unlabelled one also by name."""
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{url}/metrics") as answer:
-            assert answer.status == 200
-            assert answer.headers["content-type"].startswith("text/plain")
-            text = await answer.text()
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as answer:
+        assert answer.status == 200
+        assert answer.headers["content-type"].startswith("text/plain")
+        text = await answer.text()
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -39,14 +40,20 @@ async def test_counters_move_as_runs_happen(gym):
     deadline = time.time() + 10
     async with GymClient(gym.endpoint) as client:
         for i in range(3):
-            await client.run({"reward": 0.5}, rollout_id=f"m{i}", attempt_index=0,
-                             deadline_ts=deadline)
-        with pytest.raises(ConnectionLost):              # completed on Gym, reply lost
-            await client.run({"reward": 0.5, "drop_reply": True}, rollout_id="mD",
-                             attempt_index=0, deadline_ts=deadline)
+            await client.run(
+                {"reward": 0.5}, rollout_id=f"m{i}", attempt_index=0, deadline_ts=deadline
+            )
+        with pytest.raises(ConnectionLost):  # completed on Gym, reply lost
+            await client.run(
+                {"reward": 0.5, "drop_reply": True},
+                rollout_id="mD",
+                attempt_index=0,
+                deadline_ts=deadline,
+            )
         mid = await scrape(gym.url)
-        replay = await client.run({"reward": 0.5}, rollout_id="mD", attempt_index=0,
-                                  deadline_ts=deadline)
+        replay = await client.run(
+            {"reward": 0.5}, rollout_id="mD", attempt_index=0, deadline_ts=deadline
+        )
         assert replay.replayed
         for i in range(2):
             answer = await client.receipt(f"m{i}", 0, deadline_ts=deadline)
@@ -57,7 +64,7 @@ async def test_counters_move_as_runs_happen(gym):
     def moved(name, a=before, b=after) -> float:
         return b.get(name, 0.0) - a.get(name, 0.0)
 
-    assert moved("gym_runs_started_total") == 4                   # the replay started nothing
+    assert moved("gym_runs_started_total") == 4  # the replay started nothing
     assert moved("gym_runs_completed_total") == 4
     assert moved("gym_completed_unacknowledged", before, mid) == 4
     assert moved("gym_runs_replayed_total") == 1
@@ -71,10 +78,15 @@ async def test_counters_move_as_runs_happen(gym):
 
 async def test_running_gauge_sees_a_run_in_flight(gym):
     async with GymClient(gym.endpoint) as client:
-        task = asyncio.create_task(client.run({"sleep_s": 0.5}, rollout_id="mS",
-                                              attempt_index=0, deadline_ts=time.time() + 10))
+        task = asyncio.create_task(
+            client.run(
+                {"sleep_s": 0.5}, rollout_id="mS", attempt_index=0, deadline_ts=time.time() + 10
+            )
+        )
+
         async def running() -> bool:
             return (await scrape(gym.url))["gym_running"] >= 1
+
         await until(running, timeout_s=5, what="the run to show as running")
         await task
     assert (await scrape(gym.url))["gym_running"] == 0

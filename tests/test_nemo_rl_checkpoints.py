@@ -7,8 +7,13 @@ import time
 
 import pytest
 
-from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
-                                  ConfigError, StaleCheckpoint)
+from rl_gym_actors.errors import (
+    CheckpointConflict,
+    CheckpointFailed,
+    CheckpointNotReady,
+    ConfigError,
+    StaleCheckpoint,
+)
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
 
@@ -54,7 +59,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
     answer = await prepare
     assert answer["ready_to_commit"] and answer["drained_s"] > 0.03
     await task
-    assert not late.done()                                   # admission is closed until resume
+    assert not late.done()  # admission is closed until resume
     assert await s.prepare("ck", time.time() + 5) is answer  # a repeat: the recorded answer
     committed = await s.commit("ck", "/ckpt/a", Gate())
     assert committed["orphans_acked"] == 2 and s.snapshot()["checkpoint"]["phase"] == "committed"
@@ -62,7 +67,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
     resumed = s.end("ck")
     await asyncio.wait_for(late, 1.0)
     assert resumed == {"checkpoint_id": "ck", "state": "accepting", "committed": committed}
-    assert s.end("ck") == resumed                            # resume again: same answer
+    assert s.end("ck") == resumed  # resume again: same answer
     assert await s.commit("ck", "/ckpt/a", Gate()) == committed
     with pytest.raises(StaleCheckpoint):
         await s.prepare("ck", time.time() + 5)
@@ -81,8 +86,8 @@ async def test_prepare_past_its_deadline_names_the_blockers_and_keeps_admission_
             await s.prepare("other", time.time() + 1)
         with pytest.raises(CheckpointNotReady):
             await s.commit("ck", "/ckpt", Gate())
-    assert (await s.prepare("ck", time.time() + 1))["ready_to_commit"]   # prepare again
-    assert s.end("ck")["committed"] is None                  # abort
+    assert (await s.prepare("ck", time.time() + 1))["ready_to_commit"]  # prepare again
+    assert s.end("ck")["committed"] is None  # abort
     assert s.snapshot()["admission"] == "open"
 
 
@@ -95,11 +100,11 @@ async def test_admission_wait_is_bounded_and_a_transport_failure():
 
 async def test_a_failed_gate_spends_the_id_and_reopens_admission():
     s = steps()
-    await s.prepare("ck", time.time() - 10)                  # nothing in flight: ready at once
+    await s.prepare("ck", time.time() - 10)  # nothing in flight: ready at once
     gate = Gate(fail=CheckpointFailed("endpoint not ready", checkpoint_id="ck"))
     with pytest.raises(CheckpointFailed):
         await s.commit("ck", "/ckpt", gate)
-    assert gate.calls[0][2] == 1.0                           # an expired deadline gets commit_min_s
+    assert gate.calls[0][2] == 1.0  # an expired deadline gets commit_min_s
     assert s.snapshot()["admission"] == "open"
     with pytest.raises(StaleCheckpoint):
         await s.commit("ck", "/ckpt", Gate())
@@ -138,17 +143,17 @@ async def test_give_up_reopens_without_spending_the_id_and_commit_takes_its_own_
     async with s.running("r-slow"):
         with pytest.raises(CheckpointFailed):
             await s.prepare("ck", time.time() + 0.05)
-        s.give_up("other")                                   # not the active one: no-op
+        s.give_up("other")  # not the active one: no-op
         assert s.snapshot()["admission"] == "closed"
         s.give_up("ck")
         assert s.snapshot()["admission"] == "open" and s.snapshot()["checkpoint"] is None
-    await s.prepare("ck", time.time() - 10)                  # the same id prepares again
+    await s.prepare("ck", time.time() - 10)  # the same id prepares again
     assert s.record("ck", "k", {"a": 1}) == {"a": 1}
     assert s.record("ck", "k", {"a": 2}) == {"a": 1} and s.answer("ck", "k") == {"a": 1}
     gate = Gate()
     await s.commit("ck", "/ckpt", gate, deadline_ts=time.time() + 60)
-    assert 50 < gate.calls[0][2] <= 60                       # the commit's deadline, not prepare's
-    s.give_up("ck")                                          # committed: give_up leaves it
+    assert 50 < gate.calls[0][2] <= 60  # the commit's deadline, not prepare's
+    s.give_up("ck")  # committed: give_up leaves it
     assert s.snapshot()["checkpoint"]["phase"] == "committed"
 
 
@@ -159,7 +164,7 @@ async def test_give_up_reopens_admission_without_spending_the_id():
             await s.prepare("ck", time.time() + 0.05)
         s.give_up("ck")
         assert s.snapshot()["admission"] == "open" and s.snapshot()["checkpoint"] is None
-        await s.admitted()                                   # new rollouts go in at once
-    assert (await s.prepare("ck", time.time() + 1))["ready_to_commit"]   # the id is not spent
+        await s.admitted()  # new rollouts go in at once
+    assert (await s.prepare("ck", time.time() + 1))["ready_to_commit"]  # the id is not spent
     with pytest.raises(CheckpointConflict):
         await s.prepare("other", time.time() + 1)

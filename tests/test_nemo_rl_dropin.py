@@ -7,23 +7,33 @@ from __future__ import annotations
 import hashlib
 import time
 
+import nemo_rl_checkpoint_models as models
 import pytest
 
-from rl_gym_actors.errors import (CheckpointConflict, CheckpointFailed, CheckpointNotReady,
-                                  ConfigError, ConnectionLost, StaleCheckpoint)
+from rl_gym_actors.errors import (
+    CheckpointConflict,
+    CheckpointFailed,
+    CheckpointNotReady,
+    ConfigError,
+    ConnectionLost,
+    StaleCheckpoint,
+)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.inspect_gym import key_state
-from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nemo_gym_config
-
-import nemo_rl_checkpoint_models as models
+from rl_gym_actors.testing.polling import wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-POLICY = {"rollout_s": 2.0, "receipt_s": 0.5, "max_tries": 1, "control_s": 2.0,
-          "admission_wait_s": 30.0}
+POLICY = {
+    "rollout_s": 2.0,
+    "receipt_s": 0.5,
+    "max_tries": 1,
+    "control_s": 2.0,
+    "admission_wait_s": 30.0,
+}
 
 
 def stand_in_tokenizer():
@@ -34,11 +44,23 @@ def stand_in_tokenizer():
 @pytest.fixture(scope="module")
 def env(ray_session, gym):
     # the config as NeMo RL builds it from the user's env.nemo_gym
-    actor = NemoGymDropIn.remote(build_nemo_gym_config({"nemo_gym": {"rl_gym_actors": {
-        "endpoints": [{"url": gym.url, "token": gym.token}], "policy": POLICY,
-        "pool": {"size": 2, "rollouts_per_actor": 4}, "run_id": "t",
-        "untrained_replies": "tokenize"}}},
-        ["http://127.0.0.1:9/v1"], "policy-model"))
+    actor = NemoGymDropIn.remote(
+        build_nemo_gym_config(
+            {
+                "nemo_gym": {
+                    "rl_gym_actors": {
+                        "endpoints": [{"url": gym.url, "token": gym.token}],
+                        "policy": POLICY,
+                        "pool": {"size": 2, "rollouts_per_actor": 4},
+                        "run_id": "t",
+                        "untrained_replies": "tokenize",
+                    }
+                }
+            },
+            ["http://127.0.0.1:9/v1"],
+            "policy-model",
+        )
+    )
     ray_session.get(actor._spinup.remote())
     ray_session.get(actor.set_tokenizer.remote(stand_in_tokenizer()))
     yield actor
@@ -64,14 +86,17 @@ def drain(ray, gen, keep_agent_ref=False):
             item = ray.get(ref)
             assert len(item) == 4 and isinstance(item[1], dict) and item[1]["name"]
             got.append(item if keep_agent_ref else (item[0], item[2], item[3]))
-    except Exception as exc:          # the stream's own failure, raised after its last yield
+    except Exception as exc:  # the stream's own failure, raised after its last yield
         error = exc
     return got, error
 
 
 def row(i, **fields):
-    return {"_rowidx": i, "responses_create_params": {"input": [{"role": "user",
-                                                                  "content": f"q{i}"}]}, **fields}
+    return {
+        "_rowidx": i,
+        "responses_create_params": {"input": [{"role": "user", "content": f"q{i}"}]},
+        **fields,
+    }
 
 
 def test_calls_before_spinup_fail_cleanly_and_shutdown_is_always_safe(ray_session, gym):
@@ -85,8 +110,15 @@ def test_calls_before_spinup_fail_cleanly_and_shutdown_is_always_safe(ray_sessio
     ray_session.kill(actor)
 
 
-@pytest.mark.parametrize("cfg", [{"endpoints": []}, {"endpoints": ["ftp://x"]},
-                                 {"endpoints": ["http://x"], "typo": 1}, "http://x"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"endpoints": []},
+        {"endpoints": ["ftp://x"]},
+        {"endpoints": ["http://x"], "typo": 1},
+        "http://x",
+    ],
+)
 def test_bad_configs_are_config_errors(cfg):
     with pytest.raises(ConfigError):
         DropInConfig.from_any(cfg)
@@ -95,33 +127,37 @@ def test_bad_configs_are_config_errors(cfg):
 def test_rows_stream_back_once_each_as_they_end_with_timing_on_the_last(ray_session, env, gym):
     before = starts(gym)
     rows = [row(i, reward=i / 10, sleep_s=0.15 * (4 - i)) for i in range(5)]
-    rows.append(row(5, reward=0.0))                       # identical to row 4 but for _rowidx
+    rows.append(row(5, reward=0.0))  # identical to row 4 but for _rowidx
     rows[5]["responses_create_params"] = rows[4]["responses_create_params"]
     rows[5]["sleep_s"] = rows[4]["sleep_s"]
     got, error = drain(ray_session, stream(env, rows, "gym"))
     assert error is None
     assert sorted(i for i, _, _ in got) == list(range(6))
     order = [i for i, _, _ in got]
-    assert order.index(0) > order.index(3)                 # completion order, not row order
+    assert order.index(0) > order.index(3)  # completion order, not row order
     for i, result, _ in got:
         full = result["full_result"]
         assert isinstance(full["reward"], float) and full["reward"] == rows[i]["reward"]
         assert result["input_message_log"] == result["message_log"][:1]
         assert result["message_log"][0]["token_ids"][:6] == [ord(c) for c in "<user>"]
     assert [t is None for _, _, t in got] == [True] * 5 + [False]
-    assert set(got[-1][2]) >= {"gym/await_results", "gym/postprocess_results",
-                               "gym/postprocess_results_pct"}
-    assert starts(gym) - before == 6                       # identical rows are two rollouts
+    assert set(got[-1][2]) >= {
+        "gym/await_results",
+        "gym/postprocess_results",
+        "gym/postprocess_results_pct",
+    }
+    assert starts(gym) - before == 6  # identical rows are two rollouts
 
 
 def test_a_failed_row_never_stops_the_stream_and_a_data_failure_is_raised_at_the_end(
-        ray_session, env, gym):
+    ray_session, env, gym
+):
     # row 1 is no JSON (NaN): the request is refused, which describes the row (a 4xx)
     rows = [row(0, reward=0.5), row(1, x=float("nan")), row(2, reward=0.25, sleep_s=0.3)]
     got, error = drain(ray_session, stream(env, rows))
-    assert sorted(i for i, _, _ in got) == [0, 2]          # the row after the failure came too
+    assert sorted(i for i, _, _ in got) == [0, 2]  # the row after the failure came too
     assert isinstance(error, RolloutDataError) and isinstance(error, RolloutFailure)
-    assert not isinstance(error, (ConnectionError, TimeoutError))   # NeMo RL: a data failure
+    assert not isinstance(error, (ConnectionError, TimeoutError))  # NeMo RL: a data failure
     assert "row 1" in str(error) and "JSON" in str(error)
 
 
@@ -137,47 +173,66 @@ def test_an_agent_that_failed_on_gym_is_raised_as_infrastructure(ray_session, en
 def test_a_try_past_its_deadline_is_retired_and_raised_as_a_timeout(ray_session, env, gym):
     got, error = drain(ray_session, stream(env, [row(0, sleep_s=30.0), row(1, reward=1.0)]))
     assert [i for i, _, _ in got] == [1]
-    assert isinstance(error, TimeoutError)                 # NeMo RL: infrastructure, re-dispatch
-    wait_for(lambda: gym.participant.snapshot()["running"] == 0, timeout_s=10,
-             what="the timed-out run to be cancelled by retire")
+    assert isinstance(error, TimeoutError)  # NeMo RL: infrastructure, re-dispatch
+    wait_for(
+        lambda: gym.participant.snapshot()["running"] == 0,
+        timeout_s=10,
+        what="the timed-out run to be cancelled by retire",
+    )
 
 
 def test_a_cancelled_stream_keeps_its_rollouts_and_the_redispatch_gets_them_without_a_rerun(
-        ray_session, env, gym):
+    ray_session, env, gym
+):
     before = starts(gym)
-    rows = [row(0, reward=0.1), row(1, reward=0.2, sleep_s=0.3),
-            row(2, reward=0.3, sleep_s=1.5), row(3, reward=0.4, sleep_s=1.5)]
+    rows = [
+        row(0, reward=0.1),
+        row(1, reward=0.2, sleep_s=0.3),
+        row(2, reward=0.3, sleep_s=1.5),
+        row(3, reward=0.4, sleep_s=1.5),
+    ]
     gen = stream(env, rows)
     first = ray_session.get(next(gen))
-    ray_session.cancel(gen)                                # RL stops reading the batch early
+    ray_session.cancel(gen)  # RL stops reading the batch early
     assert first[0] == 0
     # NeMo RL re-dispatches the rows it did not get, renumbered
     again = [{**r, "_rowidx": 10 + r["_rowidx"]} for r in rows[1:]]
     got, error = drain(ray_session, stream(env, again))
     assert error is None, str(error)
     assert sorted((i, res["full_result"]["reward"]) for i, res, _ in got) == [
-        (11, 0.2), (12, 0.3), (13, 0.4)]
-    assert starts(gym) - before == 4                       # nothing ran twice
+        (11, 0.2),
+        (12, 0.3),
+        (13, 0.4),
+    ]
+    assert starts(gym) - before == 4  # nothing ran twice
     status = ray_session.get(env.status.remote())
     assert status["book"]["reused"] >= 3 and status["stats"]["cancelled_streams"] >= 1
 
 
-async def test_a_redispatched_try_that_finished_on_gym_is_adopted_not_rerun(ray_session, env,
-                                                                             gym):
+async def test_a_redispatched_try_that_finished_on_gym_is_adopted_not_rerun(ray_session, env, gym):
     # an earlier try of rollout rX finished on Gym, but its reply never reached RL
     async with GymClient(gym.endpoint) as client:
         with pytest.raises(ConnectionLost):
-            await client.run({"reward": 0.9, "drop_reply": True}, rollout_id="rX",
-                             attempt_index=0, deadline_ts=time.time() + 10)
+            await client.run(
+                {"reward": 0.9, "drop_reply": True},
+                rollout_id="rX",
+                attempt_index=0,
+                deadline_ts=time.time() + 10,
+            )
     before = starts(gym)
-    rows = [row(0, _ng_rollout_id="rX", _ng_attempt_index=0, reward=0.9),
-            row(1, reward=0.6, drop_reply=True),            # reply lost on the way back
-            row(2, reward=0.7, receipt_delay_s=2.0)]        # the receipt fetch times out
+    rows = [
+        row(0, _ng_rollout_id="rX", _ng_attempt_index=0, reward=0.9),
+        row(1, reward=0.6, drop_reply=True),  # reply lost on the way back
+        row(2, reward=0.7, receipt_delay_s=2.0),
+    ]  # the receipt fetch times out
     got, error = drain(ray_session, stream(env, rows))
     assert error is None
     assert sorted((i, res["full_result"]["reward"]) for i, res, _ in got) == [
-        (0, 0.9), (1, 0.6), (2, 0.7)]
-    assert starts(gym) - before == 2                       # rX was replayed, not rerun
+        (0, 0.9),
+        (1, 0.6),
+        (2, 0.7),
+    ]
+    assert starts(gym) - before == 2  # rX was replayed, not rerun
     assert ray_session.get(env.status.remote())["stats"]["adopted"] >= 2
     # with ack="at_checkpoint" (the default) Gym keeps the three sealed results until the
     # drop-in's next checkpoint commit releases them
@@ -194,7 +249,7 @@ def aborts(ray_session, env):
     for cid in ids:
         try:
             ray_session.get(env.abort_checkpoint.remote(cid, time.time() + 10))
-        except Exception:             # spent or never active: nothing to reopen
+        except Exception:  # spent or never active: nothing to reopen
             pass
 
 
@@ -202,23 +257,29 @@ def soon(s=20.0):
     return time.time() + s
 
 
-def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_session, env,
-                                                                            gym, tmp_path,
-                                                                            aborts):
+def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(
+    ray_session, env, gym, tmp_path, aborts
+):
     aborts.append("ck-1")
     slow = stream(env, [row(0, reward=0.5, sleep_s=0.8)])
-    wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
-             what="the slow rollout to start")
+    wait_for(
+        lambda: gym.participant.snapshot()["running"] == 1,
+        timeout_s=10,
+        what="the slow rollout to start",
+    )
     prepared = ray_session.get(env.prepare_checkpoint.remote("ck-1", soon()))
     models.PrepareResult.model_validate(prepared)
     assert prepared["checkpoint_id"] == "ck-1" and prepared["ready"] is True
     (part,) = prepared["participants"]
-    assert part["participant"] == {"server_name": "gym-0", "component": "responses_api_agents",
-                                   "participant_name": "gym-0"}
+    assert part["participant"] == {
+        "server_name": "gym-0",
+        "component": "responses_api_agents",
+        "participant_name": "gym-0",
+    }
     assert part["ready"] and part["payload"]["ready_to_commit"]
     assert [i for i, _, _ in drain(ray_session, slow)[0]] == [0]
 
-    held_back = stream(env, [row(1, reward=0.75)])        # admission is closed: it waits
+    held_back = stream(env, [row(1, reward=0.75)])  # admission is closed: it waits
     before = starts(gym)
     assert ray_session.get(env.prepare_checkpoint.remote("ck-1", soon())) == prepared
     with pytest.raises(CheckpointConflict):
@@ -230,15 +291,17 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_
     (part,) = committed["participants"]
     manifest = tmp_path / part["manifest"]["relative_path"]
     assert manifest.name == "manifest.json"
-    assert hashlib.sha256(manifest.read_bytes()).hexdigest() == part["payload"][
-        "manifest_digest"] == part["manifest"]["manifest_digest"]
+    assert (
+        hashlib.sha256(manifest.read_bytes()).hexdigest()
+        == part["payload"]["manifest_digest"]
+        == part["manifest"]["manifest_digest"]
+    )
     index = part["payload"]["continuation_index"]
     assert (tmp_path / index["relative_path"]).stat().st_size == index["bytes"]
-    assert ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path))
-                           ) == committed
+    assert ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path))) == committed
     with pytest.raises(ConfigError):
         ray_session.get(env.commit_checkpoint.remote("ck-1", soon(), str(tmp_path / "x")))
-    assert starts(gym) == before                           # nothing ran between prepare and now
+    assert starts(gym) == before  # nothing ran between prepare and now
 
     resumed = ray_session.get(env.resume_checkpoint.remote("ck-1", soon()))
     models.ParticipantsResult.model_validate(resumed)
@@ -254,8 +317,7 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_
     assert status["orchestrator"]["ledger"]["checkpoints_committed"] >= 1
 
     # a restart restores from that directory: admission stays closed until resume
-    restored = ray_session.get(env.restore_checkpoint.remote("ck-r", soon(), str(tmp_path),
-                                                             "ck-1"))
+    restored = ray_session.get(env.restore_checkpoint.remote("ck-r", soon(), str(tmp_path), "ck-1"))
     models.ParticipantsResult.model_validate(restored)
     assert restored["participants"][0]["payload"]["source_checkpoint_id"] == "ck-1"
     assert ray_session.get(env.status.remote())["admission"] == "closed"
@@ -268,8 +330,11 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(ray_
 def test_a_prepare_past_its_deadline_is_a_timeout_and_reopens(ray_session, env, gym, aborts):
     aborts.append("ck-3")
     slow = stream(env, [row(0, reward=0.5, sleep_s=1.0)])
-    wait_for(lambda: gym.participant.snapshot()["running"] == 1, timeout_s=10,
-             what="the slow rollout to start")
+    wait_for(
+        lambda: gym.participant.snapshot()["running"] == 1,
+        timeout_s=10,
+        what="the slow rollout to start",
+    )
     with pytest.raises(TimeoutError) as failed:
         ray_session.get(env.prepare_checkpoint.remote("ck-3", time.time() + 0.2))
     assert "ck-3" in str(failed.value)
@@ -300,8 +365,7 @@ def test_capabilities_discovered_and_completed_executions_acknowledged(ray_sessi
     assert answer == {"acknowledged": done}
     models.Acknowledged.model_validate(answer)
     assert ray_session.get(env.acknowledge_completed_executions.remote(done)) == answer
-    assert ray_session.get(env.acknowledge_completed_executions.remote([])) == {
-        "acknowledged": []}
+    assert ray_session.get(env.acknowledge_completed_executions.remote([])) == {"acknowledged": []}
     forged = {**receipts[0], "result_digest": "0" * 64}
     for bad in ([done[0], done[0]], [{"receipt": forged, "agent_name": "a"}], [{"x": 1}]):
         with pytest.raises(ValueError):
@@ -328,17 +392,26 @@ def test_health_and_status_see_the_ledger_the_pool_and_gym(ray_session, env, gym
 
 
 @pytest.mark.slow
-def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(ray_session,
-                                                                              env, gym):
+def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(
+    ray_session, env, gym
+):
     rows = [row(0, reward=0.25, agent_ref={"name": "math_agent"}), row(1, reward=0.5)]
     got, error = drain(ray_session, stream(env, rows), keep_agent_ref=True)
     assert error is None
-    assert {i: ref for i, ref, _, _ in got} == {0: {"name": "math_agent"},
-                                                 1: {"name": "rl_gym_actors"}}
-    old = NemoGymDropIn.remote({"rl_gym_actors": {
-        "endpoints": [{"url": gym.url, "token": gym.token}], "stream_tuple": 3,
-        "untrained_replies": "tokenize",
-        "pool": {"size": 1, "rollouts_per_actor": 2}}})
+    assert {i: ref for i, ref, _, _ in got} == {
+        0: {"name": "math_agent"},
+        1: {"name": "rl_gym_actors"},
+    }
+    old = NemoGymDropIn.remote(
+        {
+            "rl_gym_actors": {
+                "endpoints": [{"url": gym.url, "token": gym.token}],
+                "stream_tuple": 3,
+                "untrained_replies": "tokenize",
+                "pool": {"size": 1, "rollouts_per_actor": 2},
+            }
+        }
+    )
     try:
         ray_session.get(old._spinup.remote())
         ray_session.get(old.set_tokenizer.remote(stand_in_tokenizer()))

@@ -9,13 +9,12 @@ import threading
 
 import pytest
 from aiohttp import web
+from test_nemo_rl_dropin import drain, stand_in_tokenizer
 
 from rl_gym_actors.integrations.nemo_rl import NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl_config import ServerSpec
 from rl_gym_actors.integrations.nemo_rl_servers import PolicyEndpoint, agent_for
 from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
-
-from test_nemo_rl_dropin import drain, stand_in_tokenizer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 AGENT = "rl_gym_actors.integrations.nemo_rl_agent:chat_agent"
@@ -36,12 +35,23 @@ class VllmStandIn:
         body = await request.json()
         self.calls.append((request.path, body))
         prompt = "".join(m["content"] for m in body["messages"])
-        return web.json_response({
-            "id": f"chatcmpl-{len(self.calls)}", "object": "chat.completion",
-            "model": body["model"], "prompt_token_ids": [ord(c) for c in prompt],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"},
-                         "token_ids": [ord("4")], "finish_reason": "stop",
-                         "logprobs": {"content": [{"token": "4", "logprob": -0.125}]}}]})
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{len(self.calls)}",
+                "object": "chat.completion",
+                "model": body["model"],
+                "prompt_token_ids": [ord(c) for c in prompt],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "4"},
+                        "token_ids": [ord("4")],
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"token": "4", "logprob": -0.125}]},
+                    }
+                ],
+            }
+        )
 
     async def _start(self) -> None:
         app = web.Application()
@@ -53,7 +63,7 @@ class VllmStandIn:
         port = site._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
 
-    def __enter__(self) -> "VllmStandIn":
+    def __enter__(self) -> VllmStandIn:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
@@ -65,38 +75,55 @@ class VllmStandIn:
 
 
 def question(i, text, expected):
-    return {"_rowidx": i, "agent_ref": {"name": "chat"}, "expected_answer": expected,
-            "responses_create_params": {"input": [{"role": "user", "content": text}]}}
+    return {
+        "_rowidx": i,
+        "agent_ref": {"name": "chat"},
+        "expected_answer": expected,
+        "responses_create_params": {"input": [{"role": "user", "content": text}]},
+    }
 
 
 def test_agents_sample_the_policy_nemo_rl_passed_through_the_servers_the_drop_in_started(
-        ray_session):
+    ray_session,
+):
     with VllmStandIn() as vllm:
-        cfg = build_nemo_gym_config({"nemo_gym": {"rl_gym_actors": {
-            "servers": [{"agent": AGENT, "name": "chat"}],
-            "pool": {"size": 1, "rollouts_per_actor": 2}}}},
-            [f"{vllm.url}/v1"], "policy-under-training")
+        cfg = build_nemo_gym_config(
+            {
+                "nemo_gym": {
+                    "rl_gym_actors": {
+                        "servers": [{"agent": AGENT, "name": "chat"}],
+                        "pool": {"size": 1, "rollouts_per_actor": 2},
+                    }
+                }
+            },
+            [f"{vllm.url}/v1"],
+            "policy-under-training",
+        )
         actor = NemoGymDropIn.remote(cfg)
         try:
             ray_session.get(actor._spinup.remote())
             ray_session.get(actor.set_tokenizer.remote(stand_in_tokenizer()))
-            got, error = drain(ray_session, actor.run_rollouts.options(
-                num_returns="streaming").remote([question(0, "2+2?", "4"),
-                                                 question(1, "3+3?", "6")], "gym"),
-                keep_agent_ref=True)
+            got, error = drain(
+                ray_session,
+                actor.run_rollouts.options(num_returns="streaming").remote(
+                    [question(0, "2+2?", "4"), question(1, "3+3?", "6")], "gym"
+                ),
+                keep_agent_ref=True,
+            )
             assert error is None, error
             assert sorted(path for path, _ in vllm.calls) == ["/v1/chat/completions"] * 2
             assert {body["model"] for _, body in vllm.calls} == {"policy-under-training"}
             assert sorted(body["messages"][0]["content"] for _, body in vllm.calls) == [
-                "2+2?", "3+3?"]
+                "2+2?",
+                "3+3?",
+            ]
             by_row = {i: (ref, res) for i, ref, res, _ in got}
             assert by_row[0][0] == {"name": "chat"}
             assert by_row[0][1]["full_result"]["reward"] == 1.0
             assert by_row[1][1]["full_result"]["reward"] == 0.0
             log = by_row[0][1]["message_log"]
             assert log[0]["token_ids"] == [ord(c) for c in "2+2?"]
-            assert log[1]["token_ids"] == [ord("4")] and log[1]["generation_logprobs"] == [
-                -0.125]
+            assert log[1]["token_ids"] == [ord("4")] and log[1]["generation_logprobs"] == [-0.125]
             receipt = by_row[0][1]["gym_completion_receipt"]
             assert receipt["attempt_index"] == 0 and len(receipt["result_digest"]) == 64
             status = ray_session.get(actor.status.remote())

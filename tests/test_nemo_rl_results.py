@@ -13,8 +13,12 @@ import pickle
 import pytest
 
 from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings
-from rl_gym_actors.integrations.nemo_rl_results import (MissingGenerationData, NanLogprobs,
-                                                        detect_flags, to_nemo_rl_result)
+from rl_gym_actors.integrations.nemo_rl_results import (
+    MissingGenerationData,
+    NanLogprobs,
+    detect_flags,
+    to_nemo_rl_result,
+)
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer
 
@@ -24,17 +28,25 @@ def ids(text):
 
 
 def message(text, prompt, generated, logprobs=None, **extra):
-    return {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-            "prompt_token_ids": ids(prompt), "generation_token_ids": ids(generated),
-            "generation_log_probs": logprobs if logprobs is not None else
-            [-0.5] * len(generated), **extra}
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_1",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+        "prompt_token_ids": ids(prompt),
+        "generation_token_ids": ids(generated),
+        "generation_log_probs": logprobs if logprobs is not None else [-0.5] * len(generated),
+        **extra,
+    }
 
 
 def reply(*output, reward=1.0):
-    return {"responses_create_params": {"input": [{"role": "user", "content": "Q"}]},
-            "response": {"id": "resp_1", "object": "response", "output": list(output)},
-            "reward": reward}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Q"}]},
+        "response": {"id": "resp_1", "object": "response", "output": list(output)},
+        "reward": reward,
+    }
 
 
 def two_turns():
@@ -62,8 +74,9 @@ def test_turns_split_flags_set_and_strings_decoded_as_nemo_rl_does():
     items = out["full_result"]["response"]["output"]
     assert (items[1]["prompt_str"], items[1]["generation_str"]) == ("Q", "T")
     assert (items[3]["prompt_str"], items[3]["generation_str"]) == ("QTR", "A3")
-    assert not any(k in item for item in items for k in ("prompt_token_ids",
-                                                          "generation_token_ids"))
+    assert not any(
+        k in item for item in items for k in ("prompt_token_ids", "generation_token_ids")
+    )
     assert out["full_result"]["reward"] == 1.0
 
 
@@ -75,29 +88,37 @@ def test_detection_uses_the_configured_patterns_and_tags():
     repeated = {"type": "reasoning", "summary": [{"text": "<think>a</think><think>b"}]}
     assert detect_flags(repeated) == (False, True)
     settings = NemoRLSettings(invalid_tool_call_patterns=["ANSWER:"])
-    out = to_nemo_rl_result({}, reply(message("ANSWER: 3", "Q", "x")), CodePointTokenizer(),
-                            settings=settings)
+    out = to_nemo_rl_result(
+        {}, reply(message("ANSWER: 3", "Q", "x")), CodePointTokenizer(), settings=settings
+    )
     assert out["message_log"][1]["is_invalid_tool_call"] is True
 
 
-@pytest.mark.parametrize("bad", [
-    reply({"type": "message", "content": [{"type": "output_text", "text": "hi"}]}),
-    reply(message("", "Q", "")),                          # all-EOS generation stripped to []
-    reply(),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        reply({"type": "message", "content": [{"type": "output_text", "text": "hi"}]}),
+        reply(message("", "Q", "")),  # all-EOS generation stripped to []
+        reply(),
+    ],
+)
 def test_a_reply_without_generation_data_is_a_value_error(bad):
     with pytest.raises(MissingGenerationData) as raised:
         to_nemo_rl_result({}, bad, CodePointTokenizer())
     assert isinstance(raised.value, ValueError) and isinstance(raised.value, RolloutDataError)
     assert "no generation data" in str(raised.value)
-    again = pickle.loads(pickle.dumps(raised.value))            # crosses Ray as it is
+    again = pickle.loads(pickle.dumps(raised.value))  # crosses Ray as it is
     assert type(again) is MissingGenerationData
 
 
 def test_untrained_replies_can_be_tokenized_by_choice():
     plain = reply({"type": "message", "content": [{"type": "output_text", "text": "ok"}]})
-    out = to_nemo_rl_result({"responses_create_params": {"input": "hi"}}, plain,
-                            CodePointTokenizer(), untrained="tokenize")
+    out = to_nemo_rl_result(
+        {"responses_create_params": {"input": "hi"}},
+        plain,
+        CodePointTokenizer(),
+        untrained="tokenize",
+    )
     assert out["message_log"][0]["token_ids"] == ids("<user>hi")
     assert out["message_log"][1]["token_ids"] == ids("ok")
     assert out["message_log"][1]["generation_logprobs"] == [0.0, 0.0]
@@ -105,8 +126,9 @@ def test_untrained_replies_can_be_tokenized_by_choice():
 
 def test_nan_logprobs_are_a_runtime_error():
     with pytest.raises(NanLogprobs) as raised:
-        to_nemo_rl_result({}, reply(message("x", "Q", "ab", [-0.1, math.nan])),
-                          CodePointTokenizer())
+        to_nemo_rl_result(
+            {}, reply(message("x", "Q", "ab", [-0.1, math.nan])), CodePointTokenizer()
+        )
     assert isinstance(raised.value, RuntimeError)
 
 
@@ -117,26 +139,38 @@ def test_non_contiguous_turns_are_a_data_failure():
 
 
 def envelope(rows, dtype="int16"):
-    flat = array.array({"int8": "b", "int16": "h", "int32": "i"}[dtype],
-                       [v for token in rows for layer in token for v in layer])
+    flat = array.array(
+        {"int8": "b", "int16": "h", "int32": "i"}[dtype],
+        [v for token in rows for layer in token for v in layer],
+    )
     shape = f"{len(rows)}x{len(rows[0])}x{len(rows[0][0])}"
     return f"nrlre1:{dtype}:{shape}:{base64.b64encode(flat.tobytes()).decode()}"
 
 
 @pytest.mark.parametrize("encode", [lambda r: r, envelope])
 def test_routed_experts_are_split_per_message_and_the_prefill_fixes_the_last_route(encode):
-    turn1 = [[[t, t + 1]] for t in range(3)]              # Q + "TU": 3 tokens, 1 layer, top-2
-    turn2 = [[[10 * t, 1]] for t in range(5)]             # QTU + R + A: 5 tokens
-    r = reply(message("a", "Q", "TU", routed_experts=encode(turn1)),
-              message("b", "QTUR", "A", routed_experts=encode(turn2)))
-    log = to_nemo_rl_result({}, r, CodePointTokenizer(),
-                            settings=NemoRLSettings(require_routed_experts=True))["message_log"]
+    turn1 = [[[t, t + 1]] for t in range(3)]  # Q + "TU": 3 tokens, 1 layer, top-2
+    turn2 = [[[10 * t, 1]] for t in range(5)]  # QTU + R + A: 5 tokens
+    r = reply(
+        message("a", "Q", "TU", routed_experts=encode(turn1)),
+        message("b", "QTUR", "A", routed_experts=encode(turn2)),
+    )
+    log = to_nemo_rl_result(
+        {}, r, CodePointTokenizer(), settings=NemoRLSettings(require_routed_experts=True)
+    )["message_log"]
     assert log[0]["routed_experts"] == turn1[:1]
-    assert log[1]["routed_experts"] == [turn1[1], turn2[2]]   # last route from the prefill
+    assert log[1]["routed_experts"] == [turn1[1], turn2[2]]  # last route from the prefill
     assert log[2]["routed_experts"] == turn2[3:4] and log[3]["routed_experts"] == turn2[4:]
     with pytest.raises(MissingGenerationData, match="routed_experts"):
-        to_nemo_rl_result({}, reply(message("a", "Q", "T")), CodePointTokenizer(),
-                          settings=NemoRLSettings(require_routed_experts=True))
+        to_nemo_rl_result(
+            {},
+            reply(message("a", "Q", "T")),
+            CodePointTokenizer(),
+            settings=NemoRLSettings(require_routed_experts=True),
+        )
     with pytest.raises(MissingGenerationData, match="rows"):
-        to_nemo_rl_result({}, reply(message("a", "Q", "TU", routed_experts=encode(turn1[:2]))),
-                          CodePointTokenizer())
+        to_nemo_rl_result(
+            {},
+            reply(message("a", "Q", "TU", routed_experts=encode(turn1[:2]))),
+            CodePointTokenizer(),
+        )

@@ -56,7 +56,11 @@ def test_redispatch_prefers_finished_then_running_then_failed_and_never_a_delive
 
     again = book.claim(rows({"p": 1}, {"p": 1}, {"p": 1}, {"p": 1}), stream=2, now=2.0)
     assert [c.rollout_id for c in again[:3]] == [done, running, failed]
-    assert [c.action for c in again[:3]] == [ClaimAction.REUSE, ClaimAction.REUSE, ClaimAction.START]
+    assert [c.action for c in again[:3]] == [
+        ClaimAction.REUSE,
+        ClaimAction.REUSE,
+        ClaimAction.START,
+    ]
     assert again[3].rollout_id not in first and again[3].action is ClaimAction.START
     assert again[3].rollout_id != delivered
     assert book.stats.reused == 2
@@ -67,13 +71,13 @@ def test_free_rollouts_are_preferred_and_a_watched_one_is_shared_not_rerun():
     (a,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
     book.settle(a.rollout_id, ok=False, now=0.0)
     book.release(1)
-    (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)     # the free, failed one: next try
+    (b,) = book.claim(rows({"p": 1}), stream=2, now=0.0)  # the free, failed one: next try
     assert (b.rollout_id, b.action) == (a.rollout_id, ClaimAction.START)
-    (c,) = book.claim(rows({"p": 1}), stream=3, now=0.0)     # watched by stream 2: shared
+    (c,) = book.claim(rows({"p": 1}), stream=3, now=0.0)  # watched by stream 2: shared
     assert (c.rollout_id, c.action) == (a.rollout_id, ClaimAction.REUSE)
     book.settle(a.rollout_id, ok=True, now=1.0)
     assert book.available(a.rollout_id)
-    assert book.deliver(a.rollout_id, now=1.0)               # stream 3 hands it out first
+    assert book.deliver(a.rollout_id, now=1.0)  # stream 3 hands it out first
     assert not book.deliver(a.rollout_id, now=1.0) and book.stats.lost_races == 1
     d = book.reclaim({"_rowidx": 0, "p": 1}, stream=2, now=1.0)
     assert d.rollout_id != a.rollout_id and d.action is ClaimAction.START
@@ -85,9 +89,9 @@ def test_a_stream_never_watches_one_rollout_for_two_rows_and_release_frees_its_r
     a, b = book.claim(rows({"p": 1}, {"p": 1}), stream=1, now=0.0)
     assert a.rollout_id != b.rollout_id
     book.settle(a.rollout_id, ok=True, now=0.0)
-    book.release(1)                                          # cancelled before it yielded
+    book.release(1)  # cancelled before it yielded
     first, second = book.claim(rows({"p": 1}, {"p": 1}), stream=2, now=0.0)
-    assert (first.rollout_id, first.action) == (a.rollout_id, ClaimAction.REUSE)   # finished first
+    assert (first.rollout_id, first.action) == (a.rollout_id, ClaimAction.REUSE)  # finished first
     assert (second.rollout_id, second.action) == (b.rollout_id, ClaimAction.REUSE)
 
 
@@ -103,15 +107,18 @@ def test_explicit_identity_is_kept_and_a_failed_one_starts_again():
     assert (claim.rollout_id, claim.action) == ("rD", ClaimAction.START)
 
 
-@pytest.mark.parametrize("bad", [
-    [{"p": 1}],                                               # no _rowidx
-    [{"_rowidx": "0"}],
-    [{"_rowidx": 0}, {"_rowidx": 0}],
-    [{"_rowidx": 0, "_ng_rollout_id": "bad id"}],
-    [{"_rowidx": 0, "_ng_rollout_id": "ok", "_ng_attempt_index": -1}],
-    [{"_rowidx": 0, "_ng_rollout_id": "r"}, {"_rowidx": 1, "_ng_rollout_id": "r"}],
-    ["not a dict"],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [{"p": 1}],  # no _rowidx
+        [{"_rowidx": "0"}],
+        [{"_rowidx": 0}, {"_rowidx": 0}],
+        [{"_rowidx": 0, "_ng_rollout_id": "bad id"}],
+        [{"_rowidx": 0, "_ng_rollout_id": "ok", "_ng_attempt_index": -1}],
+        [{"_rowidx": 0, "_ng_rollout_id": "r"}, {"_rowidx": 1, "_ng_rollout_id": "r"}],
+        ["not a dict"],
+    ],
+)
 def test_bad_rows_are_a_data_failure_and_claim_nothing(bad):
     book = RolloutBook("run")
     with pytest.raises(RolloutDataError):
@@ -131,9 +138,9 @@ def test_expire_forgets_old_unclaimed_results_and_caps_the_book():
         book.settle(c.rollout_id, ok=True, now=1.0)
     book.deliver(claims[0].rollout_id, now=1.0)
     book.release(1)
-    dropped = book.expire(now=5.0)               # nothing is old yet; the cap drops two
+    dropped = book.expire(now=5.0)  # nothing is old yet; the cap drops two
     assert len(book) == 2
-    assert claims[0].rollout_id not in dropped   # delivered ones go first and need no cleanup
+    assert claims[0].rollout_id not in dropped  # delivered ones go first and need no cleanup
     assert book.state(claims[0].rollout_id) is None
     dropped = book.expire(now=100.0)
     assert len(book) == 0 and len(dropped) == 2 and book.stats.expired == 3
@@ -147,7 +154,7 @@ def test_running_rollouts_are_never_expired():
 
 
 def test_failure_classes_are_what_nemo_rl_classifies_and_pickle_with_one_argument():
-    assert failure_class(FailureKind.REJECTED) is RolloutDataError           # a 4xx
+    assert failure_class(FailureKind.REJECTED) is RolloutDataError  # a 4xx
     assert failure_class(FailureKind.PROTOCOL) is RolloutDataError
     assert failure_class(FailureKind.INVALID_REPLY) is RolloutDataError
     assert failure_class(FailureKind.AGENT_FAILED) is RolloutTransportError  # a 5xx
@@ -170,8 +177,9 @@ def test_failure_for_lets_a_data_failure_win_and_summarises():
     assert isinstance(mixed, RolloutDataError) and "and 3 more" in str(mixed)
     assert isinstance(failure_for([(0, late, "deadline_exceeded")], 1), RolloutTimeoutError)
     # the reason's words decide nothing: a data word in an infrastructure failure stays infra
-    assert isinstance(failure_for([(0, lost, "invalid_request protocol config")], 1),
-                      RolloutTransportError)
+    assert isinstance(
+        failure_for([(0, lost, "invalid_request protocol config")], 1), RolloutTransportError
+    )
 
 
 def test_stream_timer_reports_the_postprocess_share():
@@ -179,5 +187,8 @@ def test_stream_timer_reports_the_postprocess_share():
     t.add("await_results", 3.0)
     t.add("postprocess_results", 1.0)
     m = t.metrics(total_s=4.0)
-    assert m == {"gym/await_results": 3.0, "gym/postprocess_results": 1.0,
-                 "gym/postprocess_results_pct": 25.0}
+    assert m == {
+        "gym/await_results": 3.0,
+        "gym/postprocess_results": 1.0,
+        "gym/postprocess_results_pct": 25.0,
+    }

@@ -7,43 +7,66 @@ from __future__ import annotations
 import sys
 
 import pytest
+from test_nemo_rl_dropin import drain, row, stand_in_tokenizer
 
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
-from rl_gym_actors.integrations.nemo_rl_select import (NemoGymChooser, drop_in_options,
-                                                       use_in_nemo_rl, wants_drop_in)
+from rl_gym_actors.integrations.nemo_rl_select import (
+    NemoGymChooser,
+    drop_in_options,
+    use_in_nemo_rl,
+    wants_drop_in,
+)
 from rl_gym_actors.testing import nemo_rl_stand_in
 from rl_gym_actors.testing.gym_process import GymServerThread
-
-from test_nemo_rl_dropin import drain, row, stand_in_tokenizer
 
 
 def test_the_config_nemo_rl_builds_is_read_with_our_section_inside():
     ours = {"endpoints": ["http://127.0.0.1:1"], "stream_tuple": 3}
     cfg = nemo_rl_stand_in.build_nemo_gym_config(
-        {"nemo_gym": {"rl_gym_actors": ours, "thinking_tags": ["<t>", "</t>"],
-                      "config_paths": ["x.yaml"]}}, ["http://10.0.0.1:8000/v1"], "m",
-        enable_router_replay=True, routed_experts_dtype="int8")
+        {
+            "nemo_gym": {
+                "rl_gym_actors": ours,
+                "thinking_tags": ["<t>", "</t>"],
+                "config_paths": ["x.yaml"],
+            }
+        },
+        ["http://10.0.0.1:8000/v1"],
+        "m",
+        enable_router_replay=True,
+        routed_experts_dtype="int8",
+    )
     assert wants_drop_in(cfg) and "rl_gym_actors" in cfg["initial_global_config_dict"]
     parsed = DropInConfig.from_any(cfg)
     assert parsed.stream_tuple == 3 and parsed.endpoints[0].url == "http://127.0.0.1:1"
     assert parsed.nemo.base_urls == ["http://10.0.0.1:8000/v1"]
     assert parsed.nemo.model_name == "m" and parsed.nemo.thinking_tags == ["<t>", "</t>"]
     assert parsed.nemo.require_routed_experts and parsed.nemo.routed_experts_dtype == "int8"
-    assert not wants_drop_in(nemo_rl_stand_in.build_nemo_gym_config(
-        {"nemo_gym": {"config_paths": []}}, [], "m"))
+    assert not wants_drop_in(
+        nemo_rl_stand_in.build_nemo_gym_config({"nemo_gym": {"config_paths": []}}, [], "m")
+    )
     with pytest.raises(ConfigError, match="endpoints missing"):
-        DropInConfig.from_any(nemo_rl_stand_in.build_nemo_gym_config(
-            {"nemo_gym": {"rl_gym_actors": {}}}, [], "m"))
+        DropInConfig.from_any(
+            nemo_rl_stand_in.build_nemo_gym_config({"nemo_gym": {"rl_gym_actors": {}}}, [], "m")
+        )
 
 
 def test_nemo_gyms_interpreter_and_venv_are_left_out_and_the_rest_kept():
-    opts = {"runtime_env": {"py_executable": "/venvs/gym/bin/python",
-                            "env_vars": {"VIRTUAL_ENV": "/venvs/gym", "UV_PROJECT_ENVIRONMENT":
-                                         "/venvs/gym", "HF_HOME": "/cache"}},
-            "scheduling_strategy": "SPREAD"}
-    assert drop_in_options(opts) == {"runtime_env": {"env_vars": {"HF_HOME": "/cache"}},
-                                     "scheduling_strategy": "SPREAD"}
+    opts = {
+        "runtime_env": {
+            "py_executable": "/venvs/gym/bin/python",
+            "env_vars": {
+                "VIRTUAL_ENV": "/venvs/gym",
+                "UV_PROJECT_ENVIRONMENT": "/venvs/gym",
+                "HF_HOME": "/cache",
+            },
+        },
+        "scheduling_strategy": "SPREAD",
+    }
+    assert drop_in_options(opts) == {
+        "runtime_env": {"env_vars": {"HF_HOME": "/cache"}},
+        "scheduling_strategy": "SPREAD",
+    }
     assert drop_in_options({"runtime_env": {"py_executable": "x"}}) == {}
 
 
@@ -57,28 +80,41 @@ def nemo_gym_module(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_one_line_and_the_config_section_make_nemo_rls_spinup_create_the_drop_in(
-        ray_session, nemo_gym_module):
+    ray_session, nemo_gym_module
+):
     chooser = use_in_nemo_rl(nemo_gym_module)
     assert isinstance(nemo_gym_module.NemoGym, NemoGymChooser)
-    assert use_in_nemo_rl(nemo_gym_module) is chooser             # idempotent
+    assert use_in_nemo_rl(nemo_gym_module) is chooser  # idempotent
     # without our section NeMo RL's own actor is created, as before
-    own = nemo_gym_module.spinup_nemo_gym_actor({"nemo_gym": {}}, [], "m",
-                                                tokenizer=stand_in_tokenizer())
+    own = nemo_gym_module.spinup_nemo_gym_actor(
+        {"nemo_gym": {}}, [], "m", tokenizer=stand_in_tokenizer()
+    )
     assert ray_session.get(own.kind.remote()) == "nemo_rl.NemoGym" and chooser.created == 0
     ray_session.kill(own)
     with GymServerThread(token="t") as gym:
-        env_configs = {"nemo_gym": {"rl_gym_actors": {
-            "endpoints": [{"url": gym.url, "token": gym.token, "name": "math"}],
-            "pool": {"size": 1, "rollouts_per_actor": 2}, "untrained_replies": "tokenize"}}}
-        actor = nemo_gym_module.spinup_nemo_gym_actor(env_configs, ["http://127.0.0.1:9/v1"],
-                                                      "policy", tokenizer=stand_in_tokenizer())
+        env_configs = {
+            "nemo_gym": {
+                "rl_gym_actors": {
+                    "endpoints": [{"url": gym.url, "token": gym.token, "name": "math"}],
+                    "pool": {"size": 1, "rollouts_per_actor": 2},
+                    "untrained_replies": "tokenize",
+                }
+            }
+        }
+        actor = nemo_gym_module.spinup_nemo_gym_actor(
+            env_configs, ["http://127.0.0.1:9/v1"], "policy", tokenizer=stand_in_tokenizer()
+        )
         try:
             assert chooser.created == 1
             status = ray_session.get(actor.status.remote())
             assert status["spun_up"] and status["python"] == sys.executable
-            got, error = drain(ray_session, actor.run_rollouts.options(
-                num_returns="streaming").remote([row(0, reward=0.5)], "gym"),
-                keep_agent_ref=True)
+            got, error = drain(
+                ray_session,
+                actor.run_rollouts.options(num_returns="streaming").remote(
+                    [row(0, reward=0.5)], "gym"
+                ),
+                keep_agent_ref=True,
+            )
             assert error is None and got[0][1] == {"name": "math"}
             assert got[0][2]["full_result"]["reward"] == 0.5
         finally:

@@ -20,13 +20,12 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
+from rl_gym_actors.testing.polling import wait_for
 
 pytestmark = pytest.mark.ray
 
-POLICY = TryPolicy(rollout_s=1.0, receipt_s=1.0, max_tries=3, control_s=5.0,
-                   admission_wait_s=10.0)
+POLICY = TryPolicy(rollout_s=1.0, receipt_s=1.0, max_tries=3, control_s=5.0, admission_wait_s=10.0)
 _ckpt = itertools.count()
 
 
@@ -36,13 +35,21 @@ def gyms(agent):
         yield a, b
 
 
-@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.slow)],
-                ids=["1-per-actor", "2-per-actor"])
+@pytest.fixture(
+    scope="module",
+    params=[1, pytest.param(2, marks=pytest.mark.slow)],
+    ids=["1-per-actor", "2-per-actor"],
+)
 def orch(request, ray_session, gyms):
     endpoints = [GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab")]
-    with Orchestrator(endpoints, policy=POLICY, pool_size=2,
-                      rollouts_per_actor=request.param, run_id=f"p{request.param}",
-                      progress=False) as o:
+    with Orchestrator(
+        endpoints,
+        policy=POLICY,
+        pool_size=2,
+        rollouts_per_actor=request.param,
+        run_id=f"p{request.param}",
+        progress=False,
+    ) as o:
         o.test_prefix = f"p{request.param}"
         yield o
 
@@ -53,16 +60,19 @@ def rid(orch, name: str) -> str:
 
 def gym_call(endpoint: GymEndpoint, method: str, *args, **kwargs):
     """One client call from sync test code (a fresh client on a fresh loop)."""
+
     async def go():
         async with GymClient(endpoint) as client:
             return await getattr(client, method)(*args, deadline_ts=time.time() + 10, **kwargs)
+
     return asyncio.run(go())
 
 
 def settle_and_check(orch, gyms, agent, tmp_path, *batches):
     """A checkpoint commits on both endpoints, and nothing is left behind or counted twice."""
-    report = orch.checkpoint(f"ck-{next(_ckpt)}", str(tmp_path / f"ck-{next(_ckpt)}"),
-                             deadline_s=30.0)
+    report = orch.checkpoint(
+        f"ck-{next(_ckpt)}", str(tmp_path / f"ck-{next(_ckpt)}"), deadline_s=30.0
+    )
     assert [e.endpoint for e in report.endpoints] == [g.url for g in gyms]
     assert all(e.commit.manifest_digest for e in report.endpoints)
     for g in gyms:
@@ -73,7 +83,7 @@ def settle_and_check(orch, gyms, agent, tmp_path, *batches):
         for o in outcomes:
             if o.status == "sealed":
                 sealed[o.rollout_id] = sealed.get(o.rollout_id, 0) + 1
-                if o.tries:       # a fresh seal (not a kept result handed out again)
+                if o.tries:  # a fresh seal (not a kept result handed out again)
                     assert agent.starts[(o.rollout_id, o.attempt_index)] == 1
                     ep = GymEndpoint(url=o.endpoint, token="test-token")
                     assert key_state(ep, o.rollout_id, o.attempt_index) == "acknowledged"
@@ -84,8 +94,15 @@ def settle_and_check(orch, gyms, agent, tmp_path, *batches):
 
 
 def test_reply_lost_after_gym_finished_is_adopted(orch, gyms, agent, tmp_path):
-    rows = [{"_ng_rollout_id": rid(orch, f"drop-{ep}"), "_ng_endpoint": ep, "reward": r,
-             "drop_reply": True} for ep, r in (("a", 0.5), ("b", 0.25))]
+    rows = [
+        {
+            "_ng_rollout_id": rid(orch, f"drop-{ep}"),
+            "_ng_endpoint": ep,
+            "reward": r,
+            "drop_reply": True,
+        }
+        for ep, r in (("a", 0.5), ("b", 0.25))
+    ]
     outs = orch.run_batch(rows)
     for o, row in zip(outs, rows):
         assert (o.status, o.attempt_index, o.adopted, o.tries) == ("sealed", 0, True, 1)
@@ -95,8 +112,7 @@ def test_reply_lost_after_gym_finished_is_adopted(orch, gyms, agent, tmp_path):
     settle_and_check(orch, gyms, agent, tmp_path, outs)
 
 
-def test_deadline_while_the_agent_works_cancels_and_runs_the_next_try(orch, gyms, agent,
-                                                                        tmp_path):
+def test_deadline_while_the_agent_works_cancels_and_runs_the_next_try(orch, gyms, agent, tmp_path):
     r = rid(orch, "deadline")
     (out,) = orch.run_batch([{"_ng_rollout_id": r, "first_try_sleep_s": 30, "reward": 0.5}])
     assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 1, 2, False)
@@ -114,11 +130,12 @@ def test_receipt_fetch_timing_out_is_adopted(orch, gyms, agent, tmp_path):
     settle_and_check(orch, gyms, agent, tmp_path, [out])
 
 
-def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gyms, agent,
-                                                                         tmp_path):
+def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gyms, agent, tmp_path):
     bad, slow = rid(orch, "ff-bad"), rid(orch, "ff-slow")
-    rows = [{"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
-            {"_ng_rollout_id": slow, "sleep_s": 30}]
+    rows = [
+        {"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
+        {"_ng_rollout_id": slow, "sleep_s": 30},
+    ]
     outs = orch.run_batch(rows, fail_fast=True)
     assert outs[0].status == "failed" and "agent_failed" in outs[0].reason
     assert (outs[1].status, outs[1].has_result, outs[1].tries) == ("abandoned", False, 1)
@@ -131,18 +148,24 @@ def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gym
 
 def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, agent, tmp_path):
     bad, done = rid(orch, "ff2-bad"), rid(orch, "ff2-done")
-    rows = [{"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
-            {"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}]
+    rows = [
+        {"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
+        {"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125},
+    ]
     outs = orch.run_batch(rows, fail_fast=True)
     assert outs[0].status == "failed"
     kept = outs[1]
     assert kept.status == "abandoned" and kept.has_result and kept.adopted
     assert (kept.reward, kept.attempt_index) == (0.125, 0)
-    with pytest.raises(ConfigError):      # a bad batch hands out nothing
+    with pytest.raises(ConfigError):  # a bad batch hands out nothing
         orch.run_batch([{"_ng_rollout_id": done}, {"_ng_rollout_id": "bad id!"}])
     (later,) = orch.run_batch([{"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}])
     assert (later.status, later.adopted, later.reward, later.attempt_index) == (
-        "sealed", True, 0.125, 0)
+        "sealed",
+        True,
+        0.125,
+        0,
+    )
     assert agent.runs_of(done) == 1
     settle_and_check(orch, gyms, agent, tmp_path, outs, [later])
 
@@ -159,8 +182,9 @@ def test_rows_beyond_the_slots_are_not_dispatched_after_fail_fast(orch, gyms, ag
     settle_and_check(orch, gyms, agent, tmp_path, outs)
 
 
-def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(orch, gyms, agent,
-                                                                          tmp_path):
+def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
+    orch, gyms, agent, tmp_path
+):
     import ray
 
     r = rid(orch, "killed")
@@ -188,10 +212,13 @@ def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(orch, 
 def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, agent, tmp_path):
     # replies an earlier trainer process lost: completed on Gym, owned by nobody
     for g, ep in zip(gyms, "ab"):
-        gym_call(g.endpoint, "run", {"reward": 0.5}, rollout_id=rid(orch, f"lost-{ep}"),
-                 attempt_index=0)
-    rows = [{"_ng_rollout_id": rid(orch, f"two-{ep}"), "_ng_endpoint": ep, "drop_reply": True}
-            for ep in "ab"]
+        gym_call(
+            g.endpoint, "run", {"reward": 0.5}, rollout_id=rid(orch, f"lost-{ep}"), attempt_index=0
+        )
+    rows = [
+        {"_ng_rollout_id": rid(orch, f"two-{ep}"), "_ng_endpoint": ep, "drop_reply": True}
+        for ep in "ab"
+    ]
     outs = orch.run_batch(rows)
     assert all(o.status == "sealed" and o.adopted for o in outs)
     report = settle_and_check(orch, gyms, agent, tmp_path, outs)
@@ -221,14 +248,16 @@ async def test_async_variants_work_from_another_event_loop(orch):
 
 def test_bad_rows_raise_config_error_before_dispatch(orch, agent):
     r = rid(orch, "dup")
-    for rows in ([{"_ng_rollout_id": r}, {"_ng_rollout_id": r}],
-                 [{"_ng_rollout_id": "not valid!"}],
-                 [{"_ng_endpoint": "nowhere"}],
-                 [{"_ng_attempt_index": -1}],
-                 ["not a row"],
-                 [{"_ng_rollout_id": r, "payload": object()}],
-                 [{"_ng_rollout_id": r, "score": float("nan")}],
-                 {"_ng_rollout_id": "a-mapping-not-a-list"}):
+    for rows in (
+        [{"_ng_rollout_id": r}, {"_ng_rollout_id": r}],
+        [{"_ng_rollout_id": "not valid!"}],
+        [{"_ng_endpoint": "nowhere"}],
+        [{"_ng_attempt_index": -1}],
+        ["not a row"],
+        [{"_ng_rollout_id": r, "payload": object()}],
+        [{"_ng_rollout_id": r, "score": float("nan")}],
+        {"_ng_rollout_id": "a-mapping-not-a-list"},
+    ):
         with pytest.raises(ConfigError):
             orch.run_batch(rows)
     assert agent.runs_of(r) == 0
@@ -240,23 +269,28 @@ def test_minted_ids_are_valid_and_endpoints_follow_a_stable_hash(orch, gyms):
     assert len({o.rollout_id for o in outs}) == 4
     assert all(o.status == "sealed" and o.rollout_id.startswith(orch.run_id + "-") for o in outs)
     urls = [g.url for g in gyms]
-    assert [o.endpoint for o in outs] == [urls[endpoint_index_for(o.rollout_id, 2)]
-                                          for o in outs]
+    assert [o.endpoint for o in outs] == [urls[endpoint_index_for(o.rollout_id, 2)] for o in outs]
     # the same ids again: never played again; the same sealed results, marked repeated
     again = orch.run_batch([{"_ng_rollout_id": o.rollout_id} for o in outs])
     assert [o.endpoint for o in again] == [o.endpoint for o in outs]
-    assert all(o.status == "sealed" and o.attempt_index == 0 and o.repeated and o.tries == 0
-               for o in again)
+    assert all(
+        o.status == "sealed" and o.attempt_index == 0 and o.repeated and o.tries == 0 for o in again
+    )
     assert [(o.reward, o.receipt) for o in again] == [(o.reward, o.receipt) for o in outs]
     assert endpoint_index_for("some-rollout", 7) == endpoint_index_for("some-rollout", 7)
 
 
 def test_bad_settings_raise_config_error_without_starting_anything():
     url = "http://127.0.0.1:9"
-    for kwargs in (dict(endpoints=[]), dict(endpoints="http://127.0.0.1:9"),
-                   dict(endpoints=[url, url]), dict(endpoints=["ftp://x"]),
-                   dict(endpoints=[url], pool_size=0), dict(endpoints=[url], rollouts_per_actor=0),
-                   dict(endpoints=[url], orchestrator_id="not valid!")):
+    for kwargs in (
+        dict(endpoints=[]),
+        dict(endpoints="http://127.0.0.1:9"),
+        dict(endpoints=[url, url]),
+        dict(endpoints=["ftp://x"]),
+        dict(endpoints=[url], pool_size=0),
+        dict(endpoints=[url], rollouts_per_actor=0),
+        dict(endpoints=[url], orchestrator_id="not valid!"),
+    ):
         with pytest.raises(ConfigError):
             Orchestrator(start=False, **kwargs)
 
@@ -270,11 +304,12 @@ def test_a_closed_orchestrator_refuses_work():
         orch.run_batch([{"reward": 1.0}])
     with pytest.raises(PoolClosed):
         orch.snapshot()
-    orch.close()                       # closing twice is fine
+    orch.close()  # closing twice is fine
 
 
-def test_named_try_of_an_unseen_rollout_adopts_the_finished_try_before_it(orch, gyms, agent,
-                                                                          tmp_path):
+def test_named_try_of_an_unseen_rollout_adopts_the_finished_try_before_it(
+    orch, gyms, agent, tmp_path
+):
     """A trainer that restarts names try 1 of a rollout this orchestrator never saw; try 0 had
     finished on Gym, its reply lost: try 0 is retired, found finished, and adopted (no rerun)."""
     r = rid(orch, "named-try")

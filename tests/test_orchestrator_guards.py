@@ -15,16 +15,24 @@ from rl_gym_actors.errors import ConfigError, EndpointCheckFailed
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import WIRE_INT_MAX
 
-pytestmark = pytest.mark.slow   # Ray end to end: `make test` runs it
+pytestmark = pytest.mark.slow  # Ray end to end: `make test` runs it
 
 POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=2, control_s=5.0)
 
 
 @pytest.mark.ray
 def test_a_sealed_id_sent_again_is_answered_not_played_then_forgotten_at_a_checkpoint(
-        ray_session, gym, agent, tmp_path, caplog):
-    with Orchestrator([gym.endpoint], policy=POLICY, pool_size=1, rollouts_per_actor=4,
-                      run_id="guard", warn_unacked=3, progress=False) as orch:
+    ray_session, gym, agent, tmp_path, caplog
+):
+    with Orchestrator(
+        [gym.endpoint],
+        policy=POLICY,
+        pool_size=1,
+        rollouts_per_actor=4,
+        run_id="guard",
+        warn_unacked=3,
+        progress=False,
+    ) as orch:
         rows = [{"_ng_rollout_id": f"guard-{i}", "reward": i / 4} for i in range(4)]
         with caplog.at_level("WARNING", logger="rl_gym_actors.orchestrator"):
             first = orch.run_batch(rows)
@@ -35,23 +43,22 @@ def test_a_sealed_id_sent_again_is_answered_not_played_then_forgotten_at_a_check
         again = orch.run_batch(rows)
         assert [(o.status, o.repeated, o.tries) for o in again] == [("sealed", True, 0)] * 4
         assert [(o.reward, o.receipt) for o in again] == [(o.reward, o.receipt) for o in first]
-        assert all(agent.runs_of(f"guard-{i}") == 1 for i in range(4))       # no agent run
+        assert all(agent.runs_of(f"guard-{i}") == 1 for i in range(4))  # no agent run
         # counted once: what a trainer sums over not-repeated sealed outcomes is unchanged
         total = sum(o.reward for o in (*first, *again) if o.status == "sealed" and not o.repeated)
         assert total == sum(i / 4 for i in range(4))
 
         report = orch.checkpoint("guard-ck", str(tmp_path / "ck"), deadline_s=30)
         assert report.sealed_acked == 4
-        assert orch.snapshot().known_rollouts == 0                   # forgotten with the commit
+        assert orch.snapshot().known_rollouts == 0  # forgotten with the commit
         late = orch.run_batch(rows[:2])
         assert [(o.status, o.failure) for o in late] == [("failed", FailureKind.FORGOTTEN)] * 2
         assert all(o.reward is None and o.failure.is_data for o in late)
-        assert all(agent.runs_of(f"guard-{i}") == 1 for i in range(2))       # still never rerun
+        assert all(agent.runs_of(f"guard-{i}") == 1 for i in range(2))  # still never rerun
 
 
 @pytest.mark.ray
-def test_an_attempt_index_the_wire_cannot_hold_is_refused_before_dispatch(ray_session, gym,
-                                                                           agent):
+def test_an_attempt_index_the_wire_cannot_hold_is_refused_before_dispatch(ray_session, gym, agent):
     with Orchestrator([gym.endpoint], policy=POLICY, pool_size=1, progress=False) as orch:
         for bad in (2**63, WIRE_INT_MAX + 1, -1, True, 1.0):
             with pytest.raises(ConfigError, match="_ng_attempt_index"):
@@ -66,8 +73,11 @@ def test_settings_that_are_not_finite_are_refused_at_construction():
         for value in (math.inf, math.nan):
             with pytest.raises(ValueError):
                 TryPolicy(**{field: value})
-    for model, field in ((LedgerConfig, "flush_interval_s"), (LedgerConfig, "prepare_slice_s"),
-                         (PoolConfig, "num_cpus")):
+    for model, field in (
+        (LedgerConfig, "flush_interval_s"),
+        (LedgerConfig, "prepare_slice_s"),
+        (PoolConfig, "num_cpus"),
+    ):
         with pytest.raises(ValueError):
             model(**{field: math.inf})
     with pytest.raises(ConfigError):

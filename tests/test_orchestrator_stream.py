@@ -15,20 +15,24 @@ import pytest
 
 from rl_gym_actors import GymEndpoint, IndexedOutcome, Orchestrator, TryPolicy
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.testing.polling import wait_for
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
+from rl_gym_actors.testing.polling import wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-POLICY = TryPolicy(rollout_s=60.0, receipt_s=1.0, max_tries=2, control_s=5.0,
-                   admission_wait_s=10.0)
+POLICY = TryPolicy(rollout_s=60.0, receipt_s=1.0, max_tries=2, control_s=5.0, admission_wait_s=10.0)
 _n = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def orch(ray_session, gym):
-    with Orchestrator([GymEndpoint(url=gym.url, token=gym.token)], policy=POLICY, pool_size=2,
-                      rollouts_per_actor=2, progress=False) as o:
+    with Orchestrator(
+        [GymEndpoint(url=gym.url, token=gym.token)],
+        policy=POLICY,
+        pool_size=2,
+        rollouts_per_actor=2,
+        progress=False,
+    ) as o:
         yield o
 
 
@@ -44,24 +48,29 @@ def settled(orch, gym, tmp_path):
 
 def test_stream_yields_in_completion_order_with_row_indices(orch, gym, tmp_path):
     sleeps = [1.6, 0.0, 0.8]
-    rows = [{"_ng_rollout_id": f"order-{i}", "sleep_s": s, "reward": float(i)}
-            for i, s in enumerate(sleeps)]
+    rows = [
+        {"_ng_rollout_id": f"order-{i}", "sleep_s": s, "reward": float(i)}
+        for i, s in enumerate(sleeps)
+    ]
     got = list(orch.stream(rows))
     assert all(isinstance(e, IndexedOutcome) for e in got)
     assert [e.index for e in got] == [1, 2, 0]
     assert [e.outcome.rollout_id for e in got] == ["order-1", "order-2", "order-0"]
     assert all(e.outcome.status == "sealed" and e.outcome.reward == e.index for e in got)
     # run_batch is the collected stream: row order
-    outs = orch.run_batch([{"_ng_rollout_id": f"order-b{i}", "sleep_s": s}
-                           for i, s in enumerate(sleeps)])
+    outs = orch.run_batch(
+        [{"_ng_rollout_id": f"order-b{i}", "sleep_s": s} for i, s in enumerate(sleeps)]
+    )
     assert [o.rollout_id for o in outs] == [f"order-b{i}" for i in range(3)]
     settled(orch, gym, tmp_path)
 
 
 def test_early_close_abandons_the_rest_and_a_checkpoint_commits(orch, gym, agent, tmp_path):
-    rows = [{"_ng_rollout_id": "close-fast", "reward": 0.5},
-            {"_ng_rollout_id": "close-slow", "sleep_s": 30},
-            {"_ng_rollout_id": "close-done", "receipt_delay_s": 30, "reward": 0.25}]
+    rows = [
+        {"_ng_rollout_id": "close-fast", "reward": 0.5},
+        {"_ng_rollout_id": "close-slow", "sleep_s": 30},
+        {"_ng_rollout_id": "close-done", "receipt_delay_s": 30, "reward": 0.25},
+    ]
     it = orch.stream(rows)
     first = next(it)
     assert (first.index, first.outcome.status) == (0, "sealed")
@@ -98,7 +107,7 @@ async def test_astream_takes_rows_while_it_runs_keeping_n_in_flight(orch, gym, t
             got.append((index, outcome))
             snap = await orch.asnapshot()
             assert snap.in_flight <= in_flight
-            if fed < total:          # one ended: feed the next, so `in_flight` keep running
+            if fed < total:  # one ended: feed the next, so `in_flight` keep running
                 queue.put_nowait({"_ng_rollout_id": f"feed-{fed}", "sleep_s": 0.05})
                 fed += 1
     assert sorted(i for i, _ in got) == list(range(total))
@@ -107,20 +116,25 @@ async def test_astream_takes_rows_while_it_runs_keeping_n_in_flight(orch, gym, t
 
 
 @pytest.mark.slow
-async def test_astream_bad_row_raises_config_error_and_abandons_the_rest(orch, gym, agent,
-                                                                         tmp_path):
+async def test_astream_bad_row_raises_config_error_and_abandons_the_rest(
+    orch, gym, agent, tmp_path
+):
     async def rows():
         yield {"_ng_rollout_id": "bad-feed-slow", "sleep_s": 30}
-        await asyncio.to_thread(wait_for, lambda: agent.starts[("bad-feed-slow", 0)] == 1,
-                                what="the first row's agent to start")
+        await asyncio.to_thread(
+            wait_for,
+            lambda: agent.starts[("bad-feed-slow", 0)] == 1,
+            what="the first row's agent to start",
+        )
         yield {"_ng_rollout_id": "not a valid id!"}
 
     with pytest.raises(ConfigError):
         async with contextlib.aclosing(orch.astream(rows())) as stream:
             async for _ in stream:
                 pass
-    await asyncio.to_thread(wait_for, lambda: ("bad-feed-slow", 0) in agent.cancelled,
-                            what="the running try's retire")
+    await asyncio.to_thread(
+        wait_for, lambda: ("bad-feed-slow", 0) in agent.cancelled, what="the running try's retire"
+    )
     await asyncio.to_thread(settled, orch, gym, tmp_path)
 
 

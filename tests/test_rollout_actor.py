@@ -22,8 +22,9 @@ from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until
 
-QUICK = TryPolicy(rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0,
-                  ack="on_seal")
+QUICK = TryPolicy(
+    rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0, ack="on_seal"
+)
 PATIENT = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=3.0, ack="on_seal")
 
 # one event loop for the module, so that its Gym client (bound to a loop) serves every test
@@ -47,8 +48,14 @@ class Sink:
 
 
 def worker(gym, policy=QUICK, sink=None, slots=4) -> RolloutWorker:
-    return RolloutWorker("w-test", [gym.endpoint], policy, LedgerConfig(flush_interval_s=0.01),
-                         send=sink, slots=slots)
+    return RolloutWorker(
+        "w-test",
+        [gym.endpoint],
+        policy,
+        LedgerConfig(flush_interval_s=0.01),
+        send=sink,
+        slots=slots,
+    )
 
 
 async def assert_nothing_left(ctl: GymClient) -> None:
@@ -60,7 +67,12 @@ async def test_reply_dropped_after_gym_finished_is_adopted_at_attempt_0(gym, ctl
     w = worker(gym)
     out = await w.run_rollout({"reward": 0.25, "drop_reply": True}, "rD-w")
     assert (out.status, out.attempt_index, out.adopted, out.acked, out.tries) == (
-        "sealed", 0, True, True, 1)
+        "sealed",
+        0,
+        True,
+        True,
+        1,
+    )
     assert out.reward == 0.25 and out.reply == {"id": "r-rD-w", "reward": 0.25}
     assert out.receipt.execution_generation == 1
     assert agent.starts[("rD-w", 0)] == 1 and agent.runs_of("rD-w") == 1
@@ -116,8 +128,7 @@ async def test_abandon_after_gym_finished_adopts_and_keeps_the_result(gym, ctl, 
     await until(lambda: gym.faults.delayed > delayed, what="the receipt fetch")
     await w.abandon("rF-w")
     out = await asyncio.wait_for(task, 5)
-    assert (out.status, out.adopted, out.reward, out.attempt_index) == (
-        "abandoned", True, 0.125, 0)
+    assert (out.status, out.adopted, out.reward, out.attempt_index) == ("abandoned", True, 0.125, 0)
     assert agent.runs_of("rF-w") == 1
     assert await key_state(ctl, "rF-w", 0) == "acknowledged"
     await w.close()
@@ -125,7 +136,7 @@ async def test_abandon_after_gym_finished_adopts_and_keeps_the_result(gym, ctl, 
 
 async def test_an_abandon_that_overtakes_its_dispatch_still_applies(gym, agent):
     w = worker(gym, PATIENT)
-    await w.abandon("rE-w", 0)                # arrives before run_rollout
+    await w.abandon("rE-w", 0)  # arrives before run_rollout
     out = await w.run_rollout({"sleep_s": 30}, "rE-w", 0, 0)
     assert out.status == "abandoned" and out.tries == 0
     assert agent.runs_of("rE-w") == 0
@@ -154,8 +165,9 @@ async def test_admission_closed_waits_for_resume_and_sends_the_same_key(gym, ctl
 
 
 async def test_a_try_retired_by_someone_else_moves_to_the_next(gym, ctl, agent):
-    answer = await ctl.retire("rS-w", 0, checkpoint_id="rlga-test-probe",
-                              deadline_ts=time.time() + 5)
+    answer = await ctl.retire(
+        "rS-w", 0, checkpoint_id="rlga-test-probe", deadline_ts=time.time() + 5
+    )
     assert answer.tombstoned
     w = worker(gym)
     out = await w.run_rollout({"reward": 0.5}, "rS-w")
@@ -176,8 +188,7 @@ async def test_agent_failing_every_try_fails_with_the_reason(gym, ctl, agent):
 
 async def test_redispatch_adopts_a_finished_previous_attempt(gym, ctl, agent):
     # an earlier owner ran (rP, 0) and lost it: completed, never ACKed
-    await ctl.run({"reward": 0.5}, rollout_id="rP-w", attempt_index=0,
-                  deadline_ts=time.time() + 5)
+    await ctl.run({"reward": 0.5}, rollout_id="rP-w", attempt_index=0, deadline_ts=time.time() + 5)
     w = worker(gym)
     out = await w.run_rollout({"reward": 0.5}, "rP-w", 0, 1, 0)
     assert (out.status, out.attempt_index, out.adopted, out.tries) == ("sealed", 0, True, 0)
@@ -192,9 +203,11 @@ async def test_redispatch_adopts_a_finished_previous_attempt(gym, ctl, agent):
 async def test_reports_move_up_and_the_last_releases_the_rollout(gym):
     sink = Sink()
     w = worker(gym, sink=sink)
-    await asyncio.gather(w.run_rollout({"drop_reply": True}, "rM1-w"),
-                         w.run_rollout({"first_try_sleep_s": 30}, "rM2-w"),
-                         w.run_rollout({"fail": True}, "rM3-w"))
+    await asyncio.gather(
+        w.run_rollout({"drop_reply": True}, "rM1-w"),
+        w.run_rollout({"first_try_sleep_s": 30}, "rM2-w"),
+        w.run_rollout({"fail": True}, "rM3-w"),
+    )
     await w.flush_reports()
     assert (await w.snapshot()).reports_pending == 0
     for rid in ("rM1-w", "rM2-w", "rM3-w"):
@@ -230,7 +243,7 @@ async def test_the_ledger_asking_to_adopt_a_finished_try_gets_it_sealed_and_acke
     # what the checkpoint gate does for a completed, un-ACKed current try of a live owner
     assert await asyncio.wait_for(w.adopt("rL-w", 0), 10) is True
     assert await key_state(ctl, "rL-w", 0) == "acknowledged"
-    assert await w.adopt("rL-w", 1) is False          # not its current try
+    assert await w.adopt("rL-w", 1) is False  # not its current try
     out = await asyncio.wait_for(task, 5)
     assert (out.status, out.adopted, out.attempt_index) == ("sealed", True, 0)
     assert (await w.snapshot()).adopt_requests == 2
@@ -247,11 +260,16 @@ async def test_a_real_gym_without_the_receipt_route_still_seals_and_adopts(agent
         ok, lost, slow = await asyncio.gather(
             w.run_rollout({"reward": 0.5}, "rG-ok"),
             w.run_rollout({"reward": 0.25, "drop_reply": True}, "rG-lost"),
-            w.run_rollout({"reward": 0.75, "first_try_sleep_s": 30}, "rG-slow"))
+            w.run_rollout({"reward": 0.75, "first_try_sleep_s": 30}, "rG-slow"),
+        )
         await w.close()
         assert (ok.status, ok.adopted, ok.attempt_index) == ("sealed", False, 0)
         assert (lost.status, lost.adopted, lost.attempt_index, lost.reward) == (
-            "sealed", True, 0, 0.25)
+            "sealed",
+            True,
+            0,
+            0.25,
+        )
         assert (slow.status, slow.attempt_index, slow.tries) == ("sealed", 1, 2)
         assert agent.runs_of("rG-lost") == 1
         snap = server.participant.snapshot()
@@ -266,9 +284,14 @@ async def test_the_receipt_sent_with_the_run_answer_saves_the_fetch(gym, ctl, ag
     w = worker(gym)
     fresh, lost = await asyncio.gather(
         w.run_rollout({"reward": 0.5}, "rH-fresh"),
-        w.run_rollout({"reward": 0.25, "drop_reply": True}, "rH-lost"))
+        w.run_rollout({"reward": 0.25, "drop_reply": True}, "rH-lost"),
+    )
     assert (fresh.status, fresh.adopted, lost.status, lost.adopted) == (
-        "sealed", False, "sealed", True)
+        "sealed",
+        False,
+        "sealed",
+        True,
+    )
     assert fresh.receipt.result_digest and lost.reward == 0.25
     snap = await w.snapshot()
     assert (snap.receipts_with_run, snap.receipts_fetched) == (2, 0)

@@ -10,8 +10,9 @@ from rl_gym_actors.core import rollout as r
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
-POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=4.0,
-                   admission_wait_s=5.0, ack="on_seal")
+POLICY = TryPolicy(
+    rollout_s=10.0, receipt_s=2.0, max_tries=3, control_s=4.0, admission_wait_s=5.0, ack="on_seal"
+)
 RID = "r7"
 REPLY = {"id": "r-r7", "reward": 0.5}
 RETIRED = RetireAnswer(retired=True, tombstoned=True)
@@ -32,8 +33,11 @@ def last(effects):
 
 
 def reports(effects):
-    return [(e.report.attempt_index, e.report.state, e.report.released)
-            for e in effects if isinstance(e, r.Report)]
+    return [
+        (e.report.attempt_index, e.report.state, e.report.released)
+        for e in effects
+        if isinstance(e, r.Report)
+    ]
 
 
 def test_happy_path_seals_and_acks_one_try():
@@ -48,7 +52,13 @@ def test_happy_path_seals_and_acks_one_try():
     fx = m.handle(r.AckAnswered(102.0))
     out = last(fx).outcome
     assert (out.status, out.attempt_index, out.reward, out.adopted, out.acked, out.tries) == (
-        "sealed", 0, 0.5, False, True, 1)
+        "sealed",
+        0,
+        0.5,
+        False,
+        True,
+        1,
+    )
     assert reports(fx) == [(0, AttemptState.ACKED, False), (0, AttemptState.ACKED, True)]
     assert m.done
 
@@ -76,7 +86,12 @@ def test_deadline_after_gym_finished_adopts_without_next_try():
     assert fx[0] == r.Seal(0, REPLY, receipt(), True)
     out = last(m.handle(r.AckAnswered(10.4))).outcome
     assert (out.status, out.attempt_index, out.adopted, out.tries, out.reward) == (
-        "sealed", 0, True, 1, 0.5)
+        "sealed",
+        0,
+        True,
+        1,
+        0.5,
+    )
 
 
 def test_receipt_fetch_timeout_gives_up_and_adopts():
@@ -99,10 +114,10 @@ def test_receipt_not_completed_yet_is_repeated_within_receipt_s():
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
     fx = m.handle(r.StepFailed(1.1, r.FailureKind.NOT_COMPLETED))
-    assert last(fx) == r.WaitUntil(1.1 + TryPolicy().retry.backoff(1))   # the policy's backoff
+    assert last(fx) == r.WaitUntil(1.1 + TryPolicy().retry.backoff(1))  # the policy's backoff
     assert last(m.handle(r.Woke(last(fx).wake_ts))) == r.FetchReceipt(0, 3.0)
     with pytest.raises(r.IllegalTransition):
-        m.handle(r.Woke(1.3))          # not asleep any more
+        m.handle(r.Woke(1.3))  # not asleep any more
     fx = m.handle(r.StepFailed(1.2, r.FailureKind.NOT_COMPLETED))
     assert last(fx) == r.WaitUntil(1.2 + TryPolicy().retry.backoff(2))
 
@@ -152,7 +167,7 @@ def test_abandon_while_fetching_the_receipt_retires_then_adopts():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
-    m.handle(r.StepFailed(1.1, r.FailureKind.NOT_COMPLETED))   # asleep before the next fetch
+    m.handle(r.StepFailed(1.1, r.FailureKind.NOT_COMPLETED))  # asleep before the next fetch
     assert last(m.handle(r.AbandonRequested(1.2))) == r.Retire(0, 5.2)
     m.handle(r.RetireAnswered(1.3, COMPLETED))
     m.handle(r.ReplayReplied(1.4, REPLY))
@@ -251,7 +266,7 @@ def test_duplicate_waits_for_the_running_key_and_takes_its_reply():
     m.handle(r.Start(0.0))
     fx = m.handle(r.RunFailed(1.0, r.FailureKind.DUPLICATE, "running"))
     assert isinstance(last(fx), r.WaitUntil) and m.phase is r.RolloutPhase.ADMISSION_WAIT
-    assert last(m.handle(r.Woke(1.05))) == r.StartRun(0, 11.05)       # the same key again
+    assert last(m.handle(r.Woke(1.05))) == r.StartRun(0, 11.05)  # the same key again
     assert last(m.handle(r.RunReplied(2.0, REPLY, replayed=True))) == r.FetchReceipt(0, 4.0)
     fx = m.handle(r.ReceiptReceived(2.1, receipt()))
     assert fx[0].adopted is True and m.tries == 1
@@ -267,8 +282,12 @@ def test_duplicate_past_rollout_s_retires_and_moves_on():
 
 
 def test_at_checkpoint_seals_without_ack_and_hands_the_result_to_the_ledger():
-    m = r.RolloutMachine(RID, endpoint="http://127.0.0.1:1", owner="a0",
-                         policy=POLICY.model_copy(update={"ack": "at_checkpoint"}))
+    m = r.RolloutMachine(
+        RID,
+        endpoint="http://127.0.0.1:1",
+        owner="a0",
+        policy=POLICY.model_copy(update={"ack": "at_checkpoint"}),
+    )
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, REPLY))
     fx = m.handle(r.ReceiptReceived(1.5, receipt()))
@@ -307,7 +326,7 @@ def test_retire_that_keeps_failing_hands_over_and_stops():
     m = machine()
     m.handle(r.Start(0.0))
     m.handle(r.DeadlineFired(10.0))
-    fx = m.handle(r.StepFailed(10.1, r.FailureKind.LOST))      # the call retried it already
+    fx = m.handle(r.StepFailed(10.1, r.FailureKind.LOST))  # the call retried it already
     assert reports(fx)[0] == (0, AttemptState.RUNNING, True)
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]
     m = machine()
@@ -359,13 +378,13 @@ def test_receipt_problem_checks_key_and_digest():
 def test_a_retire_refused_by_a_checkpoint_waits_for_it_up_to_admission_wait_s():
     m = machine()
     m.handle(r.Start(0.0))
-    m.handle(r.DeadlineFired(10.0))                       # Retire(0, deadline 14.0)
+    m.handle(r.DeadlineFired(10.0))  # Retire(0, deadline 14.0)
     fx = m.handle(r.StepFailed(13.9, r.FailureKind.CONFLICT, "checkpoint_conflict"))
     wake = last(fx).wake_ts
     fx = m.handle(r.Woke(wake))
-    assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts > 14.0   # renewed
+    assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts > 14.0  # renewed
     fx = m.handle(r.StepFailed(14.9, r.FailureKind.CONFLICT))
-    assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts <= 15.0   # admission_wait_s
+    assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts <= 15.0  # admission_wait_s
     m.handle(r.Woke(last(fx).wake_ts))
     fx = m.handle(r.StepFailed(15.0, r.FailureKind.CONFLICT))
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]

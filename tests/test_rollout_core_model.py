@@ -20,15 +20,16 @@ from rl_gym_actors.core import rollout as r
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
-POLICY = TryPolicy(rollout_s=5.0, receipt_s=1.0, max_tries=3, control_s=2.0,
-                   admission_wait_s=3.0, ack="on_seal")
+POLICY = TryPolicy(
+    rollout_s=5.0, receipt_s=1.0, max_tries=3, control_s=2.0, admission_wait_s=3.0, ack="on_seal"
+)
 RID = "roll-1"
-LOSS_S = 0.4          # time a lost answer costs
+LOSS_S = 0.4  # time a lost answer costs
 
 
 @dataclass
 class FakeKeyState:
-    state: str                       # running, completed, acked, tombstoned
+    state: str  # running, completed, acked, tombstoned
     reply: dict | None = None
     generation: int = 0
     runs: int = 0
@@ -76,8 +77,11 @@ class GymModel:
 
     def ack(self, receipt: CompletionReceipt) -> bool:
         k = self.keys.get(receipt.attempt_index)
-        if k is None or k.state not in ("completed", "acked") or receipt != self.receipt(
-                receipt.attempt_index):
+        if (
+            k is None
+            or k.state not in ("completed", "acked")
+            or receipt != self.receipt(receipt.attempt_index)
+        ):
             return False
         k.state = "acked"
         return True
@@ -135,7 +139,7 @@ class Driver:
         if choice == "adopt":
             k = self.gym.keys.get(self.m.attempt) if self.m.attempt is not None else None
             if k is None or k.state != "completed":
-                return None     # the ledger only asks about completed attempts
+                return None  # the ledger only asks about completed attempts
             return r.AdoptRequested(self.now)
         return r.AbandonRequested(self.now)
 
@@ -153,7 +157,7 @@ class Driver:
             sig = self.signal()
             if sig is not None:
                 new = self.feed(sig)
-                if new is not None:          # the machine left the pending effect behind
+                if new is not None:  # the machine left the pending effect behind
                     step = new
                     continue
                 if self.outcome is not None:
@@ -196,7 +200,7 @@ class Driver:
         if isinstance(step, r.Retire):
             options = ["deliver", "lose_before", "lose_after"]
             choice = self.draw(options + ([] if self.reliable_control else ["conflict"]))
-            if choice == "conflict":      # a checkpoint in progress refuses it, unapplied
+            if choice == "conflict":  # a checkpoint in progress refuses it, unapplied
                 self.now += LOSS_S
                 return self.feed(r.StepFailed(self.now, r.FailureKind.CONFLICT))
             if choice != "lose_before" or self.reliable_control:
@@ -238,8 +242,16 @@ class Driver:
                 return self.feed(r.RunAdmissionClosed(self.now))
             return self.feed(r.RunFailed(self.now, value))
         # The agent works; anything may happen before the caller hears back.
-        choice = self.draw(["reply", "finish_reply_lost", "agent_fails", "deadline_running",
-                            "deadline_finished", "retired_by_other"])
+        choice = self.draw(
+            [
+                "reply",
+                "finish_reply_lost",
+                "agent_fails",
+                "deadline_running",
+                "deadline_finished",
+                "retired_by_other",
+            ]
+        )
         if choice == "agent_fails":
             self.gym.keys[att].state = "tombstoned"
             return self.feed(r.RunFailed(self.now, r.FailureKind.AGENT_FAILED, "boom"))
@@ -298,16 +310,16 @@ def check_end(d: Driver, reliable_control: bool) -> None:
     assert m.tries <= POLICY.max_tries
 
 
-SETTINGS = settings(max_examples=400, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.slow
 @SETTINGS
 @given(st.data(), st.sampled_from([None, 0, 4]))
 def test_any_interleaving_ends_with_one_result_and_nothing_left_behind(data, previous):
-    m = r.RolloutMachine(RID, endpoint="http://gym", owner="a0", policy=POLICY,
-                         previous_attempt=previous)
+    m = r.RolloutMachine(
+        RID, endpoint="http://gym", owner="a0", policy=POLICY, previous_attempt=previous
+    )
     d = Driver(data, m, reliable_control=False)
     if previous is not None and data.draw(st.booleans()):
         # the earlier dispatch got as far as Gym finishing it

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+
 @pytest.fixture(scope="module")
 def loop(load_example):
     return load_example("train_loop")
@@ -21,7 +22,7 @@ def test_grpo_update_moves_probability_to_the_better_action(loop):
     new = loop.grpo_update(logits, [0, 0, 0, 0], [0, 1, 2, 2], [0.1, 1.0, 0.2, 0.2], lr=1.0)
     probs = loop.softmax(new)[0]
     assert probs.argmax() == 1 and probs[1] > 1 / 3
-    same = loop.grpo_update(logits, [0, 0], [0, 1], [0.5, 0.5], lr=1.0)   # no spread: no step
+    same = loop.grpo_update(logits, [0, 0], [0, 1], [0.5, 0.5], lr=1.0)  # no spread: no step
     assert np.array_equal(same, logits)
 
 
@@ -44,23 +45,38 @@ def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop
     env = {**os.environ, "RLGA_PROGRESS": "0"}
     # 2 rollout actors x 12 slots (--quick's 4 x 8 start two more worker processes per trainer,
     # the most of this test's time on 2 cores): still one wave per step of 24 rows
-    proc = subprocess.run([sys.executable, loop.__file__, "--quick", "--pool-size", "2",
-                           "--per-actor", "12", "--workdir", str(tmp_path / "work"),
-                           "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            loop.__file__,
+            "--quick",
+            "--pool-size",
+            "2",
+            "--per-actor",
+            "12",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     curve = result["reward_curve"]
-    assert np.mean(curve[-2:]) > np.mean(curve[:2]) + 0.1            # the policy learned
+    assert np.mean(curve[-2:]) > np.mean(curve[:2]) + 0.1  # the policy learned
     assert result["every_checkpoint_committed"] and len(result["checkpoints"]) == 3
     assert all(c["records"] > 0 for c in result["checkpoints"])
     crash = result["crash"]
     assert crash["processes_killed"] > 1 and crash["running_on_gym"] > 0
     assert crash["step"] in result["steps_redone_after_restart"]
-    assert result["counted"] == result["counted_distinct"] == 8 * 6 * 4   # counted once each
+    assert result["counted"] == result["counted_distinct"] == 8 * 6 * 4  # counted once each
     assert result["no_rollout_counted_twice"]
-    assert result["adopted_tries"] > 0                                  # faults were adopted
-    assert result["gym"]["completed_unacknowledged"] == 0               # nothing left behind
+    assert result["adopted_tries"] > 0  # faults were adopted
+    assert result["gym"]["completed_unacknowledged"] == 0  # nothing left behind
     assert "no rollout counted twice True" in proc.stdout
 
 
@@ -68,13 +84,37 @@ def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop
 def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loop, tmp_path):
     out = tmp_path / "summary.json"
     env = {**os.environ, "RLGA_PROGRESS": "0"}
-    proc = subprocess.run([sys.executable, loop.__file__, "--via-nemo-rl", "--steps", "4",
-                           "--prompts", "4", "--group", "3", "--ckpt-every", "2",
-                           "--crash-in-step", "3", "--fault-rate", "0.1",
-                           "--pool-size", "1", "--per-actor", "12",     # 12 rows: one wave
-                           "--workdir",
-                           str(tmp_path / "work"), "--json", str(out)],
-                          capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            loop.__file__,
+            "--via-nemo-rl",
+            "--steps",
+            "4",
+            "--prompts",
+            "4",
+            "--group",
+            "3",
+            "--ckpt-every",
+            "2",
+            "--crash-in-step",
+            "3",
+            "--fault-rate",
+            "0.1",
+            "--pool-size",
+            "1",
+            "--per-actor",
+            "12",  # 12 rows: one wave
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["every_checkpoint_committed"] and len(result["checkpoints"]) == 2
@@ -82,6 +122,6 @@ def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loo
     assert 3 in result["steps_redone_after_restart"]
     assert result["counted"] == result["counted_distinct"] == 4 * 4 * 3  # counted once each
     assert result["no_rollout_counted_twice"]
-    assert result["redispatches"] > 0                # infrastructure failures re-dispatched
+    assert result["redispatches"] > 0  # infrastructure failures re-dispatched
     assert result["gym"]["completed_unacknowledged"] == 0
     assert "no rollout counted twice True" in proc.stdout

@@ -78,11 +78,12 @@ class ChunkSender:
                         fut.set_exception(result)
                     else:
                         fut.set_result(result)
-            error: BaseException = PoolClosed("the rollout actor ended a chunk without an "
-                                              "outcome for this row")
-        except RayTaskError as exc:      # run_rollout raised (a bad argument, or closed)
+            error: BaseException = PoolClosed(
+                "the rollout actor ended a chunk without an outcome for this row"
+            )
+        except RayTaskError as exc:  # run_rollout raised (a bad argument, or closed)
             error = exc.cause if isinstance(exc.cause, BaseException) else exc
-        except Exception as exc:         # the call failed (actor died or unreachable)
+        except Exception as exc:  # the call failed (actor died or unreachable)
             error = exc
         for fut in futures:
             if not fut.done():

@@ -31,11 +31,21 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_gate import (CONCURRENCY, AbortReport, CheckpointGate,
-                                                  OwnerAnswer, abort_everywhere)
+from rl_gym_actors.actors.checkpoint_gate import (
+    CONCURRENCY,
+    AbortReport,
+    CheckpointGate,
+    OwnerAnswer,
+    abort_everywhere,
+)
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
-from rl_gym_actors.config import (GymEndpoint, LedgerConfig, TryPolicy, checkpoint_id_arg,
-                                  deadline_s_arg)
+from rl_gym_actors.config import (
+    GymEndpoint,
+    LedgerConfig,
+    TryPolicy,
+    checkpoint_id_arg,
+    deadline_s_arg,
+)
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
@@ -43,7 +53,7 @@ from rl_gym_actors.gym.client import GymClient
 
 logger = logging.getLogger(__name__)
 
-REBUILD_S = 10.0            # a restarted ledger waits this long for owners to report again
+REBUILD_S = 10.0  # a restarted ledger waits this long for owners to report again
 
 
 def ledger_name(orchestrator_id: str) -> str:
@@ -60,7 +70,7 @@ def named_actors(pattern: str) -> dict[str, ActorHandle]:
             continue
         try:
             out[entry["name"]] = ray.get_actor(entry["name"], namespace=RAY_NAMESPACE)
-        except ValueError:                   # gone since the listing
+        except ValueError:  # gone since the listing
             continue
     return out
 
@@ -99,18 +109,19 @@ class RayOwners:
             logger.warning("owner %s: %s raised: %s", name, method, exc)
             return False, OwnerAnswer.UNSURE
 
-    async def adopt(self, owner: str, rollout_id: str, attempt_index: int,
-                    deadline_ts: float) -> OwnerAnswer:
-        answered, value = await self.call(owner, "adopt", (rollout_id, attempt_index),
-                                           deadline_ts)
+    async def adopt(
+        self, owner: str, rollout_id: str, attempt_index: int, deadline_ts: float
+    ) -> OwnerAnswer:
+        answered, value = await self.call(owner, "adopt", (rollout_id, attempt_index), deadline_ts)
         if not answered:
             return value
         return OwnerAnswer.ADOPTED if value else OwnerAnswer.REFUSED
 
     async def flush(self, deadline_ts: float) -> int:
         names = sorted(self.live())
-        answers = await asyncio.gather(*(self.call(n, "flush_reports", (), deadline_ts)
-                                         for n in names))
+        answers = await asyncio.gather(
+            *(self.call(n, "flush_reports", (), deadline_ts) for n in names)
+        )
         return sum(1 for answered, _ in answers if answered)
 
 
@@ -118,9 +129,15 @@ class RayOwners:
 class LedgerActor:
     """The book of every attempt, and the checkpoint gate over every Gym endpoint."""
 
-    def __init__(self, endpoints: Sequence[GymEndpoint], policy: TryPolicy | None = None,
-                 config: LedgerConfig | None = None, *, owner_pattern: str | None = None,
-                 run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[GymEndpoint],
+        policy: TryPolicy | None = None,
+        config: LedgerConfig | None = None,
+        *,
+        owner_pattern: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         if not endpoints:
             raise ConfigError("a ledger needs at least one Gym endpoint")
         self._endpoints = list(endpoints)
@@ -130,8 +147,10 @@ class LedgerActor:
         self._owners = RayOwners()
         # sessions open lazily inside this actor's event loop; the control pool is as wide as
         # the gate's concurrent retire / receipt calls per endpoint
-        self._clients = [GymClient(e, control_limit=CONCURRENCY, retry=self._policy.retry)
-                         for e in self._endpoints]
+        self._clients = [
+            GymClient(e, control_limit=CONCURRENCY, retry=self._policy.retry)
+            for e in self._endpoints
+        ]
         self._gate_lock = asyncio.Lock()
         self._owner_pattern = owner_pattern
         self._run_id = run_id
@@ -156,15 +175,20 @@ class LedgerActor:
         if self._owner_pattern is not None:
             try:
                 owners = await asyncio.to_thread(named_actors, self._owner_pattern)
-            except Exception as exc:             # the GCS may be busy: the gate copes
+            except Exception as exc:  # the GCS may be busy: the gate copes
                 logger.warning("restarted ledger could not list its owners: %r", exc)
         self._owners.register(owners)
         deadline = time.time() + REBUILD_S
-        answers = await asyncio.gather(*(self._owners.call(n, "rereport", (), deadline)
-                                         for n in sorted(owners)))
+        answers = await asyncio.gather(
+            *(self._owners.call(n, "rereport", (), deadline) for n in sorted(owners))
+        )
         self.rebuilt_owners = sum(1 for answered, _ in answers if answered)
-        logger.warning("ledger restarted: %d of %d rollout actors reported again in %.2fs",
-                       self.rebuilt_owners, len(owners), time.monotonic() - started)
+        logger.warning(
+            "ledger restarted: %d of %d rollout actors reported again in %.2fs",
+            self.rebuilt_owners,
+            len(owners),
+            time.monotonic() - started,
+        )
 
     async def ping(self) -> str:
         self._kick()
@@ -183,7 +207,7 @@ class LedgerActor:
 
     async def report(self, batch: list[AttemptReport]) -> None:
         """Fold a batch of reports, in any order."""
-        self._kick()                             # never awaited here: the rebuild reports too
+        self._kick()  # never awaited here: the rebuild reports too
         self._book.apply_all(batch)
 
     async def snapshot(self) -> LedgerSnapshot:
@@ -194,17 +218,23 @@ class LedgerActor:
         """Resume ``checkpoint_id`` on every endpoint (see :func:`abort_everywhere`). Does not
         wait for a checkpoint of this ledger's own that is running."""
         checkpoint_id_arg(checkpoint_id)
-        return await abort_everywhere(self._clients, checkpoint_id,
-                                      time.time() + deadline_s_arg(deadline_s))
+        return await abort_everywhere(
+            self._clients, checkpoint_id, time.time() + deadline_s_arg(deadline_s)
+        )
 
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""
         await self._rebuilt()
         return self._book.current_attempt(rollout_id)
 
-    async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str,
-                         deadline_s: float, sweep_foreign: bool = False,
-                         claims: Sequence[str] = ()) -> CheckpointReport:
+    async def checkpoint(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        deadline_s: float,
+        sweep_foreign: bool = False,
+        claims: Sequence[str] = (),
+    ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
         an endpoint is not ready by the deadline. One checkpoint at a time. With a ``run_id``,
@@ -216,20 +246,29 @@ class LedgerActor:
             raise ConfigError("checkpoint_dir must be a non-empty path")
         deadline_s = deadline_s_arg(deadline_s)
         deadline_ts = time.time() + deadline_s
-        try:                                     # a restarted ledger: owners report first
+        try:  # a restarted ledger: owners report first
             await asyncio.wait_for(self._rebuilt(), 0.5 * deadline_s)
         except TimeoutError:
             logger.warning("checkpoint %s starts before the book is rebuilt", checkpoint_id)
         try:
             await asyncio.wait_for(self._gate_lock.acquire(), max(deadline_ts - time.time(), 0))
         except TimeoutError:
-            raise CheckpointFailed(f"checkpoint {checkpoint_id}: another checkpoint held the "
-                                   f"gate until the deadline", checkpoint_id=checkpoint_id,
-                                   blockers={}) from None
+            raise CheckpointFailed(
+                f"checkpoint {checkpoint_id}: another checkpoint held the gate until the deadline",
+                checkpoint_id=checkpoint_id,
+                blockers={},
+            ) from None
         try:
-            gate = CheckpointGate(self._book, self._endpoints, self._clients, self._owners,
-                                  self._config, run_id=self._run_id,
-                                  sweep_foreign=bool(sweep_foreign), claims=frozenset(claims))
+            gate = CheckpointGate(
+                self._book,
+                self._endpoints,
+                self._clients,
+                self._owners,
+                self._config,
+                run_id=self._run_id,
+                sweep_foreign=bool(sweep_foreign),
+                claims=frozenset(claims),
+            )
             report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)

@@ -28,16 +28,18 @@ from rl_gym_actors.errors import PoolClosed
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 120.0       # at least; a large pool gets more (actor start is ~1 s of CPU here)
+START_TIMEOUT_S = 120.0  # at least; a large pool gets more (actor start is ~1 s of CPU here)
 START_S_PER_ACTOR = 2.0
 
 
 def start_timeout_s(size: int) -> float:
     """How long the pool may take to start ``size`` actors."""
     return max(START_TIMEOUT_S, START_S_PER_ACTOR * size)
+
+
 PING_TIMEOUT_S = 5.0
-PROBE_EVERY_S = 1.0           # an unreachable actor is pinged this often ...
-PROBE_FOR_S = 60.0            # ... for this long, then replaced
+PROBE_EVERY_S = 1.0  # an unreachable actor is pinged this often ...
+PROBE_FOR_S = 60.0  # ... for this long, then replaced
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -64,7 +66,7 @@ class PoolSnapshot(BaseModel):
     free: int
     replaced: int
     startup_s: float
-    leases: dict[str, str]          # rollout id -> actor name
+    leases: dict[str, str]  # rollout id -> actor name
 
 
 @dataclass
@@ -88,8 +90,15 @@ class _Member:
 class WarmPool:
     """``size`` rollout actors, created by :meth:`start` and kept until :meth:`close`."""
 
-    def __init__(self, orchestrator_id: str, endpoints: Sequence[GymEndpoint], policy: TryPolicy,
-                 config: PoolConfig, ledger_config: LedgerConfig, ledger: ActorHandle) -> None:
+    def __init__(
+        self,
+        orchestrator_id: str,
+        endpoints: Sequence[GymEndpoint],
+        policy: TryPolicy,
+        config: PoolConfig,
+        ledger_config: LedgerConfig,
+        ledger: ActorHandle,
+    ) -> None:
         self.orchestrator_id = orchestrator_id
         self._endpoints = list(endpoints)
         self._policy = policy
@@ -108,13 +117,23 @@ class WarmPool:
 
     def _create(self, index: int, generation: int) -> _Member:
         name = actor_name(self.orchestrator_id, index, generation)
-        options: dict = dict(name=name, namespace=RAY_NAMESPACE, num_cpus=self._config.num_cpus,
-                             max_restarts=0, max_task_retries=0)
+        options: dict = dict(
+            name=name,
+            namespace=RAY_NAMESPACE,
+            num_cpus=self._config.num_cpus,
+            max_restarts=0,
+            max_task_retries=0,
+        )
         if self._config.spread:
             options["scheduling_strategy"] = "SPREAD"
         handle = RolloutActor.options(**options).remote(
-            name, self._endpoints, self._policy, self._ledger, self._ledger_config,
-            self._config.rollouts_per_actor)
+            name,
+            self._endpoints,
+            self._policy,
+            self._ledger,
+            self._ledger_config,
+            self._config.rollouts_per_actor,
+        )
         return _Member(generation, name, handle, asyncio.Event())
 
     async def start(self) -> float:
@@ -124,8 +143,10 @@ class WarmPool:
         size, per = self._config.size, self._config.rollouts_per_actor
         self._members = [self._create(i, 0) for i in range(size)]
         try:
-            await asyncio.wait_for(asyncio.gather(*(m.handle.ping.remote()
-                                                    for m in self._members)), start_timeout_s(size))
+            await asyncio.wait_for(
+                asyncio.gather(*(m.handle.ping.remote() for m in self._members)),
+                start_timeout_s(size),
+            )
         except BaseException:
             await self.close()
             raise
@@ -138,8 +159,12 @@ class WarmPool:
             for i in range(size):
                 self._free.put_nowait(i)
         self._startup_s = time.perf_counter() - began
-        logger.info("warm pool of %d rollout actors (%d slots each) started in %.2fs",
-                    size, per, self._startup_s)
+        logger.info(
+            "warm pool of %d rollout actors (%d slots each) started in %.2fs",
+            size,
+            per,
+            self._startup_s,
+        )
         return self._startup_s
 
     async def close(self) -> None:
@@ -151,8 +176,10 @@ class WarmPool:
             probe.cancel()
         members, self._members = self._members, []
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*(m.handle.close.remote() for m in members),
-                                                  return_exceptions=True), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(
+                asyncio.gather(*(m.handle.close.remote() for m in members), return_exceptions=True),
+                CLOSE_TIMEOUT_S,
+            )
         for m in members:
             with contextlib.suppress(Exception):
                 ray.kill(m.handle, no_restart=True)
@@ -172,7 +199,7 @@ class WarmPool:
                 member = self._members[index]
                 if member.ready.is_set():
                     break
-                await member.ready.wait()        # a replacement is starting
+                await member.ready.wait()  # a replacement is starting
             self._leases[rollout_id] = member.name
             yield Slot(index, member.generation, member.name, member.handle)
         finally:
@@ -186,14 +213,14 @@ class WarmPool:
             return False
         member = self._members[slot.index]
         if member.generation != slot.generation:
-            return True                          # already replaced
+            return True  # already replaced
         if not member.ready.is_set():
             await member.ready.wait()
             return True
         if isinstance(exc, ActorUnavailableError) or not isinstance(exc, RayActorError):
             try:
                 await asyncio.wait_for(member.handle.ping.remote(), PING_TIMEOUT_S)
-                return False                     # alive after all
+                return False  # alive after all
             except (ActorUnavailableError, TimeoutError):
                 # unreachable for now (its node may be going away): keep its slots out of
                 # rotation until it answers again, is declared dead, or PROBE_FOR_S passes
@@ -207,7 +234,7 @@ class WarmPool:
     def _quarantine(self, index: int, member: _Member) -> None:
         if index in self._probes or self._closed:
             return
-        member.ready.clear()                     # leasers of its slots wait (see lease)
+        member.ready.clear()  # leasers of its slots wait (see lease)
         self._probes[index] = asyncio.get_running_loop().create_task(self._probe(index, member))
 
     async def _probe(self, index: int, member: _Member) -> None:
@@ -216,17 +243,17 @@ class WarmPool:
             while not self._closed and time.monotonic() < give_up:
                 try:
                     await asyncio.wait_for(member.handle.ping.remote(), PING_TIMEOUT_S)
-                    member.ready.set()           # reachable again: back in rotation
+                    member.ready.set()  # reachable again: back in rotation
                     return
                 except (ActorUnavailableError, TimeoutError):
                     await asyncio.sleep(PROBE_EVERY_S)
                 except RayActorError:
-                    break                        # declared dead
+                    break  # declared dead
             if not self._closed and self._members[index] is member:
                 await self._replace(index)
         finally:
             self._probes.pop(index, None)
-            member.ready.set()                   # never leave a waiter on a dropped member
+            member.ready.set()  # never leave a waiter on a dropped member
 
     async def _replace(self, index: int) -> None:
         old = self._members[index]
@@ -256,8 +283,13 @@ class WarmPool:
 
     def snapshot(self) -> PoolSnapshot:
         free = self._free.qsize() if self._free is not None else 0
-        return PoolSnapshot(size=self._config.size,
-                            rollouts_per_actor=self._config.rollouts_per_actor,
-                            actors=[m.name for m in self._members], leased=len(self._leases),
-                            free=free, replaced=self._replaced,
-                            startup_s=round(self._startup_s, 4), leases=dict(self._leases))
+        return PoolSnapshot(
+            size=self._config.size,
+            rollouts_per_actor=self._config.rollouts_per_actor,
+            actors=[m.name for m in self._members],
+            leased=len(self._leases),
+            free=free,
+            replaced=self._replaced,
+            startup_s=round(self._startup_s, 4),
+            leases=dict(self._leases),
+        )

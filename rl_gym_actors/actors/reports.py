@@ -13,7 +13,7 @@ logger = logging.getLogger(__name__)
 
 Send = Callable[[list[AttemptReport]], Awaitable[object]]
 
-MAX_PENDING = 1_000_000      # past this (a ledger gone for good) the oldest reports are dropped
+MAX_PENDING = 1_000_000  # past this (a ledger gone for good) the oldest reports are dropped
 
 
 class ReportOutbox:
@@ -29,9 +29,9 @@ class ReportOutbox:
         self._batch_size = batch_size
         self._interval_s = interval_s
         self._pending: list[AttemptReport] = []
-        self._seq0 = 0                 # the sequence number of _pending[0]
-        self._in_flight = 0            # how many of the first pending are being sent
-        self._waiting: dict[tuple[str, int], int] = {}   # attempt -> its pending seq number
+        self._seq0 = 0  # the sequence number of _pending[0]
+        self._in_flight = 0  # how many of the first pending are being sent
+        self._waiting: dict[tuple[str, int], int] = {}  # attempt -> its pending seq number
         self.merged = 0
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task | None = None
@@ -75,7 +75,7 @@ class ReportOutbox:
         self._timer = None
         try:
             await self.flush()
-        except Exception:            # already logged; the reports stay queued for the next flush
+        except Exception:  # already logged; the reports stay queued for the next flush
             pass
 
     async def flush(self) -> int:
@@ -83,15 +83,16 @@ class ReportOutbox:
         delivered = 0
         async with self._lock:
             while self._pending:
-                batch = self._pending[:self._batch_size]
+                batch = self._pending[: self._batch_size]
                 self._in_flight = len(batch)
                 try:
                     await self._send(batch)
                 except Exception as exc:
                     self._in_flight = 0
                     if not self._failing:
-                        logger.warning("reports to the ledger failed (%d queued): %r",
-                                       len(self._pending), exc)
+                        logger.warning(
+                            "reports to the ledger failed (%d queued): %r", len(self._pending), exc
+                        )
                     self._failing = True
                     if self._pending and self._timer is None:
                         self._schedule(max(self._interval_s, 0.5))

@@ -38,18 +38,28 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.rollout_memory import RolloutMemory
-from rl_gym_actors.errors import (ConfigError, DeadlineExceeded, InvalidRequest,
-                                  NotCompleted, PoolClosed, StaleAttempt)
+from rl_gym_actors.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InvalidRequest,
+    NotCompleted,
+    PoolClosed,
+    StaleAttempt,
+)
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, CompletionReceipt,
-                                    is_valid_rollout_id)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    ROLLOUT_ID_FIELD,
+    CompletionReceipt,
+    is_valid_rollout_id,
+)
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_GRACE_S = 0.5       # our own timeout trails the client's deadline by this much
-CHUNK_LINGER_S = 0.002       # run_chunk bunches outcomes that end within this of each other
+DEADLINE_GRACE_S = 0.5  # our own timeout trails the client's deadline by this much
+CHUNK_LINGER_S = 0.002  # run_chunk bunches outcomes that end within this of each other
 # finished rollouts an actor remembers for adopt() and late abandons (they come within seconds
 # of the end); bounded so that an actor's memory stays flat over a long run
 FINISHED_MEMORY = 2_000
@@ -72,7 +82,7 @@ class RolloutCounters(BaseModel):
     cancelled: int = 0
     handed_over: int = 0
     adopt_requests: int = 0
-    receipts_with_run: int = 0        # receipts the /run answer carried (no fetch)
+    receipts_with_run: int = 0  # receipts the /run answer carried (no fetch)
     receipts_fetched: int = 0
 
 
@@ -95,10 +105,10 @@ class _Live:
     first_attempt: int
     endpoint_index: int
     signals: list[core.Event] = field(default_factory=list)
-    waiter: asyncio.Future | None = None      # the driver's wait on its call or a signal
+    waiter: asyncio.Future | None = None  # the driver's wait on its call or a signal
     task: asyncio.Task | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # the machine moved
-    reports: dict[int, Any] = field(default_factory=dict)   # attempt -> its last report
+    reports: dict[int, Any] = field(default_factory=dict)  # attempt -> its last report
     receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
 
     def signal(self, event: core.Event) -> None:
@@ -119,21 +129,30 @@ class RolloutWorker:
     """Runs rollouts on Gym endpoints; see the module docstring. ``send`` delivers a batch of
     reports to the ledger (None: reports are kept and counted, never sent)."""
 
-    def __init__(self, name: str, endpoints: Sequence[GymEndpoint], policy: TryPolicy | None = None,
-                 ledger_config: LedgerConfig | None = None, *, send: Send | None = None,
-                 slots: int = 1, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoints: Sequence[GymEndpoint],
+        policy: TryPolicy | None = None,
+        ledger_config: LedgerConfig | None = None,
+        *,
+        send: Send | None = None,
+        slots: int = 1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not endpoints:
             raise ConfigError("a rollout actor needs at least one Gym endpoint")
         self.name = name
         self._endpoints = list(endpoints)
         self._policy = policy or TryPolicy()
         cfg = ledger_config or LedgerConfig()
-        self._outbox = ReportOutbox(send or _discard, batch_size=cfg.batch_size,
-                                    interval_s=cfg.flush_interval_s)
+        self._outbox = ReportOutbox(
+            send or _discard, batch_size=cfg.batch_size, interval_s=cfg.flush_interval_s
+        )
         self._slots = slots
         self._clock = clock
         self._clients: dict[int, GymClient] = {}
-        self._receipts_from_status: set[int] = set()    # endpoints without the receipt route
+        self._receipts_from_status: set[int] = set()  # endpoints without the receipt route
         # retire needs a checkpoint id; one that no checkpoint ever uses is never spent
         self._retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
         self._live: dict[str, _Live] = {}
@@ -141,9 +160,23 @@ class RolloutWorker:
         # that came before their dispatch
         self._memory = RolloutMemory(FINISHED_MEMORY)
         self._counts: dict[str, int] = dict.fromkeys(
-            ("started", "sealed", "failed", "abandoned", "tries", "seals", "adoptions", "acks",
-             "cancelled", "handed_over", "adopt_requests", "receipts_with_run",
-             "receipts_fetched"), 0)
+            (
+                "started",
+                "sealed",
+                "failed",
+                "abandoned",
+                "tries",
+                "seals",
+                "adoptions",
+                "acks",
+                "cancelled",
+                "handed_over",
+                "adopt_requests",
+                "receipts_with_run",
+                "receipts_fetched",
+            ),
+            0,
+        )
         self._closed = False
         self._chunk_linger_s = CHUNK_LINGER_S
         self.driver_gone = False
@@ -153,8 +186,14 @@ class RolloutWorker:
     async def ping(self) -> str:
         return self.name
 
-    async def run_rollout(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int = 0,
-                          first_attempt: int = 0, previous_attempt: int | None = None) -> Outcome:
+    async def run_rollout(
+        self,
+        row: Mapping[str, Any],
+        rollout_id: str,
+        endpoint_index: int = 0,
+        first_attempt: int = 0,
+        previous_attempt: int | None = None,
+    ) -> Outcome:
         """Play one rollout to its end: sealed, failed or abandoned. Never raises for what Gym
         does; raises ConfigError for bad arguments and PoolClosed after ``close``."""
         if self._closed:
@@ -162,12 +201,21 @@ class RolloutWorker:
         row = self._check(row, rollout_id, endpoint_index, first_attempt, previous_attempt)
         if len(self._live) >= self._slots:
             # the pool leases slots; only a batch cancelled mid-flight can overlap briefly
-            logger.warning("rollout actor %s runs %d rollouts, more than its %d slots",
-                           self.name, len(self._live) + 1, self._slots)
+            logger.warning(
+                "rollout actor %s runs %d rollouts, more than its %d slots",
+                self.name,
+                len(self._live) + 1,
+                self._slots,
+            )
         endpoint = self._endpoints[endpoint_index]
-        machine = core.RolloutMachine(rollout_id, endpoint=endpoint.url, owner=self.name,
-                                      policy=self._policy, first_attempt=first_attempt,
-                                      previous_attempt=previous_attempt)
+        machine = core.RolloutMachine(
+            rollout_id,
+            endpoint=endpoint.url,
+            owner=self.name,
+            policy=self._policy,
+            first_attempt=first_attempt,
+            previous_attempt=previous_attempt,
+        )
         live = _Live(machine, row, self._client(endpoint_index), first_attempt, endpoint_index)
         if self._memory.take_abandon(rollout_id, first_attempt):
             live.signal(core.AbandonRequested(self._clock()))
@@ -180,9 +228,13 @@ class RolloutWorker:
             del self._live[rollout_id]
             await live.notify()
             m = machine
-            self._memory.finish(rollout_id, first_attempt,
-                                m.sealed.attempt_index if m.sealed else m.attempt,
-                                result=m.sealed is not None, acked=m.acked)
+            self._memory.finish(
+                rollout_id,
+                first_attempt,
+                m.sealed.attempt_index if m.sealed else m.attempt,
+                result=m.sealed is not None,
+                acked=m.acked,
+            )
 
     async def run_chunk(self, items: Sequence[tuple]) -> AsyncIterator[list[tuple[int, Any]]]:
         """Several rollouts in one call: each item is :meth:`run_rollout`'s arguments. Yields
@@ -244,11 +296,14 @@ class RolloutWorker:
         if not self._attempt_settled(m, attempt_index):
             async with live.changed:
                 try:
-                    await asyncio.wait_for(live.changed.wait_for(
-                        lambda: self._attempt_settled(m, attempt_index)), budget)
+                    await asyncio.wait_for(
+                        live.changed.wait_for(lambda: self._attempt_settled(m, attempt_index)),
+                        budget,
+                    )
                 except TimeoutError:
-                    raise DeadlineExceeded(f"{self.name}: {rollout_id}/{attempt_index} did not "
-                                           f"settle in time") from None
+                    raise DeadlineExceeded(
+                        f"{self.name}: {rollout_id}/{attempt_index} did not settle in time"
+                    ) from None
         if self._sealed_and_acked(m, attempt_index):
             return True
         if m.sealed is not None and m.sealed.attempt_index == attempt_index:
@@ -271,9 +326,14 @@ class RolloutWorker:
         return await self._outbox.flush()
 
     async def snapshot(self) -> RolloutActorSnapshot:
-        return RolloutActorSnapshot(name=self.name, slots=self._slots, in_flight=len(self._live),
-                                    reports_sent=self._outbox.sent,
-                                    reports_pending=self._outbox.pending, **self._counts)
+        return RolloutActorSnapshot(
+            name=self.name,
+            slots=self._slots,
+            in_flight=len(self._live),
+            reports_sent=self._outbox.sent,
+            reports_pending=self._outbox.pending,
+            **self._counts,
+        )
 
     def stop_for_good(self) -> None:
         """The driver is gone: nothing more is dispatched, retired or ACKed for it. Every live
@@ -296,7 +356,7 @@ class RolloutWorker:
 
     async def _drive(self, live: _Live) -> Outcome:
         m = live.machine
-        self._feed_signals(live)         # an abandon may have come first
+        self._feed_signals(live)  # an abandon may have come first
         effects = m.handle(core.Start(self._clock()))
         while True:
             step = self._apply(live, effects)
@@ -305,8 +365,11 @@ class RolloutWorker:
                 assert m.outcome is not None
                 return m.outcome
             # a signal that arrived meanwhile may make this step obsolete before it starts
-            effects = (self._feed_signals(live) or self._receipt_at_hand(live, step)
-                       or await self._perform(live, step))
+            effects = (
+                self._feed_signals(live)
+                or self._receipt_at_hand(live, step)
+                or await self._perform(live, step)
+            )
 
     def _receipt_at_hand(self, live: _Live, step: core.Effect | None) -> list[core.Effect]:
         """A receipt fetch that the /run (or replay) answer already answered: fed at once."""
@@ -371,7 +434,7 @@ class RolloutWorker:
             while True:
                 if not io.done() and not live.signals:
                     live.waiter = loop.create_future()
-                    await live.waiter             # the call ends, or a signal arrives
+                    await live.waiter  # the call ends, or a signal arrives
                     live.waiter = None
                 if io.done():
                     return live.machine.handle(io.result())
@@ -397,10 +460,13 @@ class RolloutWorker:
         if isinstance(step, core.StartRun):
             try:
                 async with asyncio.timeout(max(0.0, step.deadline_ts - clock())):
-                    result = await client.run(live.row, rollout_id=rid,
-                                              attempt_index=step.attempt_index,
-                                              deadline_ts=step.deadline_ts)
-            except TimeoutError:         # ours or the client's DeadlineExceeded
+                    result = await client.run(
+                        live.row,
+                        rollout_id=rid,
+                        attempt_index=step.attempt_index,
+                        deadline_ts=step.deadline_ts,
+                    )
+            except TimeoutError:  # ours or the client's DeadlineExceeded
                 return core.DeadlineFired(clock())
             except Exception as exc:
                 failure = failure_kind(exc)
@@ -416,14 +482,17 @@ class RolloutWorker:
                     receipt = await self._receipt(live, step.attempt_index, deadline)
                     return self._receipt_event(live, receipt, step.attempt_index)
                 if isinstance(step, core.Retire):
-                    answer = await client.retire(rid, step.attempt_index,
-                                                 checkpoint_id=self._retire_id,
-                                                 deadline_ts=deadline)
+                    answer = await client.retire(
+                        rid, step.attempt_index, checkpoint_id=self._retire_id, deadline_ts=deadline
+                    )
                     return core.RetireAnswered(clock(), answer)
                 if isinstance(step, core.Replay):
-                    result = await client.replay(live.row, rollout_id=rid,
-                                                 attempt_index=step.attempt_index,
-                                                 deadline_ts=deadline)
+                    result = await client.replay(
+                        live.row,
+                        rollout_id=rid,
+                        attempt_index=step.attempt_index,
+                        deadline_ts=deadline,
+                    )
                     self._keep_receipt(live, step.attempt_index, result)
                     return core.ReplayReplied(clock(), result.reply)
                 if isinstance(step, core.Ack):
@@ -453,16 +522,18 @@ class RolloutWorker:
                 if exc.status not in (404, 405):
                     raise
                 self._receipts_from_status.add(live.endpoint_index)
-                logger.info("%s has no receipt route: receipts come from its status",
-                            client.endpoint.label)
+                logger.info(
+                    "%s has no receipt route: receipts come from its status", client.endpoint.label
+                )
         status = await client.status(self._retire_id, deadline_ts=deadline)
         for info in (*status.completed_unacknowledged_attempts, *status.executions):
             if info.key == (rid, att):
                 if info.completion_receipt is not None:
                     return info.completion_receipt
                 raise NotCompleted(f"({rid}, {att}) is {info.state}", status=409)
-        raise StaleAttempt(f"({rid}, {att}) is no longer completed (released or tombstoned)",
-                           status=409)
+        raise StaleAttempt(
+            f"({rid}, {att}) is no longer completed (released or tombstoned)", status=409
+        )
 
     # ------------------------------------------------------------ helpers
 
@@ -471,12 +542,20 @@ class RolloutWorker:
         if client is None:
             # one /run connection per slot at least, so no try queues for a socket inside its deadline
             client = self._clients[endpoint_index] = GymClient(
-                self._endpoints[endpoint_index], limit=max(100, self._slots),
-                retry=self._policy.retry)
+                self._endpoints[endpoint_index],
+                limit=max(100, self._slots),
+                retry=self._policy.retry,
+            )
         return client
 
-    def _check(self, row: Mapping[str, Any], rollout_id: str, endpoint_index: int,
-               first_attempt: int, previous_attempt: int | None) -> dict[str, Any]:
+    def _check(
+        self,
+        row: Mapping[str, Any],
+        rollout_id: str,
+        endpoint_index: int,
+        first_attempt: int,
+        previous_attempt: int | None,
+    ) -> dict[str, Any]:
         if not isinstance(row, Mapping):
             raise ConfigError(f"row must be a mapping, got {type(row).__name__}")
         if not is_valid_rollout_id(rollout_id):
@@ -484,8 +563,9 @@ class RolloutWorker:
         if not (isinstance(endpoint_index, int) and 0 <= endpoint_index < len(self._endpoints)):
             raise ConfigError(f"endpoint_index {endpoint_index!r} out of range")
         for value in (first_attempt, previous_attempt):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 0):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
                 raise ConfigError(f"attempt indices must be ints >= 0, got {value!r}")
         if rollout_id in self._live:
             raise ConfigError(f"rollout {rollout_id} is already in flight on {self.name}")
@@ -495,17 +575,25 @@ class RolloutWorker:
     @staticmethod
     def _attempt_settled(m: core.RolloutMachine, att: int) -> bool:
         state = m.attempt_state(att)
-        return (m.done or m.attempt != att or att in m.handed_over
-                or state in (AttemptState.ACKED, AttemptState.TOMBSTONED))
+        return (
+            m.done
+            or m.attempt != att
+            or att in m.handed_over
+            or state in (AttemptState.ACKED, AttemptState.TOMBSTONED)
+        )
 
     @staticmethod
     def _sealed_and_acked(m: core.RolloutMachine, att: int) -> bool:
-        return (m.sealed is not None and m.sealed.attempt_index == att
-                and m.attempt_state(att) is AttemptState.ACKED and att not in m.handed_over)
+        return (
+            m.sealed is not None
+            and m.sealed.attempt_index == att
+            and m.attempt_state(att) is AttemptState.ACKED
+            and att not in m.handed_over
+        )
 
 
 def _detail(exc: BaseException) -> str:
-    detail = getattr(exc, "detail", None)           # a Gym error says what happened itself
+    detail = getattr(exc, "detail", None)  # a Gym error says what happened itself
     text = detail if isinstance(detail, str) and detail else f"{type(exc).__name__}: {exc}"
     return text[:500]
 
@@ -520,13 +608,26 @@ class RolloutActor(RolloutWorker):
     Created by the warm pool as ``RolloutActor.options(name=..., ...).remote(name, endpoints,
     policy, ledger, ledger_config, slots)``."""
 
-    def __init__(self, name: str, endpoints: Sequence[GymEndpoint], policy: TryPolicy,
-                 ledger: Any, ledger_config: LedgerConfig | None = None, slots: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoints: Sequence[GymEndpoint],
+        policy: TryPolicy,
+        ledger: Any,
+        ledger_config: LedgerConfig | None = None,
+        slots: int = 1,
+    ) -> None:
         async def send(batch: list) -> None:
             await ledger.report.remote(batch)
 
-        super().__init__(name, endpoints, policy, ledger_config,
-                         send=send if ledger is not None else None, slots=slots)
+        super().__init__(
+            name,
+            endpoints,
+            policy,
+            ledger_config,
+            send=send if ledger is not None else None,
+            slots=slots,
+        )
         self._watch: asyncio.Task | None = None
 
     async def ping(self) -> str:

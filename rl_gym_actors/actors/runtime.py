@@ -17,8 +17,8 @@ import time
 from rl_gym_actors.errors import ConfigError
 
 LOOPBACK = "127.0.0.1"
-RAY_NAMESPACE = "rl_gym_actors"     # the Ray namespace of every named actor this library starts
-LEDGER_PREFIX = "rlga-ledger-"      # a ledger actor's name: this prefix, then its orchestrator's id
+RAY_NAMESPACE = "rl_gym_actors"  # the Ray namespace of every named actor this library starts
+LEDGER_PREFIX = "rlga-ledger-"  # a ledger actor's name: this prefix, then its orchestrator's id
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 for _name, _value in RAY_ENV.items():
@@ -32,7 +32,7 @@ def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bo
     ``$RAY_ADDRESS``) when given, else a new local Ray of our own bound to loopback. True when
     this call started or connected it."""
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address is None:                  # a local Ray: loopback, whatever was set before
+    if address is None:  # a local Ray: loopback, whatever was set before
         os.environ.update(RAY_ENV)
     import ray
 
@@ -40,8 +40,12 @@ def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bo
         return False
     started = time.perf_counter()
     # Ray's own loggers at ERROR: its start-up notices are not ours to print
-    kwargs: dict = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                        configure_logging=True)
+    kwargs: dict = dict(
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        configure_logging=True,
+    )
     if address is not None:
         ray.init(address=address, **kwargs)
     else:
@@ -68,8 +72,10 @@ class LoopThread:
         """Run ``coro`` on the loop and wait for its result (from any thread but the loop's)."""
         if threading.current_thread() is self._thread:
             coro.close()
-            raise ConfigError("a sync method was called on the orchestrator's own loop; "
-                              "await its async variant instead")
+            raise ConfigError(
+                "a sync method was called on the orchestrator's own loop; "
+                "await its async variant instead"
+            )
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result()
@@ -92,7 +98,7 @@ class LoopThread:
             self.loop.close()
 
 
-DRIVER_POLL_S = 0.5          # how often a rollout actor asks whether its driver still lives
+DRIVER_POLL_S = 0.5  # how often a rollout actor asks whether its driver still lives
 
 
 async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
@@ -110,9 +116,12 @@ async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
         await asyncio.sleep(interval_s)
         try:
             infos = await gcs.async_get_all_job_info(
-                job_or_submission_id=job_id, skip_submission_job_info_field=True,
-                skip_is_running_tasks_field=True, timeout=max(interval_s, 1.0))
-        except Exception as exc:          # the GCS is busy or restarting: ask again
+                job_or_submission_id=job_id,
+                skip_submission_job_info_field=True,
+                skip_is_running_tasks_field=True,
+                timeout=max(interval_s, 1.0),
+            )
+        except Exception as exc:  # the GCS is busy or restarting: ask again
             logger.debug("driver check failed: %r", exc)
             continue
         info = next(iter(infos.values()), None)

@@ -12,10 +12,10 @@ from enum import Enum
 
 
 class AttemptState(str, Enum):
-    RUNNING = "running"            # dispatched to Gym; /run may still be working
-    SEALED = "sealed"              # reply received, digest checked, result recorded; not yet ACKed
-    ACKED = "acked"                # Gym released it
-    TOMBSTONED = "tombstoned"      # retired (cancelled), failed, or refused as stale
+    RUNNING = "running"  # dispatched to Gym; /run may still be working
+    SEALED = "sealed"  # reply received, digest checked, result recorded; not yet ACKed
+    ACKED = "acked"  # Gym released it
+    TOMBSTONED = "tombstoned"  # retired (cancelled), failed, or refused as stale
 
     @property
     def rank(self) -> int:
@@ -26,8 +26,12 @@ class AttemptState(str, Enum):
         return self in (AttemptState.ACKED, AttemptState.TOMBSTONED)
 
 
-_RANK = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1,
-         AttemptState.ACKED: 2, AttemptState.TOMBSTONED: 2}
+_RANK = {
+    AttemptState.RUNNING: 0,
+    AttemptState.SEALED: 1,
+    AttemptState.ACKED: 2,
+    AttemptState.TOMBSTONED: 2,
+}
 
 
 @dataclass(frozen=True, slots=True)

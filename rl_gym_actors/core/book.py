@@ -30,8 +30,12 @@ from pydantic import BaseModel, ConfigDict
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 
 # A total order on states: the rank from attempt_reports.py, with acked above tombstoned on the tie.
-_ORDER = {AttemptState.RUNNING: 0, AttemptState.SEALED: 1,
-          AttemptState.TOMBSTONED: 2, AttemptState.ACKED: 3}
+_ORDER = {
+    AttemptState.RUNNING: 0,
+    AttemptState.SEALED: 1,
+    AttemptState.TOMBSTONED: 2,
+    AttemptState.ACKED: 3,
+}
 
 
 def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | None:
@@ -39,18 +43,29 @@ def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | 
     fold is a join), or None when they are not of the same attempt, endpoint and owner. Lets an
     owner send one report where it has several of one attempt still waiting."""
     if (first.rollout_id, first.attempt_index, first.endpoint, first.owner) != (
-            then.rollout_id, then.attempt_index, then.endpoint, then.owner):
+        then.rollout_id,
+        then.attempt_index,
+        then.endpoint,
+        then.owner,
+    ):
         return None
     state = then.state if _ORDER[then.state] >= _ORDER[first.state] else first.state
-    return replace(then, state=state, adopted=first.adopted or then.adopted,
-                   released=first.released or then.released,
-                   reward=then.reward if then.reward is not None else first.reward,
-                   result_digest=then.result_digest if then.result_digest is not None
-                   else first.result_digest)
+    return replace(
+        then,
+        state=state,
+        adopted=first.adopted or then.adopted,
+        released=first.released or then.released,
+        reward=then.reward if then.reward is not None else first.reward,
+        result_digest=then.result_digest if then.result_digest is not None else first.result_digest,
+    )
 
 
-_BUCKET = {AttemptState.RUNNING: "running", AttemptState.SEALED: "completed_unacked",
-           AttemptState.ACKED: "acked", AttemptState.TOMBSTONED: "tombstoned"}
+_BUCKET = {
+    AttemptState.RUNNING: "running",
+    AttemptState.SEALED: "completed_unacked",
+    AttemptState.ACKED: "acked",
+    AttemptState.TOMBSTONED: "tombstoned",
+}
 
 
 class EndpointSnapshot(BaseModel):
@@ -94,7 +109,7 @@ class LedgerSnapshot(BaseModel):
 
 
 class _Counts:
-    __slots__ = ("dispatched", "running", "completed_unacked", "acked", "tombstoned", "adopted")
+    __slots__ = ("acked", "adopted", "completed_unacked", "dispatched", "running", "tombstoned")
 
     def __init__(self) -> None:
         self.dispatched = self.running = self.completed_unacked = 0
@@ -108,16 +123,23 @@ class _Counts:
             self.adopted += sign
 
     def snapshot(self, endpoint: str) -> EndpointSnapshot:
-        ok = self.dispatched == (self.running + self.completed_unacked + self.acked
-                                 + self.tombstoned)
-        return EndpointSnapshot(endpoint=endpoint, dispatched=self.dispatched,
-                                running=self.running, completed_unacked=self.completed_unacked,
-                                acked=self.acked, tombstoned=self.tombstoned,
-                                adopted=self.adopted, invariant_ok=ok)
+        ok = self.dispatched == (
+            self.running + self.completed_unacked + self.acked + self.tombstoned
+        )
+        return EndpointSnapshot(
+            endpoint=endpoint,
+            dispatched=self.dispatched,
+            running=self.running,
+            completed_unacked=self.completed_unacked,
+            acked=self.acked,
+            tombstoned=self.tombstoned,
+            adopted=self.adopted,
+            invariant_ok=ok,
+        )
 
 
 class _Attempt:
-    __slots__ = ("endpoint", "state", "owner", "adopted")
+    __slots__ = ("adopted", "endpoint", "owner", "state")
 
     def __init__(self, endpoint: str, state: AttemptState, owner: str, adopted: bool) -> None:
         self.endpoint = endpoint
@@ -144,8 +166,8 @@ class AttemptView:
     state: AttemptState
     owner: str
     adopted: bool
-    current: bool          # the highest attempt index reported for its rollout
-    released: bool         # its owner let go of the rollout at this try or later
+    current: bool  # the highest attempt index reported for its rollout
+    released: bool  # its owner let go of the rollout at this try or later
 
 
 class Book:
@@ -173,15 +195,23 @@ class Book:
     def apply(self, report: AttemptReport) -> None:
         """Fold one report. Order and repetition do not change the result."""
         self.reports += 1
-        self._fold(report.rollout_id, report.attempt_index, report.endpoint, report.state,
-                   report.owner, report.adopted, report.released)
+        self._fold(
+            report.rollout_id,
+            report.attempt_index,
+            report.endpoint,
+            report.state,
+            report.owner,
+            report.adopted,
+            report.released,
+        )
 
     def apply_all(self, reports: Iterable[AttemptReport]) -> None:
         for report in reports:
             self.apply(report)
 
-    def record(self, endpoint: str, rollout_id: str, attempt_index: int,
-               state: AttemptState) -> None:
+    def record(
+        self, endpoint: str, rollout_id: str, attempt_index: int, state: AttemptState
+    ) -> None:
         """Fold what the ledger itself learned from Gym (no owner, never releases)."""
         self._fold(rollout_id, attempt_index, endpoint, state, "", False, False)
 
@@ -231,8 +261,11 @@ class Book:
         attempts were dropped."""
         final = (AttemptState.ACKED, AttemptState.TOMBSTONED)
         unsettled = {rid for (rid, _), a in self._attempts.items() if a.state not in final}
-        drop = [rid for rid, rollout in self._rollouts.items()
-                if rid not in unsettled and not self._holder(rid, rollout)]
+        drop = [
+            rid
+            for rid, rollout in self._rollouts.items()
+            if rid not in unsettled and not self._holder(rid, rollout)
+        ]
         if not drop:
             return 0
         gone = set(drop)
@@ -244,8 +277,16 @@ class Book:
         self.pruned += dropped
         return dropped
 
-    def _fold(self, rid: str, att: int, endpoint: str, state: AttemptState, owner: str,
-              adopted: bool, released: bool) -> None:
+    def _fold(
+        self,
+        rid: str,
+        att: int,
+        endpoint: str,
+        state: AttemptState,
+        owner: str,
+        adopted: bool,
+        released: bool,
+    ) -> None:
         rollout = self._rollouts.get(rid)
         before = self._holder(rid, rollout)
         attempt = self._attempts.get((rid, att))
@@ -253,15 +294,21 @@ class Book:
             self._attempts[(rid, att)] = _Attempt(endpoint, state, owner, adopted)
             self._counts_for(endpoint).add(state, adopted, +1)
         else:
-            new_endpoint = min(attempt.endpoint, endpoint)   # a tie-break that ignores order
+            new_endpoint = min(attempt.endpoint, endpoint)  # a tie-break that ignores order
             new_state = state if _ORDER[state] > _ORDER[attempt.state] else attempt.state
             new_adopted = attempt.adopted or adopted
-            if (new_endpoint, new_state, new_adopted) != (attempt.endpoint, attempt.state,
-                                                          attempt.adopted):
+            if (new_endpoint, new_state, new_adopted) != (
+                attempt.endpoint,
+                attempt.state,
+                attempt.adopted,
+            ):
                 self._counts_for(attempt.endpoint).add(attempt.state, attempt.adopted, -1)
                 self._counts_for(new_endpoint).add(new_state, new_adopted, +1)
-                attempt.endpoint, attempt.state, attempt.adopted = (new_endpoint, new_state,
-                                                                    new_adopted)
+                attempt.endpoint, attempt.state, attempt.adopted = (
+                    new_endpoint,
+                    new_state,
+                    new_adopted,
+                )
             if owner > attempt.owner:
                 attempt.owner = owner
         if rollout is None:
@@ -297,16 +344,24 @@ class Book:
         if attempt is None:
             return None
         rollout = self._rollouts[rollout_id]
-        return AttemptView(rollout_id, attempt_index, attempt.endpoint, attempt.state,
-                           attempt.owner, attempt.adopted, rollout.current == attempt_index,
-                           rollout.released_at >= attempt_index)
+        return AttemptView(
+            rollout_id,
+            attempt_index,
+            attempt.endpoint,
+            attempt.state,
+            attempt.owner,
+            attempt.adopted,
+            rollout.current == attempt_index,
+            rollout.released_at >= attempt_index,
+        )
 
     def current_attempt(self, rollout_id: str) -> int | None:
         rollout = self._rollouts.get(rollout_id)
         return None if rollout is None else rollout.current
 
-    def claimant(self, rollout_id: str, attempt_index: int, endpoint: str,
-                 live_owners: Set[str]) -> str | None:
+    def claimant(
+        self, rollout_id: str, attempt_index: int, endpoint: str, live_owners: Set[str]
+    ) -> str | None:
         """The live owner that holds this attempt as its rollout's current try on ``endpoint``,
         or None when nobody does (the attempt is forgotten)."""
         rollout = self._rollouts.get(rollout_id)
@@ -319,15 +374,20 @@ class Book:
             return None
         return attempt.owner
 
-    def settle_unlisted(self, endpoint: str, listed: Set[tuple[str, int]],
-                        live_owners: Set[str]) -> int:
+    def settle_unlisted(
+        self, endpoint: str, listed: Set[tuple[str, int]], live_owners: Set[str]
+    ) -> int:
         """The book follows Gym: every attempt the book has as running on ``endpoint`` that no
         live owner holds and that Gym does not list among its active attempts (``listed``: it
         tombstoned it, or no longer knows it) is tombstoned here too. How many."""
-        stale = [key for key, a in self._attempts.items()
-                 if a.state is AttemptState.RUNNING and a.endpoint == endpoint
-                 and key not in listed
-                 and self.claimant(key[0], key[1], endpoint, live_owners) is None]
+        stale = [
+            key
+            for key, a in self._attempts.items()
+            if a.state is AttemptState.RUNNING
+            and a.endpoint == endpoint
+            and key not in listed
+            and self.claimant(key[0], key[1], endpoint, live_owners) is None
+        ]
         for rid, att in stale:
             self.record(endpoint, rid, att, AttemptState.TOMBSTONED)
         return len(stale)
@@ -337,15 +397,25 @@ class Book:
         return dict(self._held)
 
     def snapshot(self, live_owners: Iterable[str] = ()) -> LedgerSnapshot:
-        endpoints = {ep: c.snapshot(ep) for ep, c in sorted(self._counts.items())
-                     if c.dispatched or ep in self._listed}
+        endpoints = {
+            ep: c.snapshot(ep)
+            for ep, c in sorted(self._counts.items())
+            if c.dispatched or ep in self._listed
+        }
         return LedgerSnapshot(
-            endpoints=endpoints, rollouts=len(self._rollouts), attempts=len(self._attempts),
-            reports=self.reports, owners=dict(sorted(self._held.items())),
-            live_owners=sorted(live_owners), orphans_acked=self.orphans_acked,
-            sealed_acked=self.sealed_acked, adoptions=self.adoptions, retired=self.retired,
+            endpoints=endpoints,
+            rollouts=len(self._rollouts),
+            attempts=len(self._attempts),
+            reports=self.reports,
+            owners=dict(sorted(self._held.items())),
+            live_owners=sorted(live_owners),
+            orphans_acked=self.orphans_acked,
+            sealed_acked=self.sealed_acked,
+            adoptions=self.adoptions,
+            retired=self.retired,
             pruned=self.pruned,
             checkpoints_committed=self.checkpoints_committed,
             checkpoints_failed=self.checkpoints_failed,
             last_checkpoint_id=self.last_checkpoint_id,
-            invariant_ok=all(e.invariant_ok for e in endpoints.values()))
+            invariant_ok=all(e.invariant_ok for e in endpoints.values()),
+        )

@@ -14,8 +14,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.core.book import AttemptView, Book, EndpointSnapshot, LedgerSnapshot
-from rl_gym_actors.core.prepare_plan import (PrepareAction, Step, blockers, orphan_step,
-                                             plan_endpoint)
+from rl_gym_actors.core.prepare_plan import (
+    PrepareAction,
+    Step,
+    blockers,
+    orphan_step,
+    plan_endpoint,
+)
 from rl_gym_actors.protocol import CommitAnswer
 
 
@@ -65,6 +70,16 @@ class CheckpointReport(BaseModel):
         return sum(e.retired for e in self.endpoints)
 
 
-__all__ = ["AttemptView", "Book", "CheckpointReport", "EndpointCheckpoint",
-           "EndpointSnapshot", "LedgerSnapshot", "PrepareAction", "Step", "blockers", "orphan_step",
-           "plan_endpoint"]
+__all__ = [
+    "AttemptView",
+    "Book",
+    "CheckpointReport",
+    "EndpointCheckpoint",
+    "EndpointSnapshot",
+    "LedgerSnapshot",
+    "PrepareAction",
+    "Step",
+    "blockers",
+    "orphan_step",
+    "plan_endpoint",
+]

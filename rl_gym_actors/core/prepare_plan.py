@@ -69,8 +69,11 @@ def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
     """Every attempt a status names, by key. The completed list wins (it carries receipts), then
     the blocking list, then ``executions``."""
     found: dict[tuple[str, int], AttemptInfo] = {}
-    for group in (status.executions, status.blocking_attempts,
-                  status.completed_unacknowledged_attempts):
+    for group in (
+        status.executions,
+        status.blocking_attempts,
+        status.completed_unacknowledged_attempts,
+    ):
         for info in group:
             old = found.get(info.key)
             if old is None or old.completion_receipt is None or info.completion_receipt:
@@ -78,9 +81,15 @@ def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
     return found
 
 
-def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: Set[str], *,
-                  retire_unknown: bool = True,
-                  own: Callable[[str], bool] | None = None) -> list[Step]:
+def plan_endpoint(
+    status: StatusReport,
+    book: Book,
+    endpoint: str,
+    live_owners: Set[str],
+    *,
+    retire_unknown: bool = True,
+    own: Callable[[str], bool] | None = None,
+) -> list[Step]:
     """The steps for every running, parked or completed-un-ACKed attempt ``status`` lists, in a
     stable order (by key). Attempts that are ACKed or tombstoned on Gym need nothing."""
     steps: list[Step] = []
@@ -95,11 +104,26 @@ def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: 
         known = book.attempt(rid, att) is not None
         if info.state == _COMPLETED:
             if owner is not None:
-                steps.append(Step(PrepareAction.ADOPT, rid, att, owner=owner,
-                                  receipt=info.completion_receipt, known=known))
+                steps.append(
+                    Step(
+                        PrepareAction.ADOPT,
+                        rid,
+                        att,
+                        owner=owner,
+                        receipt=info.completion_receipt,
+                        known=known,
+                    )
+                )
             else:
-                steps.append(Step(PrepareAction.ORPHAN_ACK, rid, att,
-                                  receipt=info.completion_receipt, known=known))
+                steps.append(
+                    Step(
+                        PrepareAction.ORPHAN_ACK,
+                        rid,
+                        att,
+                        receipt=info.completion_receipt,
+                        known=known,
+                    )
+                )
         elif owner is not None or (not known and not retire_unknown):
             steps.append(Step(PrepareAction.WAIT, rid, att, owner=owner, known=known))
         else:
@@ -110,13 +134,19 @@ def plan_endpoint(status: StatusReport, book: Book, endpoint: str, live_owners: 
 def orphan_step(step: Step, receipt: CompletionReceipt | None = None) -> Step:
     """The ORPHAN_ACK that replaces an ADOPT the owner refused or a RETIRE Gym refused because
     the attempt had completed."""
-    return Step(PrepareAction.ORPHAN_ACK, step.rollout_id, step.attempt_index,
-                receipt=receipt or step.receipt, known=step.known)
+    return Step(
+        PrepareAction.ORPHAN_ACK,
+        step.rollout_id,
+        step.attempt_index,
+        receipt=receipt or step.receipt,
+        known=step.known,
+    )
 
 
 def blockers(status: StatusReport) -> list[dict[str, object]]:
     """What still stands in the way on one endpoint, for :class:`CheckpointFailed`."""
-    return [{"rollout_id": info.rollout_id, "attempt_index": info.attempt_index,
-             "state": info.state}
-            for key, info in sorted(gym_attempts(status).items())
-            if info.state in _RUNNING or info.state == _COMPLETED]
+    return [
+        {"rollout_id": info.rollout_id, "attempt_index": info.attempt_index, "state": info.state}
+        for key, info in sorted(gym_attempts(status).items())
+        if info.state in _RUNNING or info.state == _COMPLETED
+    ]

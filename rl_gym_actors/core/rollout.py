@@ -33,12 +33,37 @@ from typing import Any
 from rl_gym_actors import errors
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
+
 # the machine's vocabulary, also reachable from here: callers use ``rollout.StartRun`` etc.
 from rl_gym_actors.core.rollout_events import (  # noqa: F401
-    BLOCKING, AbandonRequested, Ack, AckAnswered, AdoptRequested, DeadlineFired, DigestMismatch,
-    Effect, Event, FetchReceipt, Finish, ReceiptReceived, Replay, ReplayReplied, Report, Retire,
-    RetireAnswered, RunAdmissionClosed, RunFailed, RunReplied, Seal, Start, StartRun, StepFailed,
-    WaitUntil, Woke, receipt_problem)
+    BLOCKING,
+    AbandonRequested,
+    Ack,
+    AckAnswered,
+    AdoptRequested,
+    DeadlineFired,
+    DigestMismatch,
+    Effect,
+    Event,
+    FetchReceipt,
+    Finish,
+    ReceiptReceived,
+    Replay,
+    ReplayReplied,
+    Report,
+    Retire,
+    RetireAnswered,
+    RunAdmissionClosed,
+    RunFailed,
+    RunReplied,
+    Seal,
+    Start,
+    StartRun,
+    StepFailed,
+    WaitUntil,
+    Woke,
+    receipt_problem,
+)
 from rl_gym_actors.failures import FailureKind, Repeat
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
 from rl_gym_actors.protocol import CompletionReceipt
@@ -57,19 +82,20 @@ class RolloutPhase(str, Enum):
     """Where one rollout stands. Every phase but NEW and DONE waits on exactly one effect."""
 
     NEW = "new"
-    RUNNING = "running"                # /run in flight for the current try
+    RUNNING = "running"  # /run in flight for the current try
     ADMISSION_WAIT = "admission_wait"  # /run refused while admission is closed; waiting to resend
-    RECEIPT = "receipt"                # reply in hand; fetching its receipt
-    RETIRING = "retiring"              # giving up on the current try: retire in flight
-    REPLAYING = "replaying"            # retire said completed: replaying /run for the stored reply
-    ADOPT_RECEIPT = "adopt_receipt"    # stored reply in hand; fetching its receipt
-    ACKING = "acking"                  # sealed; ACK in flight
-    RELEASING = "releasing"            # ACKing a stored reply that could not be sealed
-    STALE_CHECK = "stale_check"        # a new rollout's first try is stale: ACKed or tombstoned?
+    RECEIPT = "receipt"  # reply in hand; fetching its receipt
+    RETIRING = "retiring"  # giving up on the current try: retire in flight
+    REPLAYING = "replaying"  # retire said completed: replaying /run for the stored reply
+    ADOPT_RECEIPT = "adopt_receipt"  # stored reply in hand; fetching its receipt
+    ACKING = "acking"  # sealed; ACK in flight
+    RELEASING = "releasing"  # ACKing a stored reply that could not be sealed
+    STALE_CHECK = "stale_check"  # a new rollout's first try is stale: ACKed or tombstoned?
     DONE = "done"
 
 
 # ---------------------------------------------------------------- the machine
+
 
 class RolloutMachine:
     """The tries of one rollout on one endpoint.
@@ -80,8 +106,16 @@ class RolloutMachine:
     most one of them waits (``BLOCKING``) or ends the rollout (``Finish``), and it comes last.
     """
 
-    def __init__(self, rollout_id: str, *, endpoint: str, owner: str, policy: TryPolicy,
-                 first_attempt: int = 0, previous_attempt: int | None = None) -> None:
+    def __init__(
+        self,
+        rollout_id: str,
+        *,
+        endpoint: str,
+        owner: str,
+        policy: TryPolicy,
+        first_attempt: int = 0,
+        previous_attempt: int | None = None,
+    ) -> None:
         if first_attempt < 0 or (previous_attempt is not None and previous_attempt < 0):
             raise errors.ConfigError("attempt indices must be >= 0")
         self.rollout_id = rollout_id
@@ -90,11 +124,11 @@ class RolloutMachine:
         self.policy = policy
         self.previous_attempt = previous_attempt
         self.phase = RolloutPhase.NEW
-        self.attempt: int | None = None          # the current try
+        self.attempt: int | None = None  # the current try
         self.tries = 0
         self.abandoning = False
         self.reason: str | None = None
-        self.failure: FailureKind | None = None   # the kind of ``reason``
+        self.failure: FailureKind | None = None  # the kind of ``reason``
         self.handed_over: list[int] = []
         self.outcome: Outcome | None = None
         self.sealed: Seal | None = None
@@ -105,7 +139,7 @@ class RolloutMachine:
         self._reply: Any = None
         self._replayed = False
         self._next_try_allowed = True
-        self._step: Effect | None = None         # the pending control call, repeated on Woke
+        self._step: Effect | None = None  # the pending control call, repeated on Woke
         self._make: Callable[[float], Effect] | None = None
         self._step_started = self._budget_s = 0.0
         self._step_deadline = self._repeat_limit = 0.0
@@ -137,11 +171,16 @@ class RolloutMachine:
         if name is None:
             raise IllegalTransition(
                 f"rollout {self.rollout_id}: {type(event).__name__} in phase {self.phase.value}",
-                phase=self.phase.value, event=type(event).__name__)
+                phase=self.phase.value,
+                event=type(event).__name__,
+            )
         if isinstance(event, Woke):
             if not self._asleep:
-                raise IllegalTransition(f"rollout {self.rollout_id}: Woke while not waiting",
-                                        phase=self.phase.value, event="Woke")
+                raise IllegalTransition(
+                    f"rollout {self.rollout_id}: Woke while not waiting",
+                    phase=self.phase.value,
+                    event="Woke",
+                )
             self._asleep = False
         out: list[Effect] = []
         getattr(self, name)(event, out)
@@ -155,8 +194,12 @@ class RolloutMachine:
             self.attempt = self.previous_attempt
             self._give_up(ev.now, out, reason=None, next_try=True)
         elif self.abandoning:
-            self._finish("abandoned", out, reason="abandoned before it started",
-                         failure=FailureKind.ABANDONED)
+            self._finish(
+                "abandoned",
+                out,
+                reason="abandoned before it started",
+                failure=FailureKind.ABANDONED,
+            )
         else:
             self._start_try(ev.now, out)
 
@@ -177,8 +220,13 @@ class RolloutMachine:
 
     def _on_run_replied(self, ev: RunReplied, out: list[Effect]) -> None:
         self._reply, self._replayed = ev.reply, ev.replayed
-        self._begin_step(RolloutPhase.RECEIPT, ev.now, self.policy.receipt_s, out,
-                         lambda d: FetchReceipt(self._attempt, d))
+        self._begin_step(
+            RolloutPhase.RECEIPT,
+            ev.now,
+            self.policy.receipt_s,
+            out,
+            lambda d: FetchReceipt(self._attempt, d),
+        )
 
     def _on_run_failed(self, ev: RunFailed, out: list[Effect]) -> None:
         f = ev.failure
@@ -190,8 +238,13 @@ class RolloutMachine:
             # (someone retired it: the next try is fine) or ACKed, i.e. it sealed before and was
             # forgotten (another try would seal it a second time). Its receipt tells which.
             self._why(text, f)
-            self._begin_step(RolloutPhase.STALE_CHECK, ev.now, self.policy.control_s, out,
-                             lambda d: FetchReceipt(self._attempt, d))
+            self._begin_step(
+                RolloutPhase.STALE_CHECK,
+                ev.now,
+                self.policy.control_s,
+                out,
+                lambda d: FetchReceipt(self._attempt, d),
+            )
         elif f is FailureKind.STALE:
             # Gym already tombstoned the key (someone retired it).
             self._why(text, f)
@@ -201,8 +254,13 @@ class RolloutMachine:
             self._on_duplicate(ev, out)
         else:
             # an agent failure (a 5xx) too: retire first, which confirms it did not complete
-            self._give_up(ev.now, out, reason=f"/run failed: {text}", failure=f,
-                          next_try=f.may_pass or f is FailureKind.AGENT_FAILED)
+            self._give_up(
+                ev.now,
+                out,
+                reason=f"/run failed: {text}",
+                failure=f,
+                next_try=f.may_pass or f is FailureKind.AGENT_FAILED,
+            )
 
     def _on_duplicate(self, ev: RunFailed, out: list[Effect]) -> None:
         # The key already runs on Gym, started by an earlier dispatcher (a driver that died):
@@ -210,8 +268,13 @@ class RolloutMachine:
         if self._duplicate_until is None:
             self._duplicate_until, self._retries = ev.now + self.policy.rollout_s, 0
         if ev.now >= self._duplicate_until:
-            self._give_up(ev.now, out, reason="the key kept running elsewhere past rollout_s",
-                          failure=FailureKind.DUPLICATE, next_try=True)
+            self._give_up(
+                ev.now,
+                out,
+                reason="the key kept running elsewhere past rollout_s",
+                failure=FailureKind.DUPLICATE,
+                next_try=True,
+            )
             return
         self.phase = RolloutPhase.ADMISSION_WAIT
         self._sleep(ev.now, self._duplicate_until, out)
@@ -219,8 +282,12 @@ class RolloutMachine:
     def _on_stale_result(self, ev: ReceiptReceived | DigestMismatch, out: list[Effect]) -> None:
         # a receipt exists: the key completed once and was ACKed (released) since
         self._report(out, AttemptState.ACKED)
-        self._finish_failed(f"rollout id {self.rollout_id} sealed before and was forgotten: "
-                            f"try {self._attempt} is ACKed on Gym", FailureKind.FORGOTTEN, out)
+        self._finish_failed(
+            f"rollout id {self.rollout_id} sealed before and was forgotten: "
+            f"try {self._attempt} is ACKed on Gym",
+            FailureKind.FORGOTTEN,
+            out,
+        )
 
     def _on_stale_no_result(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
@@ -234,27 +301,43 @@ class RolloutMachine:
             self._admission_since, self._retries = ev.now, 0
         limit = self._admission_since + self.policy.admission_wait_s
         if ev.now >= limit:
-            self._give_up(ev.now, out, reason="admission stayed closed past admission_wait_s",
-                          failure=FailureKind.ADMISSION_CLOSED, next_try=False)
+            self._give_up(
+                ev.now,
+                out,
+                reason="admission stayed closed past admission_wait_s",
+                failure=FailureKind.ADMISSION_CLOSED,
+                next_try=False,
+            )
             return
         self.phase = RolloutPhase.ADMISSION_WAIT
         self._sleep(ev.now, limit, out)
 
     def _on_deadline(self, ev: DeadlineFired, out: list[Effect]) -> None:
-        self._give_up(ev.now, out, reason="rollout_s deadline fired while /run was waiting",
-                      failure=FailureKind.DEADLINE, next_try=True)
+        self._give_up(
+            ev.now,
+            out,
+            reason="rollout_s deadline fired while /run was waiting",
+            failure=FailureKind.DEADLINE,
+            next_try=True,
+        )
 
     def _on_abandon_running(self, ev: AbandonRequested, out: list[Effect]) -> None:
         # also while waiting on admission or on a receipt: the call or wait in flight is dropped
         self._asleep = False
         self.abandoning = True
-        self._give_up(ev.now, out, reason="abandoned", failure=FailureKind.ABANDONED,
-                      next_try=False)
+        self._give_up(
+            ev.now, out, reason="abandoned", failure=FailureKind.ABANDONED, next_try=False
+        )
 
     def _on_adopt_running(self, ev: AdoptRequested, out: list[Effect]) -> None:
         # Gym holds the try as completed while our /run still waits: its reply is lost.
-        self._give_up(ev.now, out, reason="reply lost: the ledger found the try completed",
-                      failure=FailureKind.LOST, next_try=True)
+        self._give_up(
+            ev.now,
+            out,
+            reason="reply lost: the ledger found the try completed",
+            failure=FailureKind.LOST,
+            next_try=True,
+        )
 
     def _on_admission_woke(self, ev: Woke, out: list[Effect]) -> None:
         self._dispatch(ev.now, out)
@@ -267,12 +350,16 @@ class RolloutMachine:
         if self.policy.ack == "at_checkpoint":
             # Gym keeps it completed and un-ACKed; the checkpoint gate ACKs it with the trainer's
             # checkpoint (_finish hands the sealed attempt over to the ledger)
-            self._finish("abandoned" if self.abandoning else "sealed", out,
-                         reason="abandoned" if self.abandoning else None,
-                         failure=FailureKind.ABANDONED if self.abandoning else None)
+            self._finish(
+                "abandoned" if self.abandoning else "sealed",
+                out,
+                reason="abandoned" if self.abandoning else None,
+                failure=FailureKind.ABANDONED if self.abandoning else None,
+            )
             return
-        self._begin_step(RolloutPhase.ACKING, ev.now, self.policy.control_s, out,
-                         lambda d: Ack(ev.receipt, d))
+        self._begin_step(
+            RolloutPhase.ACKING, ev.now, self.policy.control_s, out, lambda d: Ack(ev.receipt, d)
+        )
 
     def _on_receipt_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
@@ -287,22 +374,32 @@ class RolloutMachine:
     def _on_digest_mismatch(self, ev: DigestMismatch, out: list[Effect]) -> None:
         reason = f"digest mismatch: {ev.detail}".strip(": ")
         if self.phase is RolloutPhase.RECEIPT:
-            self._give_up(ev.now, out, reason=reason, failure=FailureKind.PROTOCOL,
-                          next_try=True)
+            self._give_up(ev.now, out, reason=reason, failure=FailureKind.PROTOCOL, next_try=True)
         else:
             # The stored reply itself does not match its receipt: release it without sealing.
             self._why(reason, FailureKind.PROTOCOL)
-            self._begin_step(RolloutPhase.RELEASING, ev.now, self.policy.control_s, out,
-                             lambda d: Ack(ev.receipt, d))
+            self._begin_step(
+                RolloutPhase.RELEASING,
+                ev.now,
+                self.policy.control_s,
+                out,
+                lambda d: Ack(ev.receipt, d),
+            )
 
     def _seal(self, receipt: CompletionReceipt, adopted: bool, out: list[Effect]) -> None:
         if self.sealed is not None:
-            raise IllegalTransition(f"rollout {self.rollout_id}: a second seal",
-                                    phase=self.phase.value, event="seal")
+            raise IllegalTransition(
+                f"rollout {self.rollout_id}: a second seal", phase=self.phase.value, event="seal"
+            )
         self.sealed = Seal(self._attempt, self._reply, receipt, adopted)
         out.append(self.sealed)
-        self._report(out, AttemptState.SEALED, adopted=adopted, reward=reward_of(self._reply),
-                     result_digest=receipt.result_digest)
+        self._report(
+            out,
+            AttemptState.SEALED,
+            adopted=adopted,
+            reward=reward_of(self._reply),
+            result_digest=receipt.result_digest,
+        )
 
     def _on_ack(self, ev: AckAnswered, out: list[Effect]) -> None:
         self._report(out, AttemptState.ACKED, adopted=self._is_adopted)
@@ -310,9 +407,12 @@ class RolloutMachine:
             self._after_try(ev.now, out)
             return
         self.acked = True
-        self._finish("abandoned" if self.abandoning else "sealed", out,
-                     reason="abandoned" if self.abandoning else None,
-                     failure=FailureKind.ABANDONED if self.abandoning else None)
+        self._finish(
+            "abandoned" if self.abandoning else "sealed",
+            out,
+            reason="abandoned" if self.abandoning else None,
+            failure=FailureKind.ABANDONED if self.abandoning else None,
+        )
 
     def _on_ack_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
@@ -323,26 +423,46 @@ class RolloutMachine:
             return
         # Sealed but not released on Gym: the result stands; the ledger ACKs it later.
         self._hand_over(AttemptState.SEALED, out)
-        self._finish("abandoned" if self.abandoning else "sealed", out,
-                     reason=f"ACK failed: {ev.failure.value} {ev.detail}".strip(),
-                     failure=ev.failure)
+        self._finish(
+            "abandoned" if self.abandoning else "sealed",
+            out,
+            reason=f"ACK failed: {ev.failure.value} {ev.detail}".strip(),
+            failure=ev.failure,
+        )
 
     # -------------------------------------------------------- retire, then adopt or cancel
 
-    def _give_up(self, now: float, out: list[Effect], *, reason: str | None,
-                 next_try: bool, failure: FailureKind | None = None) -> None:
+    def _give_up(
+        self,
+        now: float,
+        out: list[Effect],
+        *,
+        reason: str | None,
+        next_try: bool,
+        failure: FailureKind | None = None,
+    ) -> None:
         if reason is not None:
             assert failure is not None, "a reason always comes with its kind"
             self._why(reason, failure)
         self._next_try_allowed = next_try
-        self._begin_step(RolloutPhase.RETIRING, now, self.policy.control_s, out,
-                         lambda d: Retire(self._attempt, d))
+        self._begin_step(
+            RolloutPhase.RETIRING,
+            now,
+            self.policy.control_s,
+            out,
+            lambda d: Retire(self._attempt, d),
+        )
 
     def _on_retire_answered(self, ev: RetireAnswered, out: list[Effect]) -> None:
         answer = ev.answer
         if answer.completed_unacknowledged:
-            self._begin_step(RolloutPhase.REPLAYING, ev.now, self.policy.control_s, out,
-                             lambda d: Replay(self._attempt, d))
+            self._begin_step(
+                RolloutPhase.REPLAYING,
+                ev.now,
+                self.policy.control_s,
+                out,
+                lambda d: Replay(self._attempt, d),
+            )
             return
         # Tombstoned now (cancelled) or already; neither means ACKed by someone else.
         self._report(out, AttemptState.TOMBSTONED if answer.tombstoned else AttemptState.ACKED)
@@ -353,13 +473,19 @@ class RolloutMachine:
             return
         # We cannot tell whether the try still runs: do not start another beside it.
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(self._and_then(f"retire failed: {ev.failure.value} {ev.detail}"),
-                            ev.failure, out)
+        self._finish_failed(
+            self._and_then(f"retire failed: {ev.failure.value} {ev.detail}"), ev.failure, out
+        )
 
     def _on_replay_replied(self, ev: ReplayReplied, out: list[Effect]) -> None:
         self._reply = ev.reply
-        self._begin_step(RolloutPhase.ADOPT_RECEIPT, ev.now, self.policy.control_s, out,
-                         lambda d: FetchReceipt(self._attempt, d))
+        self._begin_step(
+            RolloutPhase.ADOPT_RECEIPT,
+            ev.now,
+            self.policy.control_s,
+            out,
+            lambda d: FetchReceipt(self._attempt, d),
+        )
 
     def _on_replay_failed(self, ev: StepFailed, out: list[Effect]) -> None:
         if ev.failure in (FailureKind.STALE, FailureKind.UNKNOWN):
@@ -370,8 +496,9 @@ class RolloutMachine:
         if self._may_repeat(ev.failure, ev.now, out):
             return
         self._hand_over(AttemptState.RUNNING, out)
-        self._finish_failed(self._and_then(f"replay failed: {ev.failure.value} {ev.detail}"),
-                            ev.failure, out)
+        self._finish_failed(
+            self._and_then(f"replay failed: {ev.failure.value} {ev.detail}"), ev.failure, out
+        )
 
     def _after_try(self, now: float, out: list[Effect]) -> None:
         """The current try is over without a result: next try, or the end."""
@@ -414,8 +541,14 @@ class RolloutMachine:
     def _is_adopted(self) -> bool:
         return self.sealed is not None and self.sealed.adopted
 
-    def _begin_step(self, phase: RolloutPhase, now: float, budget_s: float, out: list[Effect],
-                    make: Callable[[float], Effect]) -> None:
+    def _begin_step(
+        self,
+        phase: RolloutPhase,
+        now: float,
+        budget_s: float,
+        out: list[Effect],
+        make: Callable[[float], Effect],
+    ) -> None:
         self.phase = phase
         self._step_started, self._budget_s, self._make = now, budget_s, make
         self._step_deadline = now + budget_s
@@ -448,14 +581,32 @@ class RolloutMachine:
         self._asleep = True
         out.append(WaitUntil(min(now + delay, limit)))
 
-    def _report(self, out: list[Effect], state: AttemptState, *, adopted: bool = False,
-                released: bool = False, reward: float | None = None,
-                result_digest: str | None = None) -> None:
+    def _report(
+        self,
+        out: list[Effect],
+        state: AttemptState,
+        *,
+        adopted: bool = False,
+        released: bool = False,
+        reward: float | None = None,
+        result_digest: str | None = None,
+    ) -> None:
         self._reported[self._attempt] = state
-        out.append(Report(AttemptReport(
-            rollout_id=self.rollout_id, attempt_index=self._attempt, endpoint=self.endpoint,
-            state=state, owner=self.owner, adopted=adopted, released=released, reward=reward,
-            result_digest=result_digest)))
+        out.append(
+            Report(
+                AttemptReport(
+                    rollout_id=self.rollout_id,
+                    attempt_index=self._attempt,
+                    endpoint=self.endpoint,
+                    state=state,
+                    owner=self.owner,
+                    adopted=adopted,
+                    released=released,
+                    reward=reward,
+                    result_digest=result_digest,
+                )
+            )
+        )
 
     def _and_then(self, what: str) -> str:
         """A failure while giving up, after the reason the try was given up for (which names
@@ -478,8 +629,14 @@ class RolloutMachine:
         else:
             self._finish("failed", out, reason=reason, failure=failure)
 
-    def _finish(self, status: OutcomeStatus, out: list[Effect], *, reason: str | None,
-                failure: FailureKind | None) -> None:
+    def _finish(
+        self,
+        status: OutcomeStatus,
+        out: list[Effect],
+        *,
+        reason: str | None,
+        failure: FailureKind | None,
+    ) -> None:
         self.phase = RolloutPhase.DONE
         self._asleep = False
         if self.attempt is not None and self.attempt not in self._released:
@@ -489,21 +646,33 @@ class RolloutMachine:
                 self._released.add(self.attempt)
         seal = self.sealed
         self.outcome = Outcome(
-            rollout_id=self.rollout_id, status=status,
+            rollout_id=self.rollout_id,
+            status=status,
             attempt_index=seal.attempt_index if seal else self.attempt,
             reply=seal.reply if seal else None,
             reward=reward_of(seal.reply) if seal else None,
             receipt=seal.receipt if seal else None,
-            adopted=seal.adopted if seal else False, acked=self.acked, tries=self.tries,
-            endpoint=self.endpoint, reason=reason, failure=failure)
+            adopted=seal.adopted if seal else False,
+            acked=self.acked,
+            tries=self.tries,
+            endpoint=self.endpoint,
+            reason=reason,
+            failure=failure,
+        )
         out.append(Finish(self.outcome))
 
 
 # ---------------------------------------------------------------- the transition table
 
-_STEP_PHASES = (RolloutPhase.RECEIPT, RolloutPhase.RETIRING, RolloutPhase.REPLAYING,
-                RolloutPhase.ADOPT_RECEIPT, RolloutPhase.ACKING, RolloutPhase.RELEASING,
-                RolloutPhase.STALE_CHECK)
+_STEP_PHASES = (
+    RolloutPhase.RECEIPT,
+    RolloutPhase.RETIRING,
+    RolloutPhase.REPLAYING,
+    RolloutPhase.ADOPT_RECEIPT,
+    RolloutPhase.ACKING,
+    RolloutPhase.RELEASING,
+    RolloutPhase.STALE_CHECK,
+)
 
 
 def _table() -> dict[tuple[RolloutPhase, type], str]:

@@ -16,8 +16,9 @@ from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
 
 
-def receipt_problem(receipt: CompletionReceipt, rollout_id: str, attempt_index: int,
-                    reply: Any) -> str | None:
+def receipt_problem(
+    receipt: CompletionReceipt, rollout_id: str, attempt_index: int, reply: Any
+) -> str | None:
     """Why ``receipt`` does not prove ``reply`` for this key, or None when it does."""
     if receipt.key != (rollout_id, attempt_index):
         return f"receipt is for {receipt.key}, not {(rollout_id, attempt_index)}"
@@ -28,6 +29,7 @@ def receipt_problem(receipt: CompletionReceipt, rollout_id: str, attempt_index: 
 
 
 # ---------------------------------------------------------------- events (in)
+
 
 @dataclass(frozen=True, slots=True)
 class Start:
@@ -117,12 +119,26 @@ class Woke:
     now: float
 
 
-Event = (Start | RunReplied | RunFailed | RunAdmissionClosed | DeadlineFired | ReceiptReceived
-         | StepFailed | DigestMismatch | RetireAnswered | ReplayReplied | AckAnswered
-         | AbandonRequested | AdoptRequested | Woke)
+Event = (
+    Start
+    | RunReplied
+    | RunFailed
+    | RunAdmissionClosed
+    | DeadlineFired
+    | ReceiptReceived
+    | StepFailed
+    | DigestMismatch
+    | RetireAnswered
+    | ReplayReplied
+    | AckAnswered
+    | AbandonRequested
+    | AdoptRequested
+    | Woke
+)
 
 
 # ---------------------------------------------------------------- effects (out)
+
 
 @dataclass(frozen=True, slots=True)
 class StartRun:

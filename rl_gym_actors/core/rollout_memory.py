@@ -25,16 +25,16 @@ from rl_gym_actors.outcome import Outcome
 class RolloutFacts:
     """What is known of one rollout id."""
 
-    current: int | None = None          # the try last known current (None: no try made)
-    settled: bool = False               # ``current`` ended with a result: nothing to retire
-    acked: bool = False                 # ... and whoever sealed it released it on Gym
-    next_fresh: int = 0                 # the lowest attempt index never used
+    current: int | None = None  # the try last known current (None: no try made)
+    settled: bool = False  # ``current`` ended with a result: nothing to retire
+    acked: bool = False  # ... and whoever sealed it released it on Gym
+    next_fresh: int = 0  # the lowest attempt index never used
     dispatched_from: int | None = None  # first try of the latest dispatch that ended
-    current_known: bool = True          # False while a dead actor's last try is unknown
-    kept: Outcome | None = None         # a result nobody took; the rollout's next row gets it
-    result: Outcome | None = None       # its sealed result, handed out: a row sent again gets
-                                        # it back (repeated), until a checkpoint forgets it
-    running: bool = False               # a dispatch is in flight
+    current_known: bool = True  # False while a dead actor's last try is unknown
+    kept: Outcome | None = None  # a result nobody took; the rollout's next row gets it
+    result: Outcome | None = None  # its sealed result, handed out: a row sent again gets
+    # it back (repeated), until a checkpoint forgets it
+    running: bool = False  # a dispatch is in flight
     abandons: frozenset[int] = frozenset()  # dispatches (by first try) abandoned early
 
 
@@ -83,21 +83,28 @@ class RolloutMemory:
             return Dispatch(first, named_attempt - 1 if named_attempt > 0 else None)
         ready = None
         if facts.kept is not None:
-            ready = facts.kept.model_copy(update=dict(
-                status="sealed", adopted=True, reason=None, failure=None, tries=0))
+            ready = facts.kept.model_copy(
+                update=dict(status="sealed", adopted=True, reason=None, failure=None, tries=0)
+            )
         elif facts.settled and facts.result is not None:
             # sealed before: never played again; the same result, not a new one
-            ready = facts.result.model_copy(update=dict(
-                status="sealed", reason=None, failure=None, tries=0, repeated=True))
-        return Dispatch(max(named_attempt, facts.next_fresh),
-                        None if facts.settled else facts.current, ready)
+            ready = facts.result.model_copy(
+                update=dict(status="sealed", reason=None, failure=None, tries=0, repeated=True)
+            )
+        return Dispatch(
+            max(named_attempt, facts.next_fresh), None if facts.settled else facts.current, ready
+        )
 
     def hand_out(self, rollout_id: str) -> None:
         """The kept result went to a row: it is not kept any more."""
         facts = self._facts.get(rollout_id)
         if facts is not None and facts.kept is not None:
-            facts.result, facts.kept = facts.kept.model_copy(update=dict(
-                status="sealed", adopted=True, reason=None, failure=None)), None
+            facts.result, facts.kept = (
+                facts.kept.model_copy(
+                    update=dict(status="sealed", adopted=True, reason=None, failure=None)
+                ),
+                None,
+            )
 
     def begin(self, rollout_id: str) -> None:
         """A dispatch of the rollout is in flight."""
@@ -115,9 +122,17 @@ class RolloutMemory:
 
     # ------------------------------------------------------------ what came of a dispatch
 
-    def finish(self, rollout_id: str, first_attempt: int, attempt: int | None, *,
-               result: bool, acked: bool = False, kept: Outcome | None = None,
-               sealed: Outcome | None = None) -> None:
+    def finish(
+        self,
+        rollout_id: str,
+        first_attempt: int,
+        attempt: int | None,
+        *,
+        result: bool,
+        acked: bool = False,
+        kept: Outcome | None = None,
+        sealed: Outcome | None = None,
+    ) -> None:
         """A dispatch that began at ``first_attempt`` ended at try ``attempt`` (None: it made no
         try, and what was known still holds), with a result or without one; ``sealed`` is the
         result handed out (remembered for a row that sends the rollout again)."""
@@ -135,10 +150,15 @@ class RolloutMemory:
 
     def finish_outcome(self, rollout_id: str, first_attempt: int, outcome: Outcome) -> None:
         """:meth:`finish` from the dispatch's outcome; an abandoned result is kept."""
-        self.finish(rollout_id, first_attempt, outcome.attempt_index, result=outcome.has_result,
-                    acked=outcome.acked,
-                    kept=outcome if outcome.status == "abandoned" else None,
-                    sealed=outcome if outcome.status == "sealed" else None)
+        self.finish(
+            rollout_id,
+            first_attempt,
+            outcome.attempt_index,
+            result=outcome.has_result,
+            acked=outcome.acked,
+            kept=outcome if outcome.status == "abandoned" else None,
+            sealed=outcome if outcome.status == "sealed" else None,
+        )
 
     def keep(self, outcome: Outcome) -> None:
         """An outcome with a result the trainer never took: the rollout's next row gets it."""
@@ -167,8 +187,11 @@ class RolloutMemory:
         facts = self._facts.get(rollout_id)
         if facts is None or facts.current_known:
             return
-        if current is not None and facts.dispatched_from is not None \
-                and current >= facts.dispatched_from:
+        if (
+            current is not None
+            and facts.dispatched_from is not None
+            and current >= facts.dispatched_from
+        ):
             facts.current = current
             facts.next_fresh = max(facts.next_fresh, current + 1)
         facts.current_known = True
@@ -184,8 +207,11 @@ class RolloutMemory:
         """An abandon for the dispatch that begins at ``first_attempt``, which is not running:
         remembered for when it starts, unless that dispatch (or a later one) already ended."""
         facts = self._facts.get(rollout_id)
-        if facts is not None and facts.dispatched_from is not None \
-                and facts.dispatched_from >= first_attempt:
+        if (
+            facts is not None
+            and facts.dispatched_from is not None
+            and facts.dispatched_from >= first_attempt
+        ):
             return
         facts = self._touch(rollout_id)
         facts.abandons = facts.abandons | {first_attempt}
@@ -206,11 +232,16 @@ class RolloutMemory:
         """Forget every rollout that sealed and whose result was handed out (a committed
         checkpoint holds it now): not in flight, nothing kept. Rollouts that failed stay (their
         current try and next fresh index matter to their next row). Returns how many went."""
-        keep = OrderedDict((rid, f) for rid, f in self._facts.items()
-                           if f.running or f.kept is not None or f.abandons
-                           or not (f.settled and f.result is not None))
+        keep = OrderedDict(
+            (rid, f)
+            for rid, f in self._facts.items()
+            if f.running
+            or f.kept is not None
+            or f.abandons
+            or not (f.settled and f.result is not None)
+        )
         gone = len(self._facts) - len(keep)
-        self._facts = keep                 # rebuilt: a dict never shrinks its table on deletes
+        self._facts = keep  # rebuilt: a dict never shrinks its table on deletes
         return gone
 
     def _touch(self, rollout_id: str) -> RolloutFacts:

@@ -42,6 +42,7 @@ class LineagedReply:
     reply: Any
     lineage: ModelLineage
 
+
 SIMULATED = "simulated"
 
 
@@ -85,7 +86,8 @@ def load_callable(spec: str) -> Agent:
     if not callable(target):
         raise ConfigError(f"agent {spec!r} is not callable")
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-            getattr(target, "__call__", None)):
+        getattr(target, "__call__", None)
+    ):
         return target
 
     async def threaded(row: dict[str, Any]) -> Any:
@@ -114,12 +116,16 @@ class HttpAgent:
         return f"HttpAgent({self.url!r})"
 
     async def __call__(self, row: dict[str, Any]) -> Any:
-        if self._session is None:    # created in the serving loop, on first use
+        if self._session is None:  # created in the serving loop, on first use
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.limit),
-                timeout=aiohttp.ClientTimeout(total=None))
-        body = row if self.keep_identity else {
-            k: v for k, v in row.items() if k not in (ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        body = (
+            row
+            if self.keep_identity
+            else {k: v for k, v in row.items() if k not in (ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)}
+        )
         async with self._session.post(self.url, json=body) as resp:
             raw = await resp.read()
         if not 200 <= resp.status < 300:

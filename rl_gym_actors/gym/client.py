@@ -39,32 +39,65 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import GymEndpoint, checkpoint_id_arg
-from rl_gym_actors.errors import (AgentFailed, CheckpointConflict, ConfigError, ConnectionLost,
-                                  DeadlineExceeded, GymError, PoolClosed, ProtocolViolation,
-                                  RlGymError, gym_error)
+from rl_gym_actors.errors import (
+    AgentFailed,
+    CheckpointConflict,
+    ConfigError,
+    ConnectionLost,
+    DeadlineExceeded,
+    GymError,
+    PoolClosed,
+    ProtocolViolation,
+    RlGymError,
+    gym_error,
+)
 from rl_gym_actors.gym import health as _health
-from rl_gym_actors.gym.retry import (DEFAULT_RETRY, Clock, RetryOn, RetryPolicy, call_with_retry,
-                                     check_deadline, remaining)
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    RECEIPT_HEADER, REPLAYED_HEADER, ROLLOUT_ID_FIELD, AckAnswer,
-                                    AckBatchAnswer, AckBatchRequest, Capabilities, CommitAnswer, CommitRequest,
-                                    CompletionReceipt, PhaseRequest, ReceiptAnswer, ResumeAnswer,
-                                    RetireAnswer, RetireRequest, StatusReport,
-                                    is_valid_rollout_id, result_digest)
+from rl_gym_actors.gym.retry import (
+    DEFAULT_RETRY,
+    Clock,
+    RetryOn,
+    RetryPolicy,
+    call_with_retry,
+    check_deadline,
+    remaining,
+)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX,
+    RECEIPT_HEADER,
+    REPLAYED_HEADER,
+    ROLLOUT_ID_FIELD,
+    AckAnswer,
+    AckBatchAnswer,
+    AckBatchRequest,
+    Capabilities,
+    CommitAnswer,
+    CommitRequest,
+    CompletionReceipt,
+    PhaseRequest,
+    ReceiptAnswer,
+    ResumeAnswer,
+    RetireAnswer,
+    RetireRequest,
+    StatusReport,
+    is_valid_rollout_id,
+    result_digest,
+)
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
 PREPARE_INCOMPLETE = "agent_prepare_incomplete"
-_TEXT_LIMIT = 2000          # characters of a non-JSON body kept in an error
+_TEXT_LIMIT = 2000  # characters of a non-JSON body kept in an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +125,11 @@ class _Answer:
     raw: bytes
     replayed: bool
     url: str
-    receipt: str | None = None          # the raw (ext) receipt header of a /run answer
+    receipt: str | None = None  # the raw (ext) receipt header of a /run answer
 
 
 # ---------------------------------------------------------------- answers -> values or errors
+
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")[:_TEXT_LIMIT]
@@ -125,8 +159,9 @@ def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
         body = None
     if not isinstance(body, dict):
         if status >= 500:
-            return ConnectionLost(f"HTTP {status} without a JSON error body: {_text(raw)!r}",
-                                  url=url)
+            return ConnectionLost(
+                f"HTTP {status} without a JSON error body: {_text(raw)!r}", url=url
+            )
         return gym_error(status, None, _text(raw), url=url, body=None)
     err = body.get("error")
     if isinstance(err, Mapping):
@@ -134,8 +169,13 @@ def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
         return gym_error(status, code, str(err.get("detail", "")), url=url, body=body)
     detail = body.get("detail")
     if isinstance(detail, list):
-        return gym_error(status, "invalid_request" if status == 422 else None,
-                         _validation_summary(detail), url=url, body=body)
+        return gym_error(
+            status,
+            "invalid_request" if status == 422 else None,
+            _validation_summary(detail),
+            url=url,
+            body=body,
+        )
     return gym_error(status, None, "" if detail is None else str(detail), url=url, body=body)
 
 
@@ -153,16 +193,18 @@ def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed:
         text = body
     else:
         text = _text(raw)
-    return AgentFailed(text[:_TEXT_LIMIT], status=status, url=url,
-                       body=body if isinstance(body, dict) else None)
+    return AgentFailed(
+        text[:_TEXT_LIMIT], status=status, url=url, body=body if isinstance(body, dict) else None
+    )
 
 
 def _json(answer: _Answer) -> Any:
     try:
         return json.loads(answer.raw)
     except ValueError as exc:
-        raise ProtocolViolation(f"{answer.url}: HTTP {answer.status} body is not JSON: "
-                                f"{_text(answer.raw)!r}") from exc
+        raise ProtocolViolation(
+            f"{answer.url}: HTTP {answer.status} body is not JSON: {_text(answer.raw)!r}"
+        ) from exc
 
 
 def _model(model: type[M], data: Any, url: str) -> M:
@@ -174,7 +216,7 @@ def _model(model: type[M], data: Any, url: str) -> M:
 
 @dataclass(frozen=True, slots=True)
 class _Incomplete:
-    report: StatusReport | None       # None: the 409 carried counts only
+    report: StatusReport | None  # None: the 409 carried counts only
 
 
 def _prepare_incomplete(answer: _Answer) -> _Incomplete | None:
@@ -214,6 +256,7 @@ def _ok(answer: _Answer) -> Any:
 
 # ---------------------------------------------------------------- argument checks
 
+
 def _rollout_key(rollout_id: str, attempt_index: int) -> None:
     if not is_valid_rollout_id(rollout_id):
         raise ConfigError(f"invalid rollout_id {rollout_id!r}")
@@ -244,11 +287,12 @@ def _encode(body: Any) -> bytes:
         raise ConfigError(f"request body is not JSON-serializable: {exc}") from exc
 
 
-def _restore(endpoint: GymEndpoint, options: dict[str, Any]) -> "GymClient":
+def _restore(endpoint: GymEndpoint, options: dict[str, Any]) -> GymClient:
     return GymClient(endpoint, **options)
 
 
 # ---------------------------------------------------------------- the client
+
 
 class GymClient:
     """Async client of one Gym server; one per process or actor, shared by its coroutines.
@@ -261,23 +305,40 @@ class GymClient:
     already closed. A passed-in ``session`` serves both planes and is never closed by the client.
     """
 
-    def __init__(self, endpoint: GymEndpoint, *, session: aiohttp.ClientSession | None = None,
-                 limit: int = 100, control_limit: int = 16, retry: RetryPolicy = DEFAULT_RETRY,
-                 keepalive_s: float = 2.0, clock: Clock = time.time,
-                 down_after: int = _health.THRESHOLD, down_span_s: float = _health.SPAN_S,
-                 probe_every_s: float = _health.PROBE_EVERY_S) -> None:
+    def __init__(
+        self,
+        endpoint: GymEndpoint,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        limit: int = 100,
+        control_limit: int = 16,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        keepalive_s: float = 2.0,
+        clock: Clock = time.time,
+        down_after: int = _health.THRESHOLD,
+        down_span_s: float = _health.SPAN_S,
+        probe_every_s: float = _health.PROBE_EVERY_S,
+    ) -> None:
         if not isinstance(endpoint, GymEndpoint):
             raise ConfigError(f"endpoint must be a GymEndpoint, got {type(endpoint).__name__}")
         if limit < 1 or control_limit < 1:
             raise ConfigError("limit and control_limit must be >= 1")
         self.endpoint = endpoint
         self.retry = retry
-        self._options = dict(limit=limit, control_limit=control_limit, retry=retry,
-                             keepalive_s=keepalive_s, clock=clock, down_after=down_after,
-                             down_span_s=down_span_s, probe_every_s=probe_every_s)
+        self._options = dict(
+            limit=limit,
+            control_limit=control_limit,
+            retry=retry,
+            keepalive_s=keepalive_s,
+            clock=clock,
+            down_after=down_after,
+            down_span_s=down_span_s,
+            probe_every_s=probe_every_s,
+        )
         self._clock = clock
-        self.health = _health.EndpointHealth(endpoint.label, threshold=down_after,
-                                             span_s=down_span_s, clock=clock)
+        self.health = _health.EndpointHealth(
+            endpoint.label, threshold=down_after, span_s=down_span_s, clock=clock
+        )
         self._probe_every_s = probe_every_s
         self._probe: asyncio.Task | None = None
         self._probed_at = 0.0
@@ -293,7 +354,7 @@ class GymClient:
     def __repr__(self) -> str:
         return f"GymClient({self.endpoint.label!r})"
 
-    async def __aenter__(self) -> "GymClient":
+    async def __aenter__(self) -> GymClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -312,8 +373,9 @@ class GymClient:
 
     # ------------------------------------------------------------ data plane
 
-    async def run(self, row: Mapping[str, Any], *, rollout_id: str, attempt_index: int,
-                  deadline_ts: float) -> RunResult:
+    async def run(
+        self, row: Mapping[str, Any], *, rollout_id: str, attempt_index: int, deadline_ts: float
+    ) -> RunResult:
         """``POST /run`` for the key (rollout_id, attempt_index). Never retried.
 
         Raises ``StaleAttempt``, ``DuplicateExecution``, ``AdmissionClosed``, ``AgentFailed``
@@ -323,16 +385,23 @@ class GymClient:
         """
         return await self._run(row, rollout_id, attempt_index, deadline_ts, RetryOn.NOTHING)
 
-    async def replay(self, row: Mapping[str, Any], *, rollout_id: str, attempt_index: int,
-                     deadline_ts: float) -> RunResult:
+    async def replay(
+        self, row: Mapping[str, Any], *, rollout_id: str, attempt_index: int, deadline_ts: float
+    ) -> RunResult:
         """``POST /run`` for a key known to be completed and not ACKed (retire answered
         ``completed_unacknowledged``, or a receipt said ``completed``): the server answers the
         stored reply and the agent does not run, so this call is retried. Do not use it for a
         key whose state is unknown: that would start an execution."""
         return await self._run(row, rollout_id, attempt_index, deadline_ts, RetryOn.IDEMPOTENT)
 
-    async def _run(self, row: Mapping[str, Any], rollout_id: str, attempt_index: int,
-                   deadline_ts: float, kind: RetryOn) -> RunResult:
+    async def _run(
+        self,
+        row: Mapping[str, Any],
+        rollout_id: str,
+        attempt_index: int,
+        deadline_ts: float,
+        kind: RetryOn,
+    ) -> RunResult:
         _rollout_key(rollout_id, attempt_index)
         if not isinstance(row, Mapping):
             raise ConfigError(f"row must be a mapping, got {type(row).__name__}")
@@ -342,63 +411,103 @@ class GymClient:
         data = _encode({**row, ROLLOUT_ID_FIELD: rollout_id, ATTEMPT_INDEX_FIELD: attempt_index})
 
         async def attempt(try_deadline: float) -> RunResult:
-            answer = await self._send("POST", "/run", control=False, data=data,
-                                      deadline_ts=try_deadline)
+            answer = await self._send(
+                "POST", "/run", control=False, data=data, deadline_ts=try_deadline
+            )
             if answer.status >= 500 and kind is RetryOn.NOTHING:
                 raise run_failure(answer.status, answer.raw, url=answer.url)
-            return RunResult(reply=_ok(answer), replayed=answer.replayed, raw=answer.raw,
-                             receipt=_header_receipt(answer))
+            return RunResult(
+                reply=_ok(answer),
+                replayed=answer.replayed,
+                raw=answer.raw,
+                receipt=_header_receipt(answer),
+            )
 
-        return await self._with_retry(attempt, kind, deadline_ts,
-                                      f"run {rollout_id}/{attempt_index}")
+        return await self._with_retry(
+            attempt, kind, deadline_ts, f"run {rollout_id}/{attempt_index}"
+        )
 
     # ------------------------------------------------------------ control plane
 
-    async def receipt(self, rollout_id: str, attempt_index: int, *,
-                      deadline_ts: float) -> ReceiptAnswer:
+    async def receipt(
+        self, rollout_id: str, attempt_index: int, *, deadline_ts: float
+    ) -> ReceiptAnswer:
         """(ext) The completion receipt of a completed or ACKed key; retried inside the one
         deadline. Raises ``NotCompleted``, ``StaleAttempt`` or ``UnknownExecution``."""
         _rollout_key(rollout_id, attempt_index)
         params = {"rollout_id": rollout_id, "attempt_index": str(attempt_index)}
-        return await self._control_call(ReceiptAnswer, "GET", "/receipt", params=params,
-                                        deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
+        return await self._control_call(
+            ReceiptAnswer,
+            "GET",
+            "/receipt",
+            params=params,
+            deadline_ts=deadline_ts,
+            kind=RetryOn.IDEMPOTENT,
+        )
 
-    async def acknowledge(self, receipt: CompletionReceipt | Mapping[str, Any], *,
-                          deadline_ts: float) -> AckAnswer:
+    async def acknowledge(
+        self, receipt: CompletionReceipt | Mapping[str, Any], *, deadline_ts: float
+    ) -> AckAnswer:
         """ACK one completed execution by its receipt. Raises ``AckRejected`` when the key is
         unknown, not completed, or any receipt field differs."""
         body = _receipt(receipt).model_dump(mode="json", exclude_none=True)
-        return await self._control_call(AckAnswer, "POST", "/acknowledge", body=body,
-                                        deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
+        return await self._control_call(
+            AckAnswer,
+            "POST",
+            "/acknowledge",
+            body=body,
+            deadline_ts=deadline_ts,
+            kind=RetryOn.IDEMPOTENT,
+        )
 
-    async def acknowledge_completed(self, receipts: Iterable[CompletionReceipt | Mapping[str, Any]],
-                                    *, deadline_ts: float) -> AckBatchAnswer:
+    async def acknowledge_completed(
+        self, receipts: Iterable[CompletionReceipt | Mapping[str, Any]], *, deadline_ts: float
+    ) -> AckBatchAnswer:
         """ACK a batch, all or nothing (at least one receipt, keys unique)."""
         request = _request_model(AckBatchRequest, executions=[_receipt(r) for r in receipts])
-        answer = await self._control_call(AckBatchAnswer, "POST", "/acknowledge-completed",
-                                          body=request.model_dump(mode="json", exclude_none=True),
-                                          deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
+        answer = await self._control_call(
+            AckBatchAnswer,
+            "POST",
+            "/acknowledge-completed",
+            body=request.model_dump(mode="json", exclude_none=True),
+            deadline_ts=deadline_ts,
+            kind=RetryOn.IDEMPOTENT,
+        )
         sent = {r.key for r in request.executions}
         if not {r.key for r in answer.acknowledged} <= sent:
-            raise ProtocolViolation(f"{self.endpoint.label}: acknowledge-completed answered keys "
-                                    f"it was not sent")
+            raise ProtocolViolation(
+                f"{self.endpoint.label}: acknowledge-completed answered keys it was not sent"
+            )
         return answer
 
-    async def retire(self, rollout_id: str, attempt_index: int, *, checkpoint_id: str,
-                     deadline_ts: float) -> RetireAnswer:
+    async def retire(
+        self, rollout_id: str, attempt_index: int, *, checkpoint_id: str, deadline_ts: float
+    ) -> RetireAnswer:
         """Give up on a try: a running one is cancelled (``retired``), an unknown one tombstoned,
         a completed and un-ACKed one refused (``completed_unacknowledged``: adopt it)."""
         _rollout_key(rollout_id, attempt_index)
-        return await self._phase_call(RetireAnswer, RetireRequest, "/retire", deadline_ts,
-                                      RetryOn.IDEMPOTENT, checkpoint_id=checkpoint_id,
-                                      rollout_id=rollout_id, attempt_index=attempt_index)
+        return await self._phase_call(
+            RetireAnswer,
+            RetireRequest,
+            "/retire",
+            deadline_ts,
+            RetryOn.IDEMPOTENT,
+            checkpoint_id=checkpoint_id,
+            rollout_id=rollout_id,
+            attempt_index=attempt_index,
+        )
 
     async def status(self, checkpoint_id: str, *, deadline_ts: float) -> StatusReport:
         """The participant's status, as seen for ``checkpoint_id``."""
         checkpoint_id_arg(checkpoint_id)
-        return await self._control_call(StatusReport, "GET", "/status",
-                                        params={"checkpoint_id": checkpoint_id},
-                                        deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT)
+        return await self._control_call(
+            StatusReport,
+            "GET",
+            "/status",
+            params={"checkpoint_id": checkpoint_id},
+            deadline_ts=deadline_ts,
+            kind=RetryOn.IDEMPOTENT,
+        )
 
     async def prepare(self, checkpoint_id: str, *, deadline_ts: float) -> StatusReport:
         """Close admission and wait (server side, until shortly before ``deadline_ts``) for
@@ -407,44 +516,70 @@ class GymClient:
         checkpoint_id_arg(checkpoint_id)
 
         async def attempt(try_deadline: float) -> StatusReport | None:
-            body = _request_model(PhaseRequest, checkpoint_id=checkpoint_id,
-                                  deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()))
-            answer = await self._send("POST", CONTROL_PREFIX + "/prepare", control=True,
-                                      data=_encode(body.model_dump(mode="json")),
-                                      deadline_ts=try_deadline)
+            body = _request_model(
+                PhaseRequest,
+                checkpoint_id=checkpoint_id,
+                deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()),
+            )
+            answer = await self._send(
+                "POST",
+                CONTROL_PREFIX + "/prepare",
+                control=True,
+                data=_encode(body.model_dump(mode="json")),
+                deadline_ts=try_deadline,
+            )
             if answer.status == 409:
                 incomplete = _prepare_incomplete(answer)
                 if incomplete is not None:
                     return incomplete.report
             return _model(StatusReport, _ok(answer), answer.url)
 
-        report = await self._with_retry(attempt, RetryOn.TRANSPORT, deadline_ts,
-                                        f"prepare {checkpoint_id}")
+        report = await self._with_retry(
+            attempt, RetryOn.TRANSPORT, deadline_ts, f"prepare {checkpoint_id}"
+        )
         if report is None:
             # a real Gym's 409 carries counts only: the keys and receipts come from status
             status = await self.status(checkpoint_id, deadline_ts=deadline_ts)
             return status.model_copy(update={"ready_to_commit": False})
         return report
 
-    async def commit(self, checkpoint_id: str, checkpoint_dir: str, *,
-                     deadline_ts: float) -> CommitAnswer:
+    async def commit(
+        self, checkpoint_id: str, checkpoint_dir: str, *, deadline_ts: float
+    ) -> CommitAnswer:
         """Write the participant's records into ``checkpoint_dir`` (manifest last). Only after a
         ready prepare; raises ``CheckpointNotReady`` otherwise."""
-        return await self._phase_call(CommitAnswer, CommitRequest, "/commit", deadline_ts,
-                                      RetryOn.TRANSPORT, checkpoint_id=checkpoint_id,
-                                      checkpoint_dir=str(checkpoint_dir))
+        return await self._phase_call(
+            CommitAnswer,
+            CommitRequest,
+            "/commit",
+            deadline_ts,
+            RetryOn.TRANSPORT,
+            checkpoint_id=checkpoint_id,
+            checkpoint_dir=str(checkpoint_dir),
+        )
 
     async def resume(self, checkpoint_id: str, *, deadline_ts: float) -> ResumeAnswer:
         """Reopen admission (also the way to abort); the checkpoint id is spent afterwards."""
-        return await self._phase_call(ResumeAnswer, PhaseRequest, "/resume", deadline_ts,
-                                      RetryOn.IDEMPOTENT, checkpoint_id=checkpoint_id)
+        return await self._phase_call(
+            ResumeAnswer,
+            PhaseRequest,
+            "/resume",
+            deadline_ts,
+            RetryOn.IDEMPOTENT,
+            checkpoint_id=checkpoint_id,
+        )
 
     async def capabilities(self, *, deadline_ts: float) -> Capabilities | None:
         """(ext) What the server supports; ``None`` when it lacks the route (a real Gym)."""
         try:
-            return await self._control_call(Capabilities, "GET", CAPABILITIES_PATH,
-                                            deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT,
-                                            prefixed=False)
+            return await self._control_call(
+                Capabilities,
+                "GET",
+                CAPABILITIES_PATH,
+                deadline_ts=deadline_ts,
+                kind=RetryOn.IDEMPOTENT,
+                prefixed=False,
+            )
         except GymError as exc:
             if exc.status in (404, 405):
                 return None
@@ -452,30 +587,52 @@ class GymClient:
 
     # ------------------------------------------------------------ plumbing
 
-    async def _phase_call(self, answer_model: type[M], request_model: type[BaseModel], path: str,
-                          deadline_ts: float, kind: RetryOn, **fields: Any) -> M:
+    async def _phase_call(
+        self,
+        answer_model: type[M],
+        request_model: type[BaseModel],
+        path: str,
+        deadline_ts: float,
+        kind: RetryOn,
+        **fields: Any,
+    ) -> M:
         checkpoint_id_arg(fields["checkpoint_id"])
         _request_model(request_model, deadline_ts=check_deadline(deadline_ts), **fields)
 
         async def attempt(try_deadline: float) -> M:
-            body = request_model(deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()),
-                                 **fields)
-            answer = await self._send("POST", CONTROL_PREFIX + path, control=True,
-                                      data=_encode(body.model_dump(mode="json")),
-                                      deadline_ts=try_deadline)
+            body = request_model(
+                deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()), **fields
+            )
+            answer = await self._send(
+                "POST",
+                CONTROL_PREFIX + path,
+                control=True,
+                data=_encode(body.model_dump(mode="json")),
+                deadline_ts=try_deadline,
+            )
             return _model(answer_model, _ok(answer), answer.url)
 
         return await self._with_retry(attempt, kind, deadline_ts, path.lstrip("/"))
 
-    async def _control_call(self, answer_model: type[M], method: str, path: str, *,
-                            deadline_ts: float, kind: RetryOn, body: Any = None,
-                            params: Mapping[str, str] | None = None, prefixed: bool = True) -> M:
+    async def _control_call(
+        self,
+        answer_model: type[M],
+        method: str,
+        path: str,
+        *,
+        deadline_ts: float,
+        kind: RetryOn,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        prefixed: bool = True,
+    ) -> M:
         data = None if body is None else _encode(body)
         full = CONTROL_PREFIX + path if prefixed else path
 
         async def attempt(try_deadline: float) -> M:
-            answer = await self._send(method, full, control=True, data=data, params=params,
-                                      deadline_ts=try_deadline)
+            answer = await self._send(
+                method, full, control=True, data=data, params=params, deadline_ts=try_deadline
+            )
             return _model(answer_model, _ok(answer), answer.url)
 
         return await self._with_retry(attempt, kind, deadline_ts, path.lstrip("/"))
@@ -483,9 +640,14 @@ class GymClient:
     async def _with_retry(self, attempt, kind: RetryOn, deadline_ts: float, what: str):
         deadline_ts = check_deadline(deadline_ts)
         try:
-            return await call_with_retry(attempt, kind=kind, policy=self.retry,
-                                         deadline_ts=deadline_ts, clock=self._clock,
-                                         what=f"{self.endpoint.label} {what}")
+            return await call_with_retry(
+                attempt,
+                kind=kind,
+                policy=self.retry,
+                deadline_ts=deadline_ts,
+                clock=self._clock,
+                what=f"{self.endpoint.label} {what}",
+            )
         except CheckpointConflict as exc:
             if exc.active_checkpoint_id is None:
                 exc.active_checkpoint_id = await self._holder(deadline_ts)
@@ -499,7 +661,7 @@ class GymClient:
             return None
         if caps is None:
             return None
-        named = caps.model_dump()              # NeMo RL's name, then our server's older one
+        named = caps.model_dump()  # NeMo RL's name, then our server's older one
         holder = named.get("active_checkpoint_id") or named.get("checkpoint_id")
         return holder if isinstance(holder, str) and holder else None
 
@@ -510,8 +672,10 @@ class GymClient:
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
-            raise ConfigError("a GymClient is bound to the event loop that first used it; "
-                              "create one client per event loop")
+            raise ConfigError(
+                "a GymClient is bound to the event loop that first used it; "
+                "create one client per event loop"
+            )
         if self._given is not None:
             return self._given
         # creating a session does not await, so two coroutines cannot both create one
@@ -524,15 +688,24 @@ class GymClient:
         return self._data
 
     def _new_session(self, limit: int) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0,
-                                         keepalive_timeout=self._options["keepalive_s"])
+        connector = aiohttp.TCPConnector(
+            limit=limit, limit_per_host=0, keepalive_timeout=self._options["keepalive_s"]
+        )
         # our own asyncio.timeout bounds each try; no aiohttp timeout competes with it
-        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                     raise_for_status=False)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
+        )
 
-    async def _send(self, method: str, path: str, *, control: bool, deadline_ts: float,
-                    data: bytes | None = None,
-                    params: Mapping[str, str] | None = None) -> _Answer:
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        control: bool,
+        deadline_ts: float,
+        data: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> _Answer:
         """One HTTP exchange, bounded by ``deadline_ts``; any status comes back as an answer."""
         url = self.endpoint.url + path
         left = remaining(deadline_ts, self._clock())
@@ -540,7 +713,7 @@ class GymClient:
             raise DeadlineExceeded(f"{method} {path}: deadline passed before the call", url=url)
         session = self._session(control)
         if self.health.down:
-            self._ensure_probe()             # whatever ended the last probe, one runs now
+            self._ensure_probe()  # whatever ended the last probe, one runs now
             if self._clock() - self._probed_at > 2 * self._probe_every_s + _health.PROBE_TIMEOUT_S:
                 # the background probe has not run for a while (an event loop that only runs
                 # while the actor serves a call: a Ray generator method's): probe here, once
@@ -554,13 +727,15 @@ class GymClient:
             headers["Authorization"] = f"Bearer {token}"
         try:
             async with asyncio.timeout(left):
-                async with session.request(method, url, data=data, params=params,
-                                           headers=headers) as resp:
+                async with session.request(
+                    method, url, data=data, params=params, headers=headers
+                ) as resp:
                     raw = await resp.read()
                     replayed = resp.headers.get(REPLAYED_HEADER, "").strip() == "1"
-                    answer = _Answer(resp.status, raw, replayed, url,
-                                     resp.headers.get(RECEIPT_HEADER))
-        except TimeoutError as exc:      # ours, or aiohttp's (a passed-in session's timeouts)
+                    answer = _Answer(
+                        resp.status, raw, replayed, url, resp.headers.get(RECEIPT_HEADER)
+                    )
+        except TimeoutError as exc:  # ours, or aiohttp's (a passed-in session's timeouts)
             lost = DeadlineExceeded(f"{method} {path}: no answer within {left:.3f}s", url=url)
             # a control call the server answers at once that gets nothing: a frozen server;
             # /run and prepare may wait on purpose, so they never count
@@ -569,13 +744,15 @@ class GymClient:
             raise lost from exc
         except (aiohttp.ClientError, OSError, RuntimeError) as exc:
             if self._closed or session.closed:
-                raise PoolClosed(f"the session of the GymClient for {self.endpoint.label} is "
-                                 f"closed ({method} {path})") from exc
+                raise PoolClosed(
+                    f"the session of the GymClient for {self.endpoint.label} is "
+                    f"closed ({method} {path})"
+                ) from exc
             if isinstance(exc, RuntimeError):
                 raise
             lost = ConnectionLost(f"{method} {path}: {type(exc).__name__}: {exc}", url=url)
             if isinstance(exc, aiohttp.ClientConnectorError):
-                self._failed(lost)       # never reached the server (refused, no route)
+                self._failed(lost)  # never reached the server (refused, no route)
             raise lost from exc
         self.health.succeeded()
         return answer
@@ -586,10 +763,10 @@ class GymClient:
             self._ensure_probe()
 
     async def _probe_now(self, budget_s: float) -> None:
-        self._probed_at = self._clock()      # concurrent calls do not probe as well
+        self._probed_at = self._clock()  # concurrent calls do not probe as well
         try:
             await asyncio.wait_for(self._probe_once(), min(_health.PROBE_TIMEOUT_S, budget_s))
-        except Exception as exc:             # no answer: still down
+        except Exception as exc:  # no answer: still down
             logger.debug("probe of %s: %r", self.endpoint.label, exc)
             return
         if self.health.succeeded():
@@ -612,11 +789,14 @@ class GymClient:
         status line is an answer."""
         url = urlsplit(self.endpoint.url)
         port = url.port or (443 if url.scheme == "https" else 80)
-        reader, writer = await asyncio.open_connection(url.hostname, port,
-                                                       ssl=url.scheme == "https" or None)
+        reader, writer = await asyncio.open_connection(
+            url.hostname, port, ssl=url.scheme == "https" or None
+        )
         try:
-            writer.write(f"GET {url.path.rstrip('/')}{CAPABILITIES_PATH} HTTP/1.1\r\n"
-                         f"Host: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+            writer.write(
+                f"GET {url.path.rstrip('/')}{CAPABILITIES_PATH} HTTP/1.1\r\n"
+                f"Host: {url.netloc}\r\nConnection: close\r\n\r\n".encode()
+            )
             await writer.drain()
             line = await reader.readline()
         finally:

@@ -75,7 +75,7 @@ class FenceState:
 
     phase: CheckpointPhase = CheckpointPhase.IDLE
     active: str | None = None
-    answers: dict[str, Any] = field(default_factory=dict)   # operation -> recorded answer
+    answers: dict[str, Any] = field(default_factory=dict)  # operation -> recorded answer
     lease_until: float | None = None
 
 
@@ -96,8 +96,9 @@ class CheckpointFence:
     active id may hold the fence without a call.
     """
 
-    def __init__(self, spent: dict[str, Any] | None = None, *,
-                 lease_s: float | None = None) -> None:
+    def __init__(
+        self, spent: dict[str, Any] | None = None, *, lease_s: float | None = None
+    ) -> None:
         self.phase = CheckpointPhase.IDLE
         self.active: str | None = None
         self.spent: dict[str, Any] = dict(spent or {})
@@ -116,8 +117,10 @@ class CheckpointFence:
         """The error for a call with ``checkpoint_id`` while another id is active."""
         return CheckpointConflict(
             f"checkpoint {self.active!r} is {self.phase.value}; {what} of {checkpoint_id!r} "
-            f"must wait for its resume (or its abort)", status=409,
-            body={"active_checkpoint_id": self.active, "phase": self.phase.value})
+            f"must wait for its resume (or its abort)",
+            status=409,
+            body={"active_checkpoint_id": self.active, "phase": self.phase.value},
+        )
 
     def check_lenient(self, checkpoint_id: str | None) -> None:
         """``status`` and ``retire``: any id not spent, in every phase."""
@@ -141,14 +144,18 @@ class CheckpointFence:
         after = _TRANSITIONS.get((operation, self.phase))
         if after is None or self.active not in (None, checkpoint_id):
             if operation == "commit":
-                raise CheckpointNotReady(f"commit of {checkpoint_id!r} needs a ready prepare; "
-                                         f"the phase is {self.phase.value}", status=409)
+                raise CheckpointNotReady(
+                    f"commit of {checkpoint_id!r} needs a ready prepare; "
+                    f"the phase is {self.phase.value}",
+                    status=409,
+                )
             if self.active not in (None, checkpoint_id):
                 raise self.conflict(checkpoint_id, operation)
-            raise CheckpointConflict(f"{operation} of {checkpoint_id!r} is not allowed while "
-                                     f"{self.phase.value}", status=409,
-                                     body={"active_checkpoint_id": self.active,
-                                           "phase": self.phase.value})
+            raise CheckpointConflict(
+                f"{operation} of {checkpoint_id!r} is not allowed while {self.phase.value}",
+                status=409,
+                body={"active_checkpoint_id": self.active, "phase": self.phase.value},
+            )
         return after
 
     # ------------------------------------------------------------ moving

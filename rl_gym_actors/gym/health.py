@@ -19,18 +19,25 @@ from collections.abc import Callable
 
 from rl_gym_actors.errors import EndpointDown
 
-THRESHOLD = 3          # failures in a row ...
-SPAN_S = 2.0           # ... over at least this long mark an endpoint down
-PROBE_EVERY_S = 0.5    # a down endpoint is probed this often
+THRESHOLD = 3  # failures in a row ...
+SPAN_S = 2.0  # ... over at least this long mark an endpoint down
+PROBE_EVERY_S = 0.5  # a down endpoint is probed this often
 PROBE_TIMEOUT_S = 1.0  # and a probe that gets no answer within this counts as still down
-TRIAL_EVERY_S = 1.0    # a down endpoint lets one call through this often
+TRIAL_EVERY_S = 1.0  # a down endpoint lets one call through this often
 
 
 class EndpointHealth:
     """Consecutive failures of one endpoint and the down mark they lead to."""
 
-    def __init__(self, label: str, *, threshold: int = THRESHOLD, span_s: float = SPAN_S,
-                 trial_every_s: float = TRIAL_EVERY_S, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        label: str,
+        *,
+        threshold: int = THRESHOLD,
+        span_s: float = SPAN_S,
+        trial_every_s: float = TRIAL_EVERY_S,
+        clock: Callable[[], float],
+    ) -> None:
         self.label = label
         self.threshold = threshold
         self.span_s = span_s
@@ -38,7 +45,7 @@ class EndpointHealth:
         self.failures = 0
         self.first_failure_ts = 0.0
         self.down = False
-        self.downs = 0                       # how often it was marked down
+        self.downs = 0  # how often it was marked down
         self.cause_type = ""
         self.cause = ""
         self.trial_every_s = trial_every_s
@@ -61,8 +68,11 @@ class EndpointHealth:
         self.last_failure_ts = now
         self.cause_type = type(exc).__name__
         self.cause = str(exc)[:500]
-        if (not self.down and self.failures >= self.threshold
-                and now - self.first_failure_ts >= self.span_s):
+        if (
+            not self.down
+            and self.failures >= self.threshold
+            and now - self.first_failure_ts >= self.span_s
+        ):
             self.down = True
             self.downs += 1
             return True
@@ -78,5 +88,8 @@ class EndpointHealth:
                 return
             raise EndpointDown(
                 f"{what}: {self.label} is down ({self.failures} calls in a row got no answer); "
-                f"last: {self.cause_type}: {self.cause}", url=url, cause=self.cause,
-                cause_type=self.cause_type)
+                f"last: {self.cause_type}: {self.cause}",
+                url=url,
+                cause=self.cause,
+                cause_type=self.cause_type,
+            )

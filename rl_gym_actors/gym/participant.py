@@ -37,29 +37,58 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rl_gym_actors.errors import (AckRejected, AdmissionClosed, AgentFailed, DuplicateExecution,
-                                  GymError, GymRejected, InvalidRequest, NotCompleted,
-                                  StaleAttempt, UnknownExecution)
+from rl_gym_actors.errors import (
+    AckRejected,
+    AdmissionClosed,
+    AgentFailed,
+    DuplicateExecution,
+    GymError,
+    GymRejected,
+    InvalidRequest,
+    NotCompleted,
+    StaleAttempt,
+    UnknownExecution,
+)
 from rl_gym_actors.gym.agents import LineagedReply
 from rl_gym_actors.gym.fence import RESUMED, CheckpointFence, Expired, FenceState
 from rl_gym_actors.gym.settled import SETTLED, SettledKeys
-from rl_gym_actors.gym.store import (Execution, FenceRecord, MemoryStore, Record,
-                                     SpentCheckpoint, Store, StoreFailed, confine,
-                                     write_checkpoint)
-from rl_gym_actors.protocol import (AckAnswer, AckBatchAnswer, AttemptInfo, CommitAnswer,
-                                    CompletionReceipt, ExecutionKey, ExecutionState,
-                                    ExpiredCheckpoint,
-                                    LeaseInfo, ModelLineage, ReceiptAnswer, ResumeAnswer,
-                                    RetireAnswer, StatusReport, prepare_incomplete_detail)
+from rl_gym_actors.gym.store import (
+    Execution,
+    FenceRecord,
+    MemoryStore,
+    Record,
+    SpentCheckpoint,
+    Store,
+    StoreFailed,
+    confine,
+    write_checkpoint,
+)
+from rl_gym_actors.protocol import (
+    AckAnswer,
+    AckBatchAnswer,
+    AttemptInfo,
+    CommitAnswer,
+    CompletionReceipt,
+    ExecutionKey,
+    ExecutionState,
+    ExpiredCheckpoint,
+    LeaseInfo,
+    ModelLineage,
+    ReceiptAnswer,
+    ResumeAnswer,
+    RetireAnswer,
+    StatusReport,
+    prepare_incomplete_detail,
+)
 
 logger = logging.getLogger(__name__)
 
 Agent = Callable[[dict[str, Any]], Awaitable[Any]]
 
 S = ExecutionState
-_ACTIVE = (S.RUNNING, S.PARKED, S.COMPLETED)       # not yet released; listed by status
-_LEASE_WRITE_SLACK_S = 1.0     # a renewed lease is written when it moved at least this much
-START_WRITE_DELAY_S = 0.002    # a run's start record waits this long to share a write
+_ACTIVE = (S.RUNNING, S.PARKED, S.COMPLETED)  # not yet released; listed by status
+_LEASE_WRITE_SLACK_S = 1.0  # a renewed lease is written when it moved at least this much
+START_WRITE_DELAY_S = 0.002  # a run's start record waits this long to share a write
 
 
 class PrepareIncomplete(GymRejected):
@@ -117,20 +146,26 @@ class ParticipantCore:
     ``lookup`` finds the durable record of a key that left memory (None: not kept).
     """
 
-    def __init__(self, executions: Iterable[Execution] = (),
-                 spent: dict[str, bytes] | None = None, *, fence: FenceState | None = None,
-                 lease_s: float | None = None,
-                 lookup: Callable[[ExecutionKey], Execution | None] | None = None) -> None:
+    def __init__(
+        self,
+        executions: Iterable[Execution] = (),
+        spent: dict[str, bytes] | None = None,
+        *,
+        fence: FenceState | None = None,
+        lease_s: float | None = None,
+        lookup: Callable[[ExecutionKey], Execution | None] | None = None,
+    ) -> None:
         self._all: dict[ExecutionKey, Execution] = {}
         self._active: dict[ExecutionKey, Execution] = {}
         self._settled = SettledKeys()
-        self._settling: list[ExecutionKey] = []         # settled since the last commit
-        self._to_compact: list[ExecutionKey] = []       # settled before it: compacted at the next one
+        self._settling: list[ExecutionKey] = []  # settled since the last commit
+        self._to_compact: list[ExecutionKey] = []  # settled before it: compacted at the next one
         self._counts: Counter[ExecutionState] = Counter()
         self._records: list[Record] = []
         self._lookup = lookup or (lambda key: None)
-        self.fence = CheckpointFence({cid: json.loads(answer) for cid, answer in
-                                      (spent or {}).items()}, lease_s=lease_s)
+        self.fence = CheckpointFence(
+            {cid: json.loads(answer) for cid, answer in (spent or {}).items()}, lease_s=lease_s
+        )
         if fence is not None:
             self.fence.restore(fence)
         self.agent_starts = 0
@@ -223,8 +258,11 @@ class ParticipantCore:
                 return Replay(e.reply or b"", e.receipt or b"")
             raise DuplicateExecution(f"execution {_label(key)} is {state.value}", status=409)
         if not self.fence.admission_open:
-            raise AdmissionClosed(f"admission is closed: checkpoint {self.fence.active!r} is "
-                                  f"{self.fence.phase.value}; wait for its resume", status=409)
+            raise AdmissionClosed(
+                f"admission is closed: checkpoint {self.fence.active!r} is "
+                f"{self.fence.phase.value}; wait for its resume",
+                status=409,
+            )
         self._put(Execution(key[0], key[1], S.RUNNING, generation=1))
         self.agent_starts += 1
         return Start(generation=1)
@@ -264,16 +302,19 @@ class ParticipantCore:
         if e is None:
             raise AckRejected(f"execution {_label(key)} is unknown", status=409)
         if e.state not in (S.COMPLETED, S.ACKNOWLEDGED):
-            raise AckRejected(f"execution {_label(key)} is {e.state.value}, not completed",
-                              status=409)
-        if e.receipt is None:           # ACKed, compacted, nothing durable to compare with
+            raise AckRejected(
+                f"execution {_label(key)} is {e.state.value}, not completed", status=409
+            )
+        if e.receipt is None:  # ACKed, compacted, nothing durable to compare with
             return e
         stored = json.loads(e.receipt)
         given = receipt.wire()
         differ = sorted(k for k in set(stored) | set(given) if stored.get(k) != given.get(k))
         if differ:
-            raise AckRejected(f"receipt of {_label(key)} differs from the stored one in "
-                              f"{', '.join(differ)}", status=409)
+            raise AckRejected(
+                f"receipt of {_label(key)} differs from the stored one in {', '.join(differ)}",
+                status=409,
+            )
         return e
 
     def acknowledge(self, receipt: CompletionReceipt) -> AckAnswer:
@@ -301,9 +342,10 @@ class ParticipantCore:
         if state in (S.RUNNING, S.PARKED):
             self._put(replace(self._all[key], state=S.TOMBSTONED))
             return RetireAnswer(retired=True, tombstoned=True), True
-        if state is S.COMPLETED:         # only an ACK releases it
-            return RetireAnswer(retired=False, tombstoned=False,
-                                completed_unacknowledged=True), False
+        if state is S.COMPLETED:  # only an ACK releases it
+            return RetireAnswer(
+                retired=False, tombstoned=False, completed_unacknowledged=True
+            ), False
         if state is S.TOMBSTONED:
             return RetireAnswer(retired=False, tombstoned=True), False
         return RetireAnswer(retired=False, tombstoned=False, acknowledged=True), False
@@ -315,28 +357,50 @@ class ParticipantCore:
         c = self._counts
         # nothing here parks at a boundary, so every parked execution counts as without one
         parked_without = c[S.PARKED]
-        active = [AttemptInfo(rollout_id=e.rollout_id, attempt_index=e.attempt_index,
-                              state=e.state.value, execution_generation=e.generation,
-                              completion_receipt=_receipt(e.receipt))
-                  for e in sorted(self._active.values(), key=lambda e: e.key)]
+        active = [
+            AttemptInfo(
+                rollout_id=e.rollout_id,
+                attempt_index=e.attempt_index,
+                state=e.state.value,
+                execution_generation=e.generation,
+                completion_receipt=_receipt(e.receipt),
+            )
+            for e in sorted(self._active.values(), key=lambda e: e.key)
+        ]
         completed = [a for a in active if a.state == S.COMPLETED.value]
         fence = self.fence
         lease = None
         if fence.lease_s is not None:
             last = fence.last_expired
-            lease = LeaseInfo(lease_s=fence.lease_s, lease_until=fence.lease_until,
-                              last_expired=None if last is None else ExpiredCheckpoint(
-                                  checkpoint_id=last.checkpoint_id, phase=last.phase.value,
-                                  lease_until=last.lease_until, expired_at=last.at))
+            lease = LeaseInfo(
+                lease_s=fence.lease_s,
+                lease_until=fence.lease_until,
+                last_expired=None
+                if last is None
+                else ExpiredCheckpoint(
+                    checkpoint_id=last.checkpoint_id,
+                    phase=last.phase.value,
+                    lease_until=last.lease_until,
+                    expired_at=last.at,
+                ),
+            )
         return StatusReport(
             state="accepting" if fence.admission_open else "preparing",
             ready_to_commit=c[S.RUNNING] == 0 and parked_without == 0 and c[S.COMPLETED] == 0,
-            running=c[S.RUNNING], parked=c[S.PARKED], parked_with_boundary=0,
-            parked_without_boundary=parked_without, completed_unacknowledged=c[S.COMPLETED],
-            acknowledged_completed=c[S.ACKNOWLEDGED], active=len(active),
-            blocking_attempts=active, completed_unacknowledged_attempts=completed,
-            executions=active, phase=fence.phase.value, checkpoint_id=fence.active,
-            checkpoint_lease=lease)
+            running=c[S.RUNNING],
+            parked=c[S.PARKED],
+            parked_with_boundary=0,
+            parked_without_boundary=parked_without,
+            completed_unacknowledged=c[S.COMPLETED],
+            acknowledged_completed=c[S.ACKNOWLEDGED],
+            active=len(active),
+            blocking_attempts=active,
+            completed_unacknowledged_attempts=completed,
+            executions=active,
+            phase=fence.phase.value,
+            checkpoint_id=fence.active,
+            checkpoint_lease=lease,
+        )
 
     def status(self, checkpoint_id: str | None) -> StatusReport:
         self.fence.check_lenient(checkpoint_id)
@@ -359,10 +423,14 @@ class ParticipantCore:
             return StatusReport.model_validate(recorded)
         report = self.report()
         if not report.ready_to_commit:
-            raise PrepareIncomplete(prepare_incomplete_detail(report), status=409,
-                                    body=report.model_dump(mode="json", exclude_none=True))
-        self.fence.advance(checkpoint_id, "prepared",
-                           report.model_dump(mode="json", exclude_none=True))
+            raise PrepareIncomplete(
+                prepare_incomplete_detail(report),
+                status=409,
+                body=report.model_dump(mode="json", exclude_none=True),
+            )
+        self.fence.advance(
+            checkpoint_id, "prepared", report.model_dump(mode="json", exclude_none=True)
+        )
         self._fence_changed()
         return report
 
@@ -397,8 +465,7 @@ class ParticipantCore:
 
     def _spent(self, checkpoint_id: str) -> None:
         answer = json.dumps(self.fence.spent[checkpoint_id], separators=(",", ":")).encode()
-        self._records += [SpentCheckpoint(checkpoint_id, answer),
-                          FenceRecord(self.fence.state())]
+        self._records += [SpentCheckpoint(checkpoint_id, answer), FenceRecord(self.fence.state())]
 
     # ------------------------------------------------------------ the lease
 
@@ -422,8 +489,9 @@ class ParticipantCore:
         return expired
 
 
-def encode_reply(key: ExecutionKey, generation: int, reply: Any,
-                 lineage: ModelLineage | None = None) -> tuple[bytes, bytes]:
+def encode_reply(
+    key: ExecutionKey, generation: int, reply: Any, lineage: ModelLineage | None = None
+) -> tuple[bytes, bytes]:
     """The exact reply bytes to send and keep, and the receipt's canonical bytes.
 
     The digest is taken from the reply as the caller will parse it (the bytes round-tripped), so
@@ -439,7 +507,7 @@ def encode_reply(key: ExecutionKey, generation: int, reply: Any,
 class RunAnswer:
     reply: bytes
     replayed: bool
-    receipt: bytes          # the receipt's canonical JSON
+    receipt: bytes  # the receipt's canonical JSON
 
 
 class Participant:
@@ -451,14 +519,25 @@ class Participant:
     without a call; ``checkpoint_root`` (None: anywhere) confines commit's ``checkpoint_dir``.
     """
 
-    def __init__(self, agent: Agent, store: Store | None = None, *,
-                 clock: Callable[[], float] = time.time, lease_s: float | None = None,
-                 checkpoint_root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        store: Store | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_s: float | None = None,
+        checkpoint_root: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.agent = agent
         self.store: Store = store or MemoryStore()
         loaded = self.store.load()
-        self.core = ParticipantCore(loaded.executions, loaded.spent, fence=loaded.fence,
-                                    lease_s=lease_s, lookup=self.store.lookup)
+        self.core = ParticipantCore(
+            loaded.executions,
+            loaded.spent,
+            fence=loaded.fence,
+            lease_s=lease_s,
+            lookup=self.store.lookup,
+        )
         self.recovered = loaded.recovered
         self.checkpoint_root = checkpoint_root
         self._clock = clock
@@ -469,7 +548,7 @@ class Participant:
         self._closing = False
         fence = self.core.fence
         if fence.active is not None and lease_s is not None and fence.lease_until is None:
-            self.core.renew(fence.active, None, clock())     # a lease from now on
+            self.core.renew(fence.active, None, clock())  # a lease from now on
 
     async def _durable(self) -> None:
         """Make what was decided durable before answering (a barrier on every earlier record)."""
@@ -485,8 +564,7 @@ class Participant:
         if self._closing:
             raise ServerUnavailable("the server is shutting down", status=503)
         if self.store.broken:
-            raise StoreUnavailable("the store is failing its writes; try again later",
-                                   status=503)
+            raise StoreUnavailable("the store is failing its writes; try again later", status=503)
         self._expire()
 
     async def _notify(self) -> None:
@@ -507,8 +585,9 @@ class Participant:
         if until is None:
             return
         loop = asyncio.get_running_loop()
-        self._lease_timer = loop.call_later(max(0.0, until - self._clock()) + 0.01,
-                                            self._on_lease_timer)
+        self._lease_timer = loop.call_later(
+            max(0.0, until - self._clock()) + 0.01, self._on_lease_timer
+        )
 
     def _on_lease_timer(self) -> None:
         self._lease_timer = None
@@ -530,10 +609,17 @@ class Participant:
             return False
         logger.warning(
             "checkpoint lease expired: checkpoint_id=%s phase=%s lease_until=%.3f; admission "
-            "reopened and the id is spent", expired.checkpoint_id, expired.phase.value,
+            "reopened and the id is spent",
+            expired.checkpoint_id,
+            expired.phase.value,
             expired.lease_until,
-            extra={"event": "checkpoint_lease_expired", "checkpoint_id": expired.checkpoint_id,
-                   "phase": expired.phase.value, "lease_until": expired.lease_until})
+            extra={
+                "event": "checkpoint_lease_expired",
+                "checkpoint_id": expired.checkpoint_id,
+                "phase": expired.phase.value,
+                "lease_until": expired.lease_until,
+            },
+        )
         return True
 
     async def start(self) -> None:
@@ -550,14 +636,15 @@ class Participant:
         if isinstance(decision, Replay):
             await self._durable()
             return RunAnswer(decision.reply, replayed=True, receipt=decision.receipt)
-        task = asyncio.create_task(self._execute(key, decision.generation, row),
-                                   name=f"gym-run-{key[0]}-{key[1]}")
+        task = asyncio.create_task(
+            self._execute(key, decision.generation, row), name=f"gym-run-{key[0]}-{key[1]}"
+        )
         self._runs[key] = task
         try:
             # shield: the caller going away (which cancels this handler) never cancels the run
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            if task.cancelled():         # retired before its first step: the run never began
+            if task.cancelled():  # retired before its first step: the run never began
                 raise self._cancelled(key) from None
             raise
 
@@ -632,8 +719,9 @@ class Participant:
         await self._durable()
         return answer
 
-    async def retire(self, checkpoint_id: str, key: ExecutionKey,
-                     deadline_ts: float | None = None) -> RetireAnswer:
+    async def retire(
+        self, checkpoint_id: str, key: ExecutionKey, deadline_ts: float | None = None
+    ) -> RetireAnswer:
         self._admit()
         answer, cancel = self.core.retire(checkpoint_id, key)
         self._renew(checkpoint_id, deadline_ts)
@@ -672,14 +760,15 @@ class Participant:
             await self._durable()
         return report
 
-    async def commit(self, checkpoint_id: str, checkpoint_dir: str,
-                     deadline_ts: float | None = None) -> CommitAnswer:
+    async def commit(
+        self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float | None = None
+    ) -> CommitAnswer:
         """Write the records, then ``manifest.json`` last, into ``checkpoint_dir``."""
         try:
             directory = confine(self.checkpoint_root, checkpoint_dir)
         except ValueError as exc:
             raise InvalidRequest(f"checkpoint_dir: {exc}", status=422) from exc
-        async with self._commit_lock:        # one writer of checkpoint files at a time
+        async with self._commit_lock:  # one writer of checkpoint files at a time
             self._admit()
             recorded, executions = self.core.begin_commit(checkpoint_id)
             self._renew(checkpoint_id, deadline_ts)
@@ -687,11 +776,13 @@ class Participant:
                 return recorded
             await self._durable()
             try:
-                written = await asyncio.to_thread(write_checkpoint, directory, checkpoint_id,
-                                                  executions)
+                written = await asyncio.to_thread(
+                    write_checkpoint, directory, checkpoint_id, executions
+                )
             except OSError as exc:
-                raise GymRejected(f"cannot write {checkpoint_dir!r}: {exc}", status=409,
-                                  code="commit_failed") from exc
+                raise GymRejected(
+                    f"cannot write {checkpoint_dir!r}: {exc}", status=409, code="commit_failed"
+                ) from exc
             answer = self.core.finish_commit(checkpoint_id, CommitAnswer.model_validate(written))
             self._renew(checkpoint_id, deadline_ts)
             await self._durable()
@@ -702,15 +793,18 @@ class Participant:
         answer = self.core.resume(checkpoint_id)
         self._arm_lease_timer()
         await self._durable()
-        await self._notify()             # a prepare still waiting for this id ends now
+        await self._notify()  # a prepare still waiting for this id ends now
         return answer
 
     def capabilities(self) -> dict[str, Any]:
         """The fence's side of the capabilities answer."""
         self._expire()
         fence = self.core.fence
-        return {"phase": fence.phase.value, "active_checkpoint_id": fence.active,
-                "deadline_ts": fence.lease_until}
+        return {
+            "phase": fence.phase.value,
+            "active_checkpoint_id": fence.active,
+            "deadline_ts": fence.lease_until,
+        }
 
     @property
     def ready(self) -> bool:
@@ -722,11 +816,16 @@ class Participant:
     def snapshot(self) -> dict[str, Any]:
         """Counts for tests, the CLI and metrics (a copy; safe to read from another thread)."""
         c = self.core
-        return {"running": c.count(S.RUNNING), "parked": c.count(S.PARKED),
-                "completed_unacknowledged": c.count(S.COMPLETED),
-                "acknowledged": c.count(S.ACKNOWLEDGED), "tombstoned": c.count(S.TOMBSTONED),
-                "agent_starts": c.agent_starts, "phase": c.fence.phase.value,
-                "recovered": self.recovered}
+        return {
+            "running": c.count(S.RUNNING),
+            "parked": c.count(S.PARKED),
+            "completed_unacknowledged": c.count(S.COMPLETED),
+            "acknowledged": c.count(S.ACKNOWLEDGED),
+            "tombstoned": c.count(S.TOMBSTONED),
+            "agent_starts": c.agent_starts,
+            "phase": c.fence.phase.value,
+            "recovered": self.recovered,
+        }
 
     async def stop_runs(self) -> None:
         """Cancel every agent call; their callers get 503. Their keys stay running in the store,
@@ -734,7 +833,7 @@ class Participant:
         self._closing = True
         if self._lease_timer is not None:
             self._lease_timer.cancel()
-        await self._notify()             # waiting prepares end now
+        await self._notify()  # waiting prepares end now
         tasks = list(self._runs.values())
         for task in tasks:
             task.cancel()

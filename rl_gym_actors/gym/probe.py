@@ -29,14 +29,17 @@ async def probe_endpoint(endpoint: GymEndpoint, *, timeout_s: float = PROBE_S) -
         except RlGymError as exc:
             raise EndpointCheckFailed(
                 f"Gym endpoint {endpoint.label} failed its start check: {type(exc).__name__}: "
-                f"{exc}", endpoint=endpoint.url, error=type(exc).__name__) from exc
+                f"{exc}",
+                endpoint=endpoint.url,
+                error=type(exc).__name__,
+            ) from exc
 
 
-async def probe_endpoints(endpoints: Sequence[GymEndpoint], *,
-                          timeout_s: float = PROBE_S) -> None:
+async def probe_endpoints(endpoints: Sequence[GymEndpoint], *, timeout_s: float = PROBE_S) -> None:
     """Probe every endpoint at once; raise for the first (in the given order) that fails."""
-    results = await asyncio.gather(*(probe_endpoint(e, timeout_s=timeout_s) for e in endpoints),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(probe_endpoint(e, timeout_s=timeout_s) for e in endpoints), return_exceptions=True
+    )
     for result in results:
         if isinstance(result, BaseException):
             raise result

@@ -55,12 +55,12 @@ class RetryOn(str, Enum):
     NOTHING = "nothing"
     TRANSPORT = "transport"
     IDEMPOTENT = "idempotent"
-    CHECKPOINT_HELD = "checkpoint_held"   # a prepare waiting out another checkpoint id
+    CHECKPOINT_HELD = "checkpoint_held"  # a prepare waiting out another checkpoint id
 
 
 NO_RETRY = RetryPolicy(attempts=1)
 DEFAULT_RETRY = RetryPolicy()
-_UNBOUNDED = 2 ** 62          # tries when only the deadline bounds a wait
+_UNBOUNDED = 2**62  # tries when only the deadline bounds a wait
 
 
 def remaining(deadline_ts: float, now: float) -> float:
@@ -71,10 +71,13 @@ def remaining(deadline_ts: float, now: float) -> float:
 def check_deadline(deadline_ts: float) -> float:
     """Refuse a deadline that is no absolute Unix time (not a number, not finite, or so small
     that it must be a relative budget by mistake)."""
-    if (not isinstance(deadline_ts, (int, float)) or isinstance(deadline_ts, bool)
-            or not math.isfinite(deadline_ts)):
+    if (
+        not isinstance(deadline_ts, (int, float))
+        or isinstance(deadline_ts, bool)
+        or not math.isfinite(deadline_ts)
+    ):
         raise ConfigError(f"deadline_ts must be a finite number, got {deadline_ts!r}")
-    if deadline_ts < 1_000_000_000:   # 2001-09-09: anything below is a budget, not a time
+    if deadline_ts < 1_000_000_000:  # 2001-09-09: anything below is a budget, not a time
         raise ConfigError(f"deadline_ts must be absolute Unix time, got {deadline_ts!r}")
     return float(deadline_ts)
 
@@ -92,7 +95,7 @@ _RETRIED: dict[RetryOn, frozenset[FailureKind]] = {
 def is_retryable(exc: BaseException, kind: RetryOn, *, deadline_ts: float, now: float) -> bool:
     """Whether ``exc`` from one try of a call of ``kind`` may be retried (pure)."""
     if not isinstance(exc, Exception):
-        return False                      # cancellation and other BaseExceptions: never
+        return False  # cancellation and other BaseExceptions: never
     failure = failure_kind(exc)
     if failure not in _RETRIED[kind]:
         return False
@@ -113,11 +116,18 @@ class _StopBeforeDeadline(stop_base):
         return self.clock() + retry_state.upcoming_sleep + self.min_try_s > self.deadline_ts
 
 
-async def call_with_retry(attempt: Callable[[float], Awaitable[T]], *, kind: RetryOn,
-                          policy: RetryPolicy, deadline_ts: float, clock: Clock = time.time,
-                          sleep: Sleep = asyncio.sleep,
-                          rand: Callable[[], float] = random.random, what: str = "",
-                          on_retry: Callable[[BaseException], None] | None = None) -> T:
+async def call_with_retry(
+    attempt: Callable[[float], Awaitable[T]],
+    *,
+    kind: RetryOn,
+    policy: RetryPolicy,
+    deadline_ts: float,
+    clock: Clock = time.time,
+    sleep: Sleep = asyncio.sleep,
+    rand: Callable[[], float] = random.random,
+    what: str = "",
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
     """Run ``attempt(try_deadline_ts)`` until it succeeds, a try fails with an error that
     ``kind`` does not retry, the attempts bound is reached, or the deadline would be passed.
     The last error is raised as is. ``on_retry`` hears each retried error before its backoff.
@@ -142,16 +152,33 @@ async def call_with_retry(attempt: Callable[[float], Awaitable[T]], *, kind: Ret
         if not retry_on(exc):
             raise
         first_error = exc
-    return await _retry_after_first(attempt, first_error, policy=policy, deadline_ts=deadline_ts,
-                                    clock=clock, sleep=sleep, rand=rand, what=what,
-                                    retry_on=retry_on, on_retry=on_retry)
+    return await _retry_after_first(
+        attempt,
+        first_error,
+        policy=policy,
+        deadline_ts=deadline_ts,
+        clock=clock,
+        sleep=sleep,
+        rand=rand,
+        what=what,
+        retry_on=retry_on,
+        on_retry=on_retry,
+    )
 
 
-async def _retry_after_first(attempt: Callable[[float], Awaitable[T]], first_error: Exception,
-                             *, policy: RetryPolicy, deadline_ts: float, clock: Clock,
-                             sleep: Sleep, rand: Callable[[], float], what: str,
-                             retry_on: Callable[[BaseException], bool],
-                             on_retry: Callable[[BaseException], None] | None) -> T:
+async def _retry_after_first(
+    attempt: Callable[[float], Awaitable[T]],
+    first_error: Exception,
+    *,
+    policy: RetryPolicy,
+    deadline_ts: float,
+    clock: Clock,
+    sleep: Sleep,
+    rand: Callable[[], float],
+    what: str,
+    retry_on: Callable[[BaseException], bool],
+    on_retry: Callable[[BaseException], None] | None,
+) -> T:
     """Tries 2..n of :func:`call_with_retry`, with the backoff the first try's failure earns."""
 
     def wait(retry_state: RetryCallState) -> float:
@@ -160,8 +187,13 @@ async def _retry_after_first(attempt: Callable[[float], Awaitable[T]], first_err
 
     def log_retry(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
-        logger.debug("retrying %s after try %d failed (%r); sleeping %.3fs", what,
-                     retry_state.attempt_number, exc, retry_state.upcoming_sleep)
+        logger.debug(
+            "retrying %s after try %d failed (%r); sleeping %.3fs",
+            what,
+            retry_state.attempt_number,
+            exc,
+            retry_state.upcoming_sleep,
+        )
         if on_retry is not None and exc is not None:
             on_retry(exc)
 
@@ -175,8 +207,12 @@ async def _retry_after_first(attempt: Callable[[float], Awaitable[T]], first_err
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.attempts - 1)
         | _StopBeforeDeadline(deadline_ts, policy.min_try_s, clock),
-        wait=wait, retry=retry_if_exception(retry_on), reraise=True, sleep=sleep,
-        before_sleep=log_retry)
+        wait=wait,
+        retry=retry_if_exception(retry_on),
+        reraise=True,
+        sleep=sleep,
+        before_sleep=log_retry,
+    )
 
     async def one_try() -> T:
         return await attempt(policy.try_deadline(deadline_ts, clock()))

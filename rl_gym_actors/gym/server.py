@@ -41,13 +41,25 @@ from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
 from rl_gym_actors.gym.participant import Participant, StoreUnavailable
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    RECEIPT_HEADER, REPLAYED_HEADER, ROLLOUT_ID_FIELD,
-                                    WIRE_INT_MAX,
-                                    AckBatchRequest, Capabilities, CommitRequest,
-                                    CompletionReceipt, ExecutionKey, PhaseRequest, RetireRequest,
-                                    is_valid_attempt_index, is_valid_checkpoint_id,
-                                    is_valid_rollout_id)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX,
+    RECEIPT_HEADER,
+    REPLAYED_HEADER,
+    ROLLOUT_ID_FIELD,
+    WIRE_INT_MAX,
+    AckBatchRequest,
+    Capabilities,
+    CommitRequest,
+    CompletionReceipt,
+    ExecutionKey,
+    PhaseRequest,
+    RetireRequest,
+    is_valid_attempt_index,
+    is_valid_checkpoint_id,
+    is_valid_rollout_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +69,15 @@ READY_PATH = "/ready"
 # what a server of ours does beyond its routes; "completed_result_acknowledgement" is the name
 # a real Gym and NeMo RL's checkpoint client use, the others are (ext). The routes it serves are
 # listed as features too, read from the app (route_features)
-FEATURES = ("completed_result_acknowledgement", "run-replay", "replayed-header",
-            "receipt-header", "prepare-report", "lenient-status-retire",
-            "conflict-names-checkpoint")
+FEATURES = (
+    "completed_result_acknowledgement",
+    "run-replay",
+    "replayed-header",
+    "receipt-header",
+    "prepare-report",
+    "lenient-status-retire",
+    "conflict-names-checkpoint",
+)
 
 
 def route_features(app: FastAPI) -> list[str]:
@@ -73,6 +91,7 @@ def route_features(app: FastAPI) -> list[str]:
             names.append("ready")
     return names
 
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -81,6 +100,7 @@ class FaultHooks(Protocol):
 
     def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None:
         """A ``/run`` row of a key the participant does not know yet (its first row)."""
+
     def drop_reply(self, key: ExecutionKey) -> bool: ...
     def withhold_receipt(self, key: ExecutionKey) -> bool: ...
     def receipt_delay(self, key: ExecutionKey) -> float: ...
@@ -88,8 +108,10 @@ class FaultHooks(Protocol):
 
 # ---------------------------------------------------------------- answers
 
-def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
-                   ) -> Response:
+
+def _json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
     if isinstance(body, BaseModel):
         raw = body.model_dump_json(exclude_none=True).encode()
     elif isinstance(body, bytes):
@@ -110,14 +132,23 @@ class _DroppedReply(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         body = self.body
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", JSON.encode()),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body[: len(body) // 2],
-                    "more_body": True})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", JSON.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send(
+            {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
+        )
 
 
 # ---------------------------------------------------------------- request parsing
+
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
@@ -129,14 +160,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if not length.isdigit():
             raise InvalidRequest("invalid Content-Length", status=400)
         if int(length) > limit:
-            raise GymRejected(f"body of {length} bytes is over the limit of {limit}",
-                              status=413, code="payload_too_large")
+            raise GymRejected(
+                f"body of {length} bytes is over the limit of {limit}",
+                status=413,
+                code="payload_too_large",
+            )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise GymRejected(f"body is over the limit of {limit} bytes", status=413,
-                              code="payload_too_large")
+            raise GymRejected(
+                f"body is over the limit of {limit} bytes", status=413, code="payload_too_large"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -162,11 +197,16 @@ def _run_key(row: Any) -> ExecutionKey:
     rollout_id = row.get(ROLLOUT_ID_FIELD)
     attempt = row.get(ATTEMPT_INDEX_FIELD, 0)
     if not is_valid_rollout_id(rollout_id):
-        raise InvalidRequest(f"{ROLLOUT_ID_FIELD}: required, matching [A-Za-z0-9][A-Za-z0-9._-]* "
-                             f"and at most 256 characters; got {rollout_id!r}", status=422)
+        raise InvalidRequest(
+            f"{ROLLOUT_ID_FIELD}: required, matching [A-Za-z0-9][A-Za-z0-9._-]* "
+            f"and at most 256 characters; got {rollout_id!r}",
+            status=422,
+        )
     if not is_valid_attempt_index(attempt):
-        raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD}: must be an integer in 0..{WIRE_INT_MAX}; "
-                             f"got {attempt!r}", status=422)
+        raise InvalidRequest(
+            f"{ATTEMPT_INDEX_FIELD}: must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}",
+            status=422,
+        )
     return (rollout_id, attempt)
 
 
@@ -175,33 +215,42 @@ def _query_key(request: Request) -> ExecutionKey:
     rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
     if not is_valid_rollout_id(rollout_id):
         raise InvalidRequest(f"rollout_id: invalid {rollout_id!r}", status=422)
-    if not attempt.isascii() or not attempt.isdigit() or len(attempt) > 19 \
-            or int(attempt) > WIRE_INT_MAX:
-        raise InvalidRequest(f"attempt_index: must be an integer in 0..{WIRE_INT_MAX}; "
-                             f"got {attempt!r}", status=422)
+    if (
+        not attempt.isascii()
+        or not attempt.isdigit()
+        or len(attempt) > 19
+        or int(attempt) > WIRE_INT_MAX
+    ):
+        raise InvalidRequest(
+            f"attempt_index: must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}", status=422
+        )
     return (rollout_id, int(attempt))
 
 
 # ---------------------------------------------------------------- the app
 
-def create_app(participant: Participant, *, token: str,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               faults: FaultHooks | None = None, metrics: bool = True) -> FastAPI:
+
+def create_app(
+    participant: Participant,
+    *,
+    token: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    faults: FaultHooks | None = None,
+    metrics: bool = True,
+) -> FastAPI:
     """The HTTP app. ``token`` guards every control route; ``faults`` enables fault injection;
     ``metrics`` serves Prometheus text on ``GET /metrics`` (unauthenticated; counts only)."""
     if not token:
         raise ValueError("a control token is required")
     expected = token.encode()
-    app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.participant = participant
     if metrics:
         app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
 
     def authorize(request: Request) -> None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                  expected):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
             raise Unauthorized("missing or wrong bearer token", status=401)
 
     async def body(request: Request) -> bytes:
@@ -214,7 +263,7 @@ def create_app(participant: Participant, *, token: str,
         if exc.code == "agent_prepare_incomplete":
             return _error_response(exc.status or 409, exc.code, exc.detail, report=exc.body)
         error = {"code": exc.code, "detail": exc.detail}
-        if isinstance(exc.body, Mapping):          # named fields of the error (ext)
+        if isinstance(exc.body, Mapping):  # named fields of the error (ext)
             error.update({k: v for k, v in exc.body.items() if k not in error})
         return _json_response({"error": error}, exc.status or 409)
 
@@ -242,10 +291,13 @@ def create_app(participant: Participant, *, token: str,
             raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
         key = _run_key(row)
         if faults is not None and participant.core.state_of(key) is None:
-            faults.observe_run(key, row)        # only a key's first row plans its faults
+            faults.observe_run(key, row)  # only a key's first row plans its faults
         answer = await participant.run(key, row)
-        headers = {} if faults is not None and faults.withhold_receipt(key) else {
-            RECEIPT_HEADER: answer.receipt.decode("ascii")}              # canonical JSON, ASCII
+        headers = (
+            {}
+            if faults is not None and faults.withhold_receipt(key)
+            else {RECEIPT_HEADER: answer.receipt.decode("ascii")}
+        )  # canonical JSON, ASCII
         if answer.replayed:
             headers[REPLAYED_HEADER] = "1"
         elif faults is not None and faults.drop_reply(key):
@@ -266,11 +318,14 @@ def create_app(participant: Participant, *, token: str,
         return _json_response(Capabilities(features=features(), **participant.capabilities()))
 
     def features() -> list[str]:
-        return [*FEATURES, *route_features(app),
-                *(["durable-store"] if participant.store.durable else []),
-                *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
-                *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
-                *(["faults"] if faults is not None else [])]
+        return [
+            *FEATURES,
+            *route_features(app),
+            *(["durable-store"] if participant.store.durable else []),
+            *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
+            *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
+            *(["faults"] if faults is not None else []),
+        ]
 
     async def receipt(request: Request) -> Response:
         authorize(request)
@@ -308,8 +363,11 @@ def create_app(participant: Participant, *, token: str,
     async def retire(request: Request) -> Response:
         authorize(request)
         req = _parse(RetireRequest, await body(request))
-        return _json_response(await participant.retire(
-            req.checkpoint_id, (req.rollout_id, req.attempt_index), req.deadline_ts))
+        return _json_response(
+            await participant.retire(
+                req.checkpoint_id, (req.rollout_id, req.attempt_index), req.deadline_ts
+            )
+        )
 
     @app.post(CONTROL_PREFIX + "/prepare")
     async def prepare(request: Request) -> Response:
@@ -321,8 +379,9 @@ def create_app(participant: Participant, *, token: str,
     async def commit(request: Request) -> Response:
         authorize(request)
         req = _parse(CommitRequest, await body(request))
-        return _json_response(await participant.commit(req.checkpoint_id, req.checkpoint_dir,
-                                                       req.deadline_ts))
+        return _json_response(
+            await participant.commit(req.checkpoint_id, req.checkpoint_dir, req.deadline_ts)
+        )
 
     @app.post(CONTROL_PREFIX + "/resume")
     async def resume(request: Request) -> Response:
@@ -334,6 +393,7 @@ def create_app(participant: Participant, *, token: str,
 
 
 # ---------------------------------------------------------------- serving
+
 
 def resolve_token(token: str | None) -> tuple[str, str]:
     """The control token and where it came from: ``flag``, ``env`` or ``generated``."""
@@ -347,7 +407,9 @@ def resolve_token(token: str | None) -> tuple[str, str]:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port); port 0 picks a free one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
+    sock = socket.socket(
+        family, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -387,9 +449,14 @@ class _Uvicorn(uvicorn.Server):
     in shutdown (so runs are cancelled and their callers answered instead of awaited), and its
     own signal handling (exit status 0 on SIGTERM and Ctrl-C, instead of re-raising the signal)."""
 
-    def __init__(self, config: uvicorn.Config, *, handle_signals: bool,
-                 on_ready: Callable[[], None] | None,
-                 before_shutdown: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        handle_signals: bool,
+        on_ready: Callable[[], None] | None,
+        before_shutdown: Callable[[], Awaitable[None]],
+    ) -> None:
         super().__init__(config)
         self._handle_signals = handle_signals
         self._on_ready = on_ready
@@ -416,7 +483,7 @@ class _Uvicorn(uvicorn.Server):
         self.should_exit = True
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):     # the loop closed meanwhile
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(wake.set)
 
     @contextlib.contextmanager
@@ -452,30 +519,56 @@ class GymServer:
     before :meth:`serve`; :meth:`serve` runs until :meth:`stop` (or a signal, with
     ``handle_signals``) and then closes the participant (its store included)."""
 
-    def __init__(self, participant: Participant, *, token: str, host: str = "127.0.0.1",
-                 port: int = 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 faults: FaultHooks | None = None, log_level: str = "warning",
-                 handle_signals: bool = False, graceful_s: float = 5.0,
-                 metrics: bool = True, http: str = "auto") -> None:
+    def __init__(
+        self,
+        participant: Participant,
+        *,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        faults: FaultHooks | None = None,
+        log_level: str = "warning",
+        handle_signals: bool = False,
+        graceful_s: float = 5.0,
+        metrics: bool = True,
+        http: str = "auto",
+    ) -> None:
         self.participant = participant
         self.token = token
-        self.app = create_app(participant, token=token, max_body_bytes=max_body_bytes,
-                              faults=faults, metrics=metrics)
+        self.app = create_app(
+            participant, token=token, max_body_bytes=max_body_bytes, faults=faults, metrics=metrics
+        )
         self.socket = bind_socket(host, port)
         bound_host, bound_port = self.socket.getsockname()[:2]
         self.port = bound_port
-        self.url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else \
-            f"http://{bound_host}:{bound_port}"
-        config = uvicorn.Config(self.app, log_config=None, log_level=log_level.lower(),
-                                access_log=False, lifespan="off", http=http_protocol(http), loop="asyncio",
-                                timeout_graceful_shutdown=graceful_s, backlog=2048)
+        self.url = (
+            f"http://[{bound_host}]:{bound_port}"
+            if ":" in bound_host
+            else f"http://{bound_host}:{bound_port}"
+        )
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            log_level=log_level.lower(),
+            access_log=False,
+            lifespan="off",
+            http=http_protocol(http),
+            loop="asyncio",
+            timeout_graceful_shutdown=graceful_s,
+            backlog=2048,
+        )
         self._handle_signals = handle_signals
         self._config = config
         self._uvicorn: _Uvicorn | None = None
 
     async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
-        self._uvicorn = _Uvicorn(self._config, handle_signals=self._handle_signals,
-                                 on_ready=on_ready, before_shutdown=self.participant.stop_runs)
+        self._uvicorn = _Uvicorn(
+            self._config,
+            handle_signals=self._handle_signals,
+            on_ready=on_ready,
+            before_shutdown=self.participant.stop_runs,
+        )
         await self.participant.start()
         try:
             await self._uvicorn.serve(sockets=[self.socket])
@@ -483,8 +576,7 @@ class GymServer:
             self.socket.close()
             await self.participant.aclose()
 
-    def serve_in_thread(self, timeout_s: float, *, name: str | None = None
-                        ) -> threading.Thread:
+    def serve_in_thread(self, timeout_s: float, *, name: str | None = None) -> threading.Thread:
         """Serve in a daemon thread with an event loop of its own; return once requests are
         accepted. Raises RuntimeError (from what failed) when it does not start in time."""
         ready = threading.Event()
@@ -493,20 +585,19 @@ class GymServer:
         def serve() -> None:
             try:
                 asyncio.run(self.serve(on_ready=ready.set))
-            except BaseException as exc:       # surfaced below, or by the caller's join
+            except BaseException as exc:  # surfaced below, or by the caller's join
                 failed.append(exc)
             finally:
                 ready.set()
 
-        thread = threading.Thread(target=serve, name=name or f"gym-server-{self.port}",
-                                  daemon=True)
+        thread = threading.Thread(target=serve, name=name or f"gym-server-{self.port}", daemon=True)
         thread.start()
         if not ready.wait(timeout_s):
             raise RuntimeError(f"Gym server thread not ready within {timeout_s}s")
         if failed or not thread.is_alive():
-            raise RuntimeError(f"Gym server thread failed to start: "
-                               f"{failed[0] if failed else 'exited'!r}") from (
-                failed[0] if failed else None)
+            raise RuntimeError(
+                f"Gym server thread failed to start: {failed[0] if failed else 'exited'!r}"
+            ) from (failed[0] if failed else None)
         return thread
 
     def stop(self) -> None:
@@ -522,14 +613,26 @@ class GymServer:
             self._uvicorn.request_exit(force=True)
 
 
-async def serve_async(participant: Participant, *, token: str, host: str = "127.0.0.1",
-                      port: int = 0, on_ready: Callable[[str], None] | None = None,
-                      **options: Any) -> None:
+async def serve_async(
+    participant: Participant,
+    *,
+    token: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    on_ready: Callable[[str], None] | None = None,
+    **options: Any,
+) -> None:
     """Serve ``participant`` until stopped (SIGTERM or Ctrl-C when in the main thread);
     ``on_ready(url)`` is called once requests are accepted. ``options`` as for
     :class:`GymServer`."""
-    server = GymServer(participant, token=token, host=host, port=port,
-                       handle_signals=options.pop("handle_signals", True), **options)
+    server = GymServer(
+        participant,
+        token=token,
+        host=host,
+        port=port,
+        handle_signals=options.pop("handle_signals", True),
+        **options,
+    )
     await server.serve(on_ready=None if on_ready is None else lambda: on_ready(server.url))
 
 

@@ -38,9 +38,10 @@ import os
 import queue
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Union
+from typing import Any, Protocol, Union
 
 from rl_gym_actors.gym.fence import CheckpointPhase, FenceState
 from rl_gym_actors.protocol import ExecutionKey, ExecutionState, canonical_json
@@ -51,8 +52,8 @@ DB_NAME = "gym-participant.sqlite3"
 RECORDS_NAME = "gym-participant-records.jsonl"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
-RETRY_S = 0.5          # a failed write is tried again at least this often
-BROKEN_AFTER = 3       # failed writes in a row after which the store counts as broken
+RETRY_S = 0.5  # a failed write is tried again at least this often
+BROKEN_AFTER = 3  # failed writes in a row after which the store counts as broken
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,8 @@ class Execution:
     attempt_index: int
     state: ExecutionState
     generation: int = 0
-    reply: bytes | None = None       # the exact reply bytes, kept while completed and un-ACKed
-    receipt: bytes | None = None     # canonical JSON of the receipt, kept once completed
+    reply: bytes | None = None  # the exact reply bytes, kept while completed and un-ACKed
+    receipt: bytes | None = None  # canonical JSON of the receipt, kept once completed
 
     @property
     def key(self) -> ExecutionKey:
@@ -105,7 +106,7 @@ class Loaded:
 
     executions: list[Execution] = field(default_factory=list)
     spent: dict[str, bytes] = field(default_factory=dict)
-    recovered: int = 0               # keys tombstoned because they were running at the crash
+    recovered: int = 0  # keys tombstoned because they were running at the crash
     fence: FenceState | None = None
 
 
@@ -185,8 +186,9 @@ CREATE TABLE IF NOT EXISTS fence (
 _UPSERT_EXECUTION = "INSERT OR REPLACE INTO executions VALUES (?, ?, ?, ?, ?, ?)"
 _UPSERT_SPENT = "INSERT OR REPLACE INTO spent_checkpoints VALUES (?, ?)"
 _UPSERT_FENCE = "INSERT OR REPLACE INTO fence VALUES (0, ?, ?, ?, ?)"
-_SELECT_EXECUTION = ("SELECT rollout_id, attempt_index, state, generation, reply, receipt "
-                     "FROM executions")
+_SELECT_EXECUTION = (
+    "SELECT rollout_id, attempt_index, state, generation, reply, receipt FROM executions"
+)
 _STOP = object()
 
 
@@ -207,22 +209,23 @@ class SqliteStore:
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(_SCHEMA)
         self._loaded = self._recover()
-        self._reader: sqlite3.Connection | None = None      # lookups, from the event loop
+        self._reader: sqlite3.Connection | None = None  # lookups, from the event loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._submitted = 0
-        self._durable_ticket = 0          # every ticket up to here is durable
-        self._processed_ticket = 0        # every ticket up to here was tried
-        self._pending: dict[tuple[Any, ...], Record] = {}   # failed, to write again
-        self._failures = 0                # failed writes in a row
-        self.transactions = 0             # committed transactions (one fsync each)
+        self._durable_ticket = 0  # every ticket up to here is durable
+        self._processed_ticket = 0  # every ticket up to here was tried
+        self._pending: dict[tuple[Any, ...], Record] = {}  # failed, to write again
+        self._failures = 0  # failed writes in a row
+        self.transactions = 0  # committed transactions (one fsync each)
         self.records_written = 0
         self._last_error: BaseException | None = None
         self._crashed = False
         self._waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._order = itertools.count()
-        self._thread = threading.Thread(target=self._write_loop, name="gym-store-writer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._write_loop, name="gym-store-writer", daemon=True
+        )
         self._thread.start()
 
     # ------------------------------------------------------------ open
@@ -232,12 +235,19 @@ class SqliteStore:
         conn.execute("BEGIN IMMEDIATE")
         recovered = conn.execute(
             "UPDATE executions SET state = ?, reply = NULL WHERE state IN (?, ?)",
-            (ExecutionState.TOMBSTONED.value, ExecutionState.RUNNING.value,
-             ExecutionState.PARKED.value)).rowcount
+            (
+                ExecutionState.TOMBSTONED.value,
+                ExecutionState.RUNNING.value,
+                ExecutionState.PARKED.value,
+            ),
+        ).rowcount
         conn.execute("COMMIT")
         if recovered:
-            logger.info("store %s: tombstoned %d executions that were running at the crash",
-                        self.path, recovered)
+            logger.info(
+                "store %s: tombstoned %d executions that were running at the crash",
+                self.path,
+                recovered,
+            )
         executions = [_execution(r) for r in conn.execute(_SELECT_EXECUTION)]
         spent = dict(conn.execute("SELECT checkpoint_id, answer FROM spent_checkpoints"))
         fence = None
@@ -253,8 +263,9 @@ class SqliteStore:
         """The durable record of ``key`` (for keys the participant no longer keeps in memory)."""
         if self._reader is None:
             self._reader = sqlite3.connect(self.path, check_same_thread=False)
-        row = self._reader.execute(_SELECT_EXECUTION + " WHERE rollout_id = ? AND "
-                                   "attempt_index = ?", key).fetchone()
+        row = self._reader.execute(
+            _SELECT_EXECUTION + " WHERE rollout_id = ? AND attempt_index = ?", key
+        ).fetchone()
         return None if row is None else _execution(row)
 
     # ------------------------------------------------------------ health
@@ -270,8 +281,9 @@ class SqliteStore:
         return self._crashed or self._failures >= BROKEN_AFTER
 
     def _error(self) -> StoreFailed:
-        return StoreFailed(f"store {self.path}: write failed: {self._last_error!r}",
-                           broken=self.broken)
+        return StoreFailed(
+            f"store {self.path}: write failed: {self._last_error!r}", broken=self.broken
+        )
 
     # ------------------------------------------------------------ writing
 
@@ -289,7 +301,7 @@ class SqliteStore:
             if ticket <= self._durable_ticket:
                 return
             if self.broken or ticket <= self._processed_ticket:
-                raise self._error()          # tried and failed: not durable yet
+                raise self._error()  # tried and failed: not durable yet
             loop = asyncio.get_running_loop()
             fut = loop.create_future()
             heapq.heappush(self._waiters, (ticket, next(self._order), loop, fut))
@@ -300,7 +312,7 @@ class SqliteStore:
             try:
                 first = self._queue.get(timeout=RETRY_S if self._pending else None)
             except queue.Empty:
-                first = None                 # time to write the failed records again
+                first = None  # time to write the failed records again
             batch = [] if first is None else [first]
             while True:
                 try:
@@ -314,7 +326,7 @@ class SqliteStore:
             try:
                 if items or self._pending:
                     self._commit(items)
-            except BaseException:            # never let the writer die: log and go on
+            except BaseException:  # never let the writer die: log and go on
                 logger.exception("store %s: writer step failed", self.path)
             if stop:
                 return
@@ -336,8 +348,14 @@ class SqliteStore:
                 self._pending = records
                 self._failures += 1
                 self._last_error = exc
-            logger.error("store %s: write of %d records failed (%d in a row); they are kept "
-                         "and written again: %r", self.path, len(records), self._failures, exc)
+            logger.error(
+                "store %s: write of %d records failed (%d in a row); they are kept "
+                "and written again: %r",
+                self.path,
+                len(records),
+                self._failures,
+                exc,
+            )
             self._publish(last, ok=False)
             return
         with self._lock:
@@ -353,8 +371,9 @@ class SqliteStore:
         executions, spent, fence = [], [], None
         for r in records:
             if isinstance(r, Execution):
-                executions.append((r.rollout_id, r.attempt_index, r.state.value, r.generation,
-                                   r.reply, r.receipt))
+                executions.append(
+                    (r.rollout_id, r.attempt_index, r.state.value, r.generation, r.reply, r.receipt)
+                )
             elif isinstance(r, SpentCheckpoint):
                 spent.append((r.checkpoint_id, r.answer))
             else:
@@ -366,8 +385,15 @@ class SqliteStore:
         if spent:
             conn.executemany(_UPSERT_SPENT, spent)
         if fence is not None:
-            conn.execute(_UPSERT_FENCE, (fence.phase.value, fence.active,
-                                         json.dumps(fence.answers).encode(), fence.lease_until))
+            conn.execute(
+                _UPSERT_FENCE,
+                (
+                    fence.phase.value,
+                    fence.active,
+                    json.dumps(fence.answers).encode(),
+                    fence.lease_until,
+                ),
+            )
         conn.execute("COMMIT")
         self.transactions += 1
         self.records_written += len(records)
@@ -385,7 +411,7 @@ class SqliteStore:
         for loop, futs in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_settle, futs, failure)
-            except RuntimeError:   # that loop is closed: nobody is waiting any more
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
                 pass
 
     # ------------------------------------------------------------ closing
@@ -407,7 +433,7 @@ class SqliteStore:
         self._queue.put(_STOP)
         self._thread.join()
         self._conn.close()
-        self._publish(self._processed_ticket, ok=False)   # fail every waiter
+        self._publish(self._processed_ticket, ok=False)  # fail every waiter
 
 
 def _settle(futs: list[asyncio.Future], failure: StoreFailed | None) -> None:
@@ -426,6 +452,7 @@ def open_store(state_dir: str | os.PathLike[str] | None) -> Store:
 
 
 # ---------------------------------------------------------------- checkpoint files
+
 
 def _write_file(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -447,13 +474,20 @@ def _fsync_dir(path: Path) -> None:
 def _checkpoint_line(e: Execution) -> bytes:
     """One execution as a line of the checkpoint's records file."""
     receipt = json.loads(e.receipt) if e.receipt is not None else None
-    return canonical_json({"rollout_id": e.rollout_id, "attempt_index": e.attempt_index,
-                           "state": e.state.value, "execution_generation": e.generation,
-                           "completion_receipt": receipt})
+    return canonical_json(
+        {
+            "rollout_id": e.rollout_id,
+            "attempt_index": e.attempt_index,
+            "state": e.state.value,
+            "execution_generation": e.generation,
+            "completion_receipt": receipt,
+        }
+    )
 
 
-def write_checkpoint(checkpoint_dir: str | os.PathLike[str], checkpoint_id: str,
-                     executions: Iterable[Execution]) -> dict[str, object]:
+def write_checkpoint(
+    checkpoint_dir: str | os.PathLike[str], checkpoint_id: str, executions: Iterable[Execution]
+) -> dict[str, object]:
     """Write the records, then ``manifest.json`` last. Returns the commit answer
     ``{"records": n, "manifest_digest": sha256 of manifest.json}``. Raises OSError."""
     directory = Path(checkpoint_dir)
@@ -461,9 +495,15 @@ def write_checkpoint(checkpoint_dir: str | os.PathLike[str], checkpoint_id: str,
     lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
     records = b"".join(line + b"\n" for line in lines)
     _write_file(directory / RECORDS_NAME, records)
-    manifest = canonical_json({"format": MANIFEST_FORMAT, "checkpoint_id": checkpoint_id,
-                               "records": len(lines), "records_file": RECORDS_NAME,
-                               "records_sha256": hashlib.sha256(records).hexdigest()})
+    manifest = canonical_json(
+        {
+            "format": MANIFEST_FORMAT,
+            "checkpoint_id": checkpoint_id,
+            "records": len(lines),
+            "records_file": RECORDS_NAME,
+            "records_sha256": hashlib.sha256(records).hexdigest(),
+        }
+    )
     _write_file(directory / MANIFEST_NAME, manifest)
     _fsync_dir(directory)
     return {"records": len(lines), "manifest_digest": hashlib.sha256(manifest).hexdigest()}
@@ -476,7 +516,7 @@ def confine(root: str | os.PathLike[str] | None, checkpoint_dir: str) -> Path:
     if root is None:
         return Path(checkpoint_dir)
     base = Path(os.path.realpath(root))
-    target = Path(os.path.realpath(base / checkpoint_dir))   # an absolute dir replaces base
+    target = Path(os.path.realpath(base / checkpoint_dir))  # an absolute dir replaces base
     if target != base and base not in target.parents:
         raise ValueError(f"checkpoint_dir {checkpoint_dir!r} is outside the checkpoint root")
     return target

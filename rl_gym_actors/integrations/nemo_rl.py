@@ -52,20 +52,26 @@ import ray
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
-from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_checkpoint_calls import CheckpointCalls
 from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
 from rl_gym_actors.integrations.nemo_rl_feed import RolloutFeed, check_json
 from rl_gym_actors.integrations.nemo_rl_participants import ReceiptBook
-from rl_gym_actors.integrations.nemo_rl_rows import (ROWIDX_FIELD, Claim, ClaimAction, RolloutBook,
-                                                     RolloutTransportError, StreamTimer,
-                                                     RolloutDataError, check_prefix,
-                                                     failure_for)
+from rl_gym_actors.integrations.nemo_rl_results import list_tensor, to_nemo_rl_result, torch_tensor
+from rl_gym_actors.integrations.nemo_rl_rows import (
+    ROWIDX_FIELD,
+    Claim,
+    ClaimAction,
+    RolloutBook,
+    RolloutDataError,
+    RolloutTransportError,
+    StreamTimer,
+    check_prefix,
+    failure_for,
+)
 from rl_gym_actors.integrations.nemo_rl_servers import OwnServers, PolicyEndpoint
-from rl_gym_actors.integrations.nemo_rl_results import (list_tensor, to_nemo_rl_result,
-                                                        torch_tensor)
-from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
+from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, StatusReport
 
@@ -79,7 +85,7 @@ class DropInStats:
     rows: int = 0
     yielded: int = 0
     failed_rows: int = 0
-    adopted: int = 0                    # results adopted on Gym (retire said completed)
+    adopted: int = 0  # results adopted on Gym (retire said completed)
     streams: int = 0
     cancelled_streams: int = 0
 
@@ -99,8 +105,9 @@ class GymRolloutEnv(CheckpointCalls):
         self._tensor = (torch_tensor() if self.cfg.tensors == "auto" else None) or list_tensor
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self._stream_ids = itertools.count(1)
-        self._steps = CheckpointSteps(admission_wait_s=self.cfg.policy.admission_wait_s,
-                                      commit_min_s=self.cfg.commit_min_s)
+        self._steps = CheckpointSteps(
+            admission_wait_s=self.cfg.policy.admission_wait_s, commit_min_s=self.cfg.commit_min_s
+        )
         self._last_expire = 0.0
         self._agent_name = self.cfg.default_agent_name()
         self.receipts = ReceiptBook(self.cfg.max_held)
@@ -124,9 +131,15 @@ class GymRolloutEnv(CheckpointCalls):
                 own = await asyncio.to_thread(servers.start)
                 self._servers = servers
             self.endpoints = [*cfg.endpoints, *own]
-            orch = Orchestrator(self.endpoints, policy=cfg.policy, pool=cfg.pool,
-                                ledger=cfg.ledger, orchestrator_id=cfg.orchestrator_id,
-                                progress=False, start=False)
+            orch = Orchestrator(
+                self.endpoints,
+                policy=cfg.policy,
+                pool=cfg.pool,
+                ledger=cfg.ledger,
+                orchestrator_id=cfg.orchestrator_id,
+                progress=False,
+                start=False,
+            )
             await orch.astart()
             self._orch = orch
             self._feed = RolloutFeed(orch)
@@ -145,11 +158,14 @@ class GymRolloutEnv(CheckpointCalls):
         try:
             snap = await self._orch.asnapshot()
         except Exception as exc:
-            raise RolloutTransportError(f"orchestrator unhealthy: {type(exc).__name__}: "
-                                        f"{exc}") from None
+            raise RolloutTransportError(
+                f"orchestrator unhealthy: {type(exc).__name__}: {exc}"
+            ) from None
         if snap.actors.actors < snap.pool.size:
-            raise RolloutTransportError(f"{snap.pool.size - snap.actors.actors} of "
-                                        f"{snap.pool.size} rollout actors did not answer")
+            raise RolloutTransportError(
+                f"{snap.pool.size - snap.actors.actors} of "
+                f"{snap.pool.size} rollout actors did not answer"
+            )
         for url, answer in (await self._gym_status(STATUS_CHECKPOINT_ID)).items():
             if isinstance(answer, str) and not answer.startswith("rejected"):
                 raise RolloutTransportError(f"Gym server {url} did not answer: {answer}")
@@ -189,9 +205,12 @@ class GymRolloutEnv(CheckpointCalls):
 
     # ------------------------------------------------------------ rollouts
 
-    async def run_rollouts(self, rows: Sequence[Mapping[str, Any]], timer_prefix: str,
-                           deduplicate_multimodal_data: bool = False
-                           ) -> AsyncIterator[tuple[Any, ...]]:
+    async def run_rollouts(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        timer_prefix: str,
+        deduplicate_multimodal_data: bool = False,
+    ) -> AsyncIterator[tuple[Any, ...]]:
         """Yield ``(rowidx, agent_ref, result, timing_or_None)`` per successful row as rows
         end (``(rowidx, result, timing_or_None)`` with ``stream_tuple: 3``); raise a
         :class:`~.nemo_rl_rows.RolloutFailure` at the end if any row failed. ``agent_ref`` is
@@ -208,7 +227,7 @@ class GymRolloutEnv(CheckpointCalls):
         self.stats.streams += 1
         self.stats.rows += len(rows)
         self._maybe_expire()
-        claims = self._book.claim(rows, stream, time.time())      # RolloutDataError: bad rows
+        claims = self._book.claim(rows, stream, time.time())  # RolloutDataError: bad rows
         pending: dict[asyncio.Task[Outcome], tuple[Claim, Mapping[str, Any]]] = {}
         failures: list[tuple[int, FailureKind | None, str]] = []
         raise_as: type[RolloutDataError] | None = None
@@ -225,8 +244,9 @@ class GymRolloutEnv(CheckpointCalls):
             # another stream handed this shared rollout out first: claim the row again
             watch(self._book.reclaim(row, stream, time.time(), rowidx=claim.rowidx), row)
 
-        def emit(item: tuple[Claim, Mapping[str, Any], dict[str, Any]],
-                 timing: dict[str, float] | None) -> tuple[Any, ...] | None:
+        def emit(
+            item: tuple[Claim, Mapping[str, Any], dict[str, Any]], timing: dict[str, float] | None
+        ) -> tuple[Any, ...] | None:
             claim, row, result = item
             if self._book.deliver(claim.rollout_id, time.time()):
                 self._tasks.pop(claim.rollout_id, None)
@@ -257,8 +277,9 @@ class GymRolloutEnv(CheckpointCalls):
                     claim, row = pending.pop(task)
                     outcome = task.result()
                     if not outcome.has_result:
-                        failures.append((claim.rowidx, outcome.failure,
-                                         outcome.reason or outcome.status))
+                        failures.append(
+                            (claim.rowidx, outcome.failure, outcome.reason or outcome.status)
+                        )
                         continue
                     if not self._book.available(claim.rollout_id):
                         reclaim(claim, row)
@@ -266,17 +287,28 @@ class GymRolloutEnv(CheckpointCalls):
                     t1 = time.monotonic()
                     try:
                         result = to_nemo_rl_result(
-                            row, outcome.reply, self._tokenizer, settings=self.cfg.nemo,
-                            tensor=self._tensor, untrained=self.cfg.untrained_replies)
+                            row,
+                            outcome.reply,
+                            self._tokenizer,
+                            settings=self.cfg.nemo,
+                            tensor=self._tensor,
+                            untrained=self.cfg.untrained_replies,
+                        )
                         if outcome.receipt is not None:
                             result["gym_completion_receipt"] = outcome.receipt.model_dump(
-                                mode="json", exclude_none=True)
+                                mode="json", exclude_none=True
+                            )
                     except Exception as exc:
                         if isinstance(exc, RolloutDataError) and raise_as is None:
-                            raise_as = type(exc)     # NeMo RL's ValueError / RuntimeError
+                            raise_as = type(exc)  # NeMo RL's ValueError / RuntimeError
                         # the result stays held: converting again on re-dispatch needs no rerun
-                        failures.append((claim.rowidx, FailureKind.INVALID_REPLY,
-                                         f"invalid row or reply: {type(exc).__name__}: {exc}"))
+                        failures.append(
+                            (
+                                claim.rowidx,
+                                FailureKind.INVALID_REPLY,
+                                f"invalid row or reply: {type(exc).__name__}: {exc}",
+                            )
+                        )
                         continue
                     finally:
                         timer.add("postprocess_results", time.monotonic() - t1)
@@ -289,11 +321,17 @@ class GymRolloutEnv(CheckpointCalls):
         finally:
             if not finished:
                 self.stats.cancelled_streams += 1
-                logger.info("stream %d stopped early: its rollouts keep running for a "
-                            "re-dispatch", stream)
+                logger.info(
+                    "stream %d stopped early: its rollouts keep running for a re-dispatch", stream
+                )
             self._book.release(stream)
-        logger.debug("stream %d: %d rows, %d failed, %.3fs", stream, len(rows), len(failures),
-                     time.monotonic() - started)
+        logger.debug(
+            "stream %d: %d rows, %d failed, %.3fs",
+            stream,
+            len(rows),
+            len(failures),
+            time.monotonic() - started,
+        )
         if failures:
             self.stats.failed_rows += len(failures)
             failure = failure_for(sorted(failures), len(rows))
@@ -317,14 +355,16 @@ class GymRolloutEnv(CheckpointCalls):
         gym_row = {k: v for k, v in row.items() if k != ROWIDX_FIELD}
         agent = self._agent_ref(row).get("name")
         if ENDPOINT_FIELD not in gym_row and agent in self._endpoint_names():
-            gym_row[ENDPOINT_FIELD] = agent       # the row's agent is served there
-        gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id     # the row's own attempt index stays
+            gym_row[ENDPOINT_FIELD] = agent  # the row's agent is served there
+        gym_row[ROLLOUT_ID_FIELD] = claim.rollout_id  # the row's own attempt index stays
         # A fresh context: Ray keeps the calling task's id in a context variable, and work
         # submitted under it is cancelled with it. RL cancelling a stream must not cancel the
         # rollouts it started: they finish, and their results wait for RL's re-dispatch.
-        task = asyncio.create_task(self._rollout(claim, gym_row),
-                                   name=f"rlga-nemo-rl-{claim.rollout_id}",
-                                   context=contextvars.Context())
+        task = asyncio.create_task(
+            self._rollout(claim, gym_row),
+            name=f"rlga-nemo-rl-{claim.rollout_id}",
+            context=contextvars.Context(),
+        )
         self._tasks[claim.rollout_id] = task
         return task
 
@@ -336,15 +376,19 @@ class GymRolloutEnv(CheckpointCalls):
             async with self._steps.running(rid):
                 # the orchestrator remembers the rollout's earlier tries: a rollout that comes
                 # again retires its last try first, and adopts it if it had finished
-                check_json(row)            # a bad row fails alone, not the shared stream
+                check_json(row)  # a bad row fails alone, not the shared stream
                 outcome = await self._feed.run(row)
         except asyncio.CancelledError:
             self._book.settle(rid, ok=False, now=time.time())
             raise
         except Exception as exc:
             logger.info("rollout %s raised: %s", rid, exc)
-            outcome = Outcome(rollout_id=rid, status="failed",
-                              reason=f"{type(exc).__name__}: {exc}", failure=failure_kind(exc))
+            outcome = Outcome(
+                rollout_id=rid,
+                status="failed",
+                reason=f"{type(exc).__name__}: {exc}",
+                failure=failure_kind(exc),
+            )
         self._book.settle(rid, ok=outcome.has_result, now=time.time())
         if not outcome.has_result:
             self._tasks.pop(rid, None)
@@ -368,18 +412,25 @@ class GymRolloutEnv(CheckpointCalls):
         every Gym server's status (or why there is none)."""
         steps = self._steps.snapshot()
         out: dict[str, Any] = {
-            "spun_up": self._orch is not None, "python": sys.executable, **steps,
+            "spun_up": self._orch is not None,
+            "python": sys.executable,
+            **steps,
             "held_results": self._held_count(),
-            "stats": asdict(self.stats), "book": asdict(self._book.stats),
+            "stats": asdict(self.stats),
+            "book": asdict(self._book.stats),
         }
         if self._orch is not None:
             out["orchestrator"] = (await self._orch.asnapshot()).model_dump(mode="json")
             active = steps["checkpoint"]
-            gym = await self._gym_status(active["checkpoint_id"] if active
-                                         else STATUS_CHECKPOINT_ID)
-            out["gym"] = {url: a.model_dump(mode="json", exclude={"executions"})
-                          if isinstance(a, StatusReport) else {"error": a}
-                          for url, a in gym.items()}
+            gym = await self._gym_status(
+                active["checkpoint_id"] if active else STATUS_CHECKPOINT_ID
+            )
+            out["gym"] = {
+                url: a.model_dump(mode="json", exclude={"executions"})
+                if isinstance(a, StatusReport)
+                else {"error": a}
+                for url, a in gym.items()
+            }
         return out
 
     # ------------------------------------------------------------ NeMo RL's unused hooks
@@ -388,8 +439,9 @@ class GymRolloutEnv(CheckpointCalls):
         raise RuntimeError("the Gym drop-in runs whole rollouts; step() is not used")
 
     def global_post_process_and_metrics(self, batch: Any) -> Any:
-        raise RuntimeError("the Gym drop-in runs whole rollouts; global_post_process_and_metrics"
-                           "() is not used")
+        raise RuntimeError(
+            "the Gym drop-in runs whole rollouts; global_post_process_and_metrics() is not used"
+        )
 
 
 # Fail fast rather than restart: a restarted actor has lost its spin-up and its held results.

@@ -30,8 +30,12 @@ async def chat_agent(row: dict[str, Any], policy: PolicyEndpoint) -> dict[str, A
     url = policy.base_url_for(str(row.get(ROLLOUT_ID_FIELD, ""))) + "/chat/completions"
     params = row.get("responses_create_params")
     params = dict(params) if isinstance(params, Mapping) else {}
-    body = {"model": policy.model_name, "messages": input_messages(row),
-            "logprobs": True, "return_token_ids": True}
+    body = {
+        "model": policy.model_name,
+        "messages": input_messages(row),
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     for key in ("temperature", "top_p", "max_output_tokens"):
         if key in params:
             body["max_tokens" if key == "max_output_tokens" else key] = params[key]
@@ -39,25 +43,34 @@ async def chat_agent(row: dict[str, Any], policy: PolicyEndpoint) -> dict[str, A
     async with aiohttp.ClientSession() as session:
         async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
-                raise PolicyCallFailed(f"policy {url} answered {resp.status}: "
-                                       f"{(await resp.text())[:300]}")
+                raise PolicyCallFailed(
+                    f"policy {url} answered {resp.status}: {(await resp.text())[:300]}"
+                )
             completion = await resp.json()
     choices = completion.get("choices") or []
     if not choices:
         raise PolicyCallFailed(f"policy {url} returned no choice")
     choice = choices[0]
     text = (choice.get("message") or {}).get("content") or ""
-    item: dict[str, Any] = {"type": "message", "role": "assistant", "status": "completed",
-                            "content": [{"type": "output_text", "text": text,
-                                         "annotations": []}]}
+    item: dict[str, Any] = {
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
     generated = choice.get("token_ids")
     if generated is not None:
         item["prompt_token_ids"] = completion.get("prompt_token_ids") or []
         item["generation_token_ids"] = list(generated)
-        item["generation_log_probs"] = [entry.get("logprob", 0.0) for entry in (
-            choice.get("logprobs") or {}).get("content") or []]
+        item["generation_log_probs"] = [
+            entry.get("logprob", 0.0)
+            for entry in (choice.get("logprobs") or {}).get("content") or []
+        ]
     expected = row.get("expected_answer")
     reward = 1.0 if expected is not None and str(expected) in text else 0.0
-    return {"id": completion.get("id") or f"r-{row.get(ROLLOUT_ID_FIELD)}", "reward": reward,
-            "responses_create_params": params,
-            "response": {"id": completion.get("id"), "object": "response", "output": [item]}}
+    return {
+        "id": completion.get("id") or f"r-{row.get(ROLLOUT_ID_FIELD)}",
+        "reward": reward,
+        "responses_create_params": params,
+        "response": {"id": completion.get("id"), "object": "response", "output": [item]},
+    }

@@ -32,14 +32,18 @@ class CheckpointCalls:
     def _identities(self) -> list[dict[str, str]]:
         return shapes.identities(self.endpoints, self._participant_names)
 
-    async def discover_checkpoint_capabilities(self, server_names: list[str] | None = None
-                                               ) -> dict[str, Any]:
+    async def discover_checkpoint_capabilities(
+        self, server_names: list[str] | None = None
+    ) -> dict[str, Any]:
         """Every (or each named) Gym server's capabilities as the participant topology."""
         from rl_gym_actors.gym.client import GymClient
 
         self._require_spinup()
-        chosen = [(i, e) for i, e in enumerate(self.endpoints)
-                  if server_names is None or shapes.server_name(e, i) in server_names]
+        chosen = [
+            (i, e)
+            for i, e in enumerate(self.endpoints)
+            if server_names is None or shapes.server_name(e, i) in server_names
+        ]
         if not chosen or (server_names is not None and len(chosen) != len(set(server_names))):
             raise RuntimeError(f"no Gym checkpoint participants named {server_names}")
 
@@ -60,17 +64,19 @@ class CheckpointCalls:
         self._topology = shapes.topology(contracts)
         return self._topology
 
-    async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float
-                                 ) -> dict[str, Any]:
+    async def prepare_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
         """Close admission and drain this actor's rollouts by ``deadline_ts``."""
         self._require_spinup()
         try:
-            await self._steps.prepare(checkpoint_id, deadline_ts,
-                                      facts=lambda: {"held_results": self._held_count()})
+            await self._steps.prepare(
+                checkpoint_id, deadline_ts, facts=lambda: {"held_results": self._held_count()}
+            )
         except CheckpointFailed as exc:
             self._steps.give_up(checkpoint_id)
-            raise CheckpointDeadline(f"checkpoint {checkpoint_id} did not prepare by its "
-                                     f"deadline; admission reopened: {exc}") from None
+            raise CheckpointDeadline(
+                f"checkpoint {checkpoint_id} did not prepare by its "
+                f"deadline; admission reopened: {exc}"
+            ) from None
         return await self._prepare_answer(checkpoint_id)
 
     async def _prepare_answer(self, checkpoint_id: str) -> dict[str, Any]:
@@ -78,14 +84,20 @@ class CheckpointCalls:
         if recorded is not None:
             return recorded
         statuses = await self._gym_status(checkpoint_id)
-        participants = [{"participant": ident, "ready": True,
-                         "payload": shapes.prepare_payload(statuses.get(e.url))}
-                        for ident, e in zip(self._identities(), self.endpoints)]
+        participants = [
+            {
+                "participant": ident,
+                "ready": True,
+                "payload": shapes.prepare_payload(statuses.get(e.url)),
+            }
+            for ident, e in zip(self._identities(), self.endpoints)
+        ]
         answer = {"checkpoint_id": checkpoint_id, "ready": True, "participants": participants}
         return self._steps.record(checkpoint_id, "participants", answer)
 
-    async def commit_checkpoint(self, checkpoint_id: str, deadline_ts: float,
-                                checkpoint_dir: str) -> dict[str, Any]:
+    async def commit_checkpoint(
+        self, checkpoint_id: str, deadline_ts: float, checkpoint_dir: str
+    ) -> dict[str, Any]:
         """Run the ledger's gate into ``checkpoint_dir`` (after a ready prepare)."""
         self._require_spinup()
 
@@ -95,52 +107,65 @@ class CheckpointCalls:
         committed = await self._steps.commit(checkpoint_id, checkpoint_dir, gate, deadline_ts)
         if "participants" not in committed:
             committed["participants"] = [
-                shapes.commit_participant(ident, checkpoint_dir, e["checkpoint_dir"],
-                                          _Commit(e.get("commit")))
-                for ident, e in zip(self._identities(), committed["endpoints"])]
+                shapes.commit_participant(
+                    ident, checkpoint_dir, e["checkpoint_dir"], _Commit(e.get("commit"))
+                )
+                for ident, e in zip(self._identities(), committed["endpoints"])
+            ]
         return {"checkpoint_id": checkpoint_id, "participants": committed["participants"]}
 
-    async def resume_checkpoint(self, checkpoint_id: str, deadline_ts: float
-                                ) -> dict[str, Any]:
+    async def resume_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
         """Reopen admission after a commit, a restore or an abandoned prepare."""
         self._steps.end(checkpoint_id)
-        return {"checkpoint_id": checkpoint_id,
-                "participants": [{"participant": ident, "payload": {"state": "accepting"}}
-                                 for ident in self._identities()]}
+        return {
+            "checkpoint_id": checkpoint_id,
+            "participants": [
+                {"participant": ident, "payload": {"state": "accepting"}}
+                for ident in self._identities()
+            ],
+        }
 
-    async def abort_checkpoint(self, checkpoint_id: str, deadline_ts: float
-                               ) -> dict[str, Any]:
+    async def abort_checkpoint(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
         """Give up a checkpoint that is not published: the same as resuming."""
         return await self.resume_checkpoint(checkpoint_id, deadline_ts)
 
-    async def restore_checkpoint(self, checkpoint_id: str, deadline_ts: float,
-                                 checkpoint_dir: str, source_checkpoint_id: str | None = None,
-                                 generation_cut_proofs: tuple[dict[str, object], ...] = (),
-                                 generation_cut_exclusions: tuple[dict[str, object], ...] = ()
-                                 ) -> dict[str, Any]:
+    async def restore_checkpoint(
+        self,
+        checkpoint_id: str,
+        deadline_ts: float,
+        checkpoint_dir: str,
+        source_checkpoint_id: str | None = None,
+        generation_cut_proofs: tuple[dict[str, object], ...] = (),
+        generation_cut_exclusions: tuple[dict[str, object], ...] = (),
+    ) -> dict[str, Any]:
         """Check every participant's part of ``checkpoint_dir`` and hold admission closed
         until ``resume_checkpoint``. Generation-cut arguments concern a policy model
         participant; there is none here, so they must be empty."""
         self._require_spinup()
         if generation_cut_proofs or generation_cut_exclusions:
-            raise ValueError("generation cuts concern a policy model participant; the drop-in "
-                             "has none")
+            raise ValueError(
+                "generation cuts concern a policy model participant; the drop-in has none"
+            )
         try:
             await self._steps.prepare(checkpoint_id, deadline_ts)
         except CheckpointFailed as exc:
             self._steps.give_up(checkpoint_id)
             raise CheckpointDeadline(f"restore {checkpoint_id}: {exc}") from None
         try:
-            parts = [shapes.restored_participant(ident, where, source_checkpoint_id)
-                     for ident, where in zip(self._identities(), shapes.endpoint_dirs(
-                         checkpoint_dir, self.endpoints))]
+            parts = [
+                shapes.restored_participant(ident, where, source_checkpoint_id)
+                for ident, where in zip(
+                    self._identities(), shapes.endpoint_dirs(checkpoint_dir, self.endpoints)
+                )
+            ]
         except (CheckpointFailed, RlGymError):
             self._steps.give_up(checkpoint_id)
             raise
         return {"checkpoint_id": checkpoint_id, "participants": parts}
 
-    async def acknowledge_completed_executions(self, executions: list[dict[str, Any]]
-                                               ) -> dict[str, Any]:
+    async def acknowledge_completed_executions(
+        self, executions: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """Record RL's ownership of results this actor handed out (see the module doc)."""
         return self.receipts.acknowledge(list(executions))
 

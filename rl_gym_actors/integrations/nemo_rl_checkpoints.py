@@ -39,7 +39,7 @@ from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
 
 SPENT_MEMORY = 256
 
-Gate = Callable[[str, str, float], Awaitable[Any]]    # (id, dir, deadline_s) -> CheckpointReport
+Gate = Callable[[str, str, float], Awaitable[Any]]  # (id, dir, deadline_s) -> CheckpointReport
 
 
 @dataclass(slots=True)
@@ -49,24 +49,29 @@ class _Commit:
     deadline_ts: float
     committing: asyncio.Task | None = None
     checkpoint_dir: str | None = None
-    answers: dict[str, Any] = field(default_factory=dict)   # the callers' own recorded answers
+    answers: dict[str, Any] = field(default_factory=dict)  # the callers' own recorded answers
 
 
 class CheckpointSteps:
     """Admission and checkpoint phases of one drop-in actor. One event loop."""
 
-    def __init__(self, *, admission_wait_s: float, commit_min_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        admission_wait_s: float,
+        commit_min_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.admission_wait_s = admission_wait_s
         self.commit_min_s = commit_min_s
         self._clock = clock
         self.in_flight: set[str] = set()
         self.committed = 0
         self._fence = CheckpointFence()
-        self._open = asyncio.Event()             # mirrors fence.admission_open, for admitted()
+        self._open = asyncio.Event()  # mirrors fence.admission_open, for admitted()
         self._open.set()
-        self._drained = asyncio.Condition()      # notified whenever a rollout leaves in_flight
-        self._active: _Commit | None = None      # set while the fence holds an id
+        self._drained = asyncio.Condition()  # notified whenever a rollout leaves in_flight
+        self._active: _Commit | None = None  # set while the fence holds an id
 
     # ------------------------------------------------------------ rollouts
 
@@ -78,8 +83,10 @@ class CheckpointSteps:
         try:
             await asyncio.wait_for(self._open.wait(), self.admission_wait_s)
         except TimeoutError:
-            raise RolloutTransportError("admission stayed closed (a checkpoint between prepare "
-                                        "and resume) past admission_wait_s") from None
+            raise RolloutTransportError(
+                "admission stayed closed (a checkpoint between prepare "
+                "and resume) past admission_wait_s"
+            ) from None
 
     @asynccontextmanager
     async def running(self, rollout_id: str) -> AsyncIterator[None]:
@@ -103,8 +110,9 @@ class CheckpointSteps:
         else:
             self._open.clear()
 
-    async def prepare(self, checkpoint_id: str, deadline_ts: float,
-                      facts: Callable[[], dict[str, Any]] = dict) -> dict[str, Any]:
+    async def prepare(
+        self, checkpoint_id: str, deadline_ts: float, facts: Callable[[], dict[str, Any]] = dict
+    ) -> dict[str, Any]:
         """Close admission and drain. The answer (with ``facts()`` taken the moment the
         drain ends) is recorded: a repeat answers exactly the same, whatever changed since."""
         checkpoint_id_arg(checkpoint_id)
@@ -121,61 +129,80 @@ class CheckpointSteps:
         if self.in_flight:
             async with self._drained:
                 try:
-                    await asyncio.wait_for(self._drained.wait_for(lambda: not self.in_flight),
-                                           max(active.deadline_ts - self._clock(), 0))
+                    await asyncio.wait_for(
+                        self._drained.wait_for(lambda: not self.in_flight),
+                        max(active.deadline_ts - self._clock(), 0),
+                    )
                 except TimeoutError:
                     raise CheckpointFailed(
                         f"checkpoint {checkpoint_id}: {len(self.in_flight)} rollouts still in "
                         f"flight at the deadline; admission stays closed (prepare again, or "
-                        f"abort)", checkpoint_id=checkpoint_id,
-                        blockers={"in_flight": sorted(self.in_flight)}) from None
-        recorded = self._fence.recorded(checkpoint_id, "prepare")   # a concurrent repeat
+                        f"abort)",
+                        checkpoint_id=checkpoint_id,
+                        blockers={"in_flight": sorted(self.in_flight)},
+                    ) from None
+        recorded = self._fence.recorded(checkpoint_id, "prepare")  # a concurrent repeat
         if recorded is not None:
             return recorded
-        answer = {"checkpoint_id": checkpoint_id, "ready_to_commit": True,
-                  "drained_s": round(time.monotonic() - started, 6), **facts()}
+        answer = {
+            "checkpoint_id": checkpoint_id,
+            "ready_to_commit": True,
+            "drained_s": round(time.monotonic() - started, 6),
+            **facts(),
+        }
         self._fence.advance(checkpoint_id, "prepared", answer)
         return answer
 
-    async def commit(self, checkpoint_id: str, checkpoint_dir: str, gate: Gate,
-                     deadline_ts: float | None = None) -> dict[str, Any]:
+    async def commit(
+        self, checkpoint_id: str, checkpoint_dir: str, gate: Gate, deadline_ts: float | None = None
+    ) -> dict[str, Any]:
         """Run the gate (once; repeats join it). ``deadline_ts`` replaces the prepare's."""
         checkpoint_id_arg(checkpoint_id)
         spent = self._fence.spent.get(checkpoint_id)
-        if spent is not None:                    # committed, then resumed: the same commit
+        if spent is not None:  # committed, then resumed: the same commit
             committed = spent.get("committed")
             if committed and committed["checkpoint_dir"] == checkpoint_dir:
                 return committed
-        recorded = self._fence.recorded(checkpoint_id, "commit")    # stale / conflict
+        recorded = self._fence.recorded(checkpoint_id, "commit")  # stale / conflict
         if recorded is None:
-            self._fence.check(checkpoint_id, "commit")              # not ready: 409
+            self._fence.check(checkpoint_id, "commit")  # not ready: 409
         active = self._active
-        assert active is not None                # the fence holds this id
+        assert active is not None  # the fence holds this id
         if active.checkpoint_dir is not None and active.checkpoint_dir != checkpoint_dir:
-            raise ConfigError(f"checkpoint {checkpoint_id} commits to "
-                              f"{active.checkpoint_dir!r}, not {checkpoint_dir!r}")
+            raise ConfigError(
+                f"checkpoint {checkpoint_id} commits to "
+                f"{active.checkpoint_dir!r}, not {checkpoint_dir!r}"
+            )
         if recorded is not None:
             return recorded
-        if active.committing is None:             # a repeated call joins the one in progress
+        if active.committing is None:  # a repeated call joins the one in progress
             active.checkpoint_dir = checkpoint_dir
             if deadline_ts is not None:
                 active.deadline_ts = float(deadline_ts)
             budget = max(active.deadline_ts - self._clock(), self.commit_min_s)
-            active.committing = asyncio.ensure_future(gate(checkpoint_id, checkpoint_dir,
-                                                           budget))
+            active.committing = asyncio.ensure_future(gate(checkpoint_id, checkpoint_dir, budget))
         try:
             report = await asyncio.shield(active.committing)
         except (CheckpointFailed, GymRejected) as exc:
             if self._active is active:
-                self._finish(checkpoint_id, {"state": "accepting", "committed": None,
-                                             "failed": str(exc)})
+                self._finish(
+                    checkpoint_id, {"state": "accepting", "committed": None, "failed": str(exc)}
+                )
             raise
         if self._fence.active == checkpoint_id and self._fence.phase is CheckpointPhase.PREPARED:
-            self._fence.advance(checkpoint_id, "commit", {
-                "checkpoint_id": checkpoint_id, "checkpoint_dir": checkpoint_dir,
-                "adopted": report.adopted, "orphans_acked": report.orphans_acked,
-                "retired": report.retired, "elapsed_s": report.elapsed_s,
-                "endpoints": [e.model_dump(mode="json") for e in report.endpoints]})
+            self._fence.advance(
+                checkpoint_id,
+                "commit",
+                {
+                    "checkpoint_id": checkpoint_id,
+                    "checkpoint_dir": checkpoint_dir,
+                    "adopted": report.adopted,
+                    "orphans_acked": report.orphans_acked,
+                    "retired": report.retired,
+                    "elapsed_s": report.elapsed_s,
+                    "endpoints": [e.model_dump(mode="json") for e in report.endpoints],
+                },
+            )
             self.committed += 1
         return self._fence.recorded(checkpoint_id, "commit")
 
@@ -186,11 +213,17 @@ class CheckpointSteps:
         if recorded is not None:
             return recorded
         active = self._active
-        if active is not None and active.committing is not None and (
-                self._fence.phase is not CheckpointPhase.COMMITTED):
+        if (
+            active is not None
+            and active.committing is not None
+            and (self._fence.phase is not CheckpointPhase.COMMITTED)
+        ):
             raise CheckpointConflict(f"checkpoint {checkpoint_id} is committing", status=409)
-        committed = (self._fence.recorded(checkpoint_id, "commit")
-                     if self._fence.active == checkpoint_id else None)
+        committed = (
+            self._fence.recorded(checkpoint_id, "commit")
+            if self._fence.active == checkpoint_id
+            else None
+        )
         return self._finish(checkpoint_id, {"state": "accepting", "committed": committed})
 
     def answer(self, checkpoint_id: str, key: str) -> Any:
@@ -209,7 +242,8 @@ class CheckpointSteps:
         """Forget a checkpoint that was not committed, without spending its id (it may be
         prepared again): admission reopens. No-op when it is not the active one."""
         if self._fence.active != checkpoint_id or (
-                self._active is not None and self._active.committing is not None):
+            self._active is not None and self._active.committing is not None
+        ):
             return
         self._fence.advance(checkpoint_id, "release")
         self._moved()
@@ -218,14 +252,18 @@ class CheckpointSteps:
         answer = {"checkpoint_id": checkpoint_id, **answer}
         self._fence.advance(checkpoint_id, "resume", answer)
         spent = self._fence.spent
-        while len(spent) > SPENT_MEMORY:          # the oldest spent ids are forgotten first
+        while len(spent) > SPENT_MEMORY:  # the oldest spent ids are forgotten first
             del spent[next(iter(spent))]
         self._moved()
         return answer
 
     def snapshot(self) -> dict[str, Any]:
         fence = self._fence
-        return {"admission": "open" if fence.admission_open else "closed",
-                "checkpoint": None if fence.active is None else {
-                    "checkpoint_id": fence.active, "phase": fence.phase.value},
-                "in_flight": len(self.in_flight), "checkpoints_committed": self.committed}
+        return {
+            "admission": "open" if fence.admission_open else "closed",
+            "checkpoint": None
+            if fence.active is None
+            else {"checkpoint_id": fence.active, "phase": fence.phase.value},
+            "in_flight": len(self.in_flight),
+            "checkpoints_committed": self.committed,
+        }

@@ -22,12 +22,27 @@ from rl_gym_actors.errors import ConfigError
 SECTION = "rl_gym_actors"
 GLOBAL_CONFIG_KEY = "initial_global_config_dict"
 # NemoGymConfig's top-level keys the drop-in reads (the others concern NeMo Gym's own servers)
-NEMO_RL_SETTINGS = ("model_name", "base_urls", "invalid_tool_call_patterns", "thinking_tags",
-                    "require_routed_experts", "routed_experts_dtype")
+NEMO_RL_SETTINGS = (
+    "model_name",
+    "base_urls",
+    "invalid_tool_call_patterns",
+    "thinking_tags",
+    "require_routed_experts",
+    "routed_experts_dtype",
+)
 # Every key of NeMo RL's NemoGymConfig; dropped when our settings sit at its top level.
-NEMO_RL_KEYS = frozenset({
-    *NEMO_RL_SETTINGS, GLOBAL_CONFIG_KEY, "port_range_low", "port_range_high", "use_fastokens",
-    "tokenizer_config", "pad_dynamic_image_shapes", "token_capture"})
+NEMO_RL_KEYS = frozenset(
+    {
+        *NEMO_RL_SETTINGS,
+        GLOBAL_CONFIG_KEY,
+        "port_range_low",
+        "port_range_high",
+        "use_fastokens",
+        "tokenizer_config",
+        "pad_dynamic_image_shapes",
+        "token_capture",
+    }
+)
 
 
 class _Settings(BaseModel):
@@ -99,10 +114,12 @@ class DropInConfig(_Settings):
         return [{"url": v} if isinstance(v, str) else v for v in value]
 
     @model_validator(mode="after")
-    def _some_gym(self) -> "DropInConfig":
+    def _some_gym(self) -> DropInConfig:
         if not self.endpoints and not self.servers:
-            raise ValueError("endpoints missing: name Gym servers (endpoints) or have the "
-                             "drop-in start them (servers)")
+            raise ValueError(
+                "endpoints missing: name Gym servers (endpoints) or have the "
+                "drop-in start them (servers)"
+            )
         names = [s.name for s in self.servers] + [e.name for e in self.endpoints if e.name]
         if len(names) != len(set(names)):
             raise ValueError(f"server and endpoint names must be unique: {names}")
@@ -115,7 +132,7 @@ class DropInConfig(_Settings):
         return named[0] if named else "rl_gym_actors"
 
     @classmethod
-    def from_any(cls, cfg: "DropInConfig | Mapping[str, Any]") -> "DropInConfig":
+    def from_any(cls, cfg: DropInConfig | Mapping[str, Any]) -> DropInConfig:
         if isinstance(cfg, DropInConfig):
             return cfg
         if not isinstance(cfg, Mapping):
@@ -146,7 +163,10 @@ def plain(value: Any) -> Any:
     """Mappings and sequences (OmegaConf's included) as dicts and lists."""
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or (hasattr(value, "__iter__") and hasattr(
-            value, "__getitem__") and not isinstance(value, (str, bytes))):
+    if isinstance(value, (list, tuple)) or (
+        hasattr(value, "__iter__")
+        and hasattr(value, "__getitem__")
+        and not isinstance(value, (str, bytes))
+    ):
         return [plain(v) for v in value]
     return value

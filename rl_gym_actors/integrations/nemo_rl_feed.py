@@ -55,15 +55,16 @@ class RolloutFeed:
     def __init__(self, orch: Any) -> None:
         self._orch = orch
         self._feed: _Feed | None = None
-        self.streams = 0                 # orchestrator streams opened
+        self.streams = 0  # orchestrator streams opened
 
     def _open(self) -> _Feed:
         feed = self._feed
         if feed is None or feed.task is None or feed.task.done():
             feed = self._feed = _Feed()
             # a context of its own: RL cancelling the Ray call that fed a row must not end it
-            feed.task = asyncio.create_task(self._consume(feed), name="rlga-nemo-rl-feed",
-                                            context=contextvars.Context())
+            feed.task = asyncio.create_task(
+                self._consume(feed), name="rlga-nemo-rl-feed", context=contextvars.Context()
+            )
             self.streams += 1
         return feed
 
@@ -78,7 +79,7 @@ class RolloutFeed:
         except asyncio.CancelledError:
             error = FeedClosed("the drop-in is shutting down")
             raise
-        except Exception as exc:         # handed to every rollout still waiting on this stream
+        except Exception as exc:  # handed to every rollout still waiting on this stream
             error = exc
         finally:
             # infrastructure to RL (the row itself may be fine): it re-dispatches them

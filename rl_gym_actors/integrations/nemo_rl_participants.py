@@ -44,17 +44,33 @@ from rl_gym_actors.integrations.nemo_rl_rows import RolloutFailure
 COMPONENT = "responses_api_agents"
 SCHEMA_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-RECEIPT_FIELDS = ("rollout_id", "attempt_index", "execution_generation", "result_identity",
-                  "result_digest", "manifest_capture_key", "terminal_model_call_id")
-CAPABILITY_FIELDS = ("admission_states", "checkpoint_mode", "concurrency_contract",
-                     "multi_process", "instance_role", "features")
+RECEIPT_FIELDS = (
+    "rollout_id",
+    "attempt_index",
+    "execution_generation",
+    "result_identity",
+    "result_digest",
+    "manifest_capture_key",
+    "terminal_model_call_id",
+)
+CAPABILITY_FIELDS = (
+    "admission_states",
+    "checkpoint_mode",
+    "concurrency_contract",
+    "multi_process",
+    "instance_role",
+    "features",
+)
 # our server's older feature names, as NeMo RL's checkpoint work names the same feature
 FEATURE_NAMES = {"acknowledge-completed": "completed_result_acknowledgement"}
-DEFAULT_CONTRACT = {"admission_states": ["accepting", "paused"],
-                    "checkpoint_mode": "export_restore",
-                    "concurrency_contract": "transactional_parallel",
-                    "multi_process": {"mode": "single_worker", "num_workers": 1},
-                    "instance_role": None, "features": ["completed_result_acknowledgement"]}
+DEFAULT_CONTRACT = {
+    "admission_states": ["accepting", "paused"],
+    "checkpoint_mode": "export_restore",
+    "concurrency_contract": "transactional_parallel",
+    "multi_process": {"mode": "single_worker", "num_workers": 1},
+    "instance_role": None,
+    "features": ["completed_result_acknowledgement"],
+}
 
 
 class CheckpointDeadline(RolloutFailure, TimeoutError):
@@ -72,8 +88,13 @@ def identities(endpoints: list[GymEndpoint], names: dict[str, str]) -> list[dict
     out = []
     for i, e in enumerate(endpoints):
         server = server_name(e, i)
-        out.append({"server_name": server, "component": COMPONENT,
-                    "participant_name": names.get(server, server)})
+        out.append(
+            {
+                "server_name": server,
+                "component": COMPONENT,
+                "participant_name": names.get(server, server),
+            }
+        )
     return out
 
 
@@ -81,53 +102,82 @@ def contract(identity: dict[str, str], capabilities: dict[str, Any] | None) -> d
     """The topology entry of one participant, from its capabilities (defaults where the server
     says nothing: a server of ours before it spoke NeMo RL's schema)."""
     caps = capabilities or {}
-    entry = {k: caps[k] if caps.get(k) is not None else DEFAULT_CONTRACT[k]
-             for k in CAPABILITY_FIELDS}
+    entry = {
+        k: caps[k] if caps.get(k) is not None else DEFAULT_CONTRACT[k] for k in CAPABILITY_FIELDS
+    }
     entry["admission_states"] = sorted(entry["admission_states"])
     entry["features"] = sorted({FEATURE_NAMES.get(f, f) for f in entry["features"]})
     return {"participant": identity, "schema_version": SCHEMA_VERSION, **entry}
 
 
 def topology(contracts: list[dict[str, Any]]) -> dict[str, Any]:
-    ordered = sorted(contracts, key=lambda c: (c["participant"]["component"],
-                                               c["participant"]["server_name"],
-                                               c["participant"]["participant_name"]))
+    ordered = sorted(
+        contracts,
+        key=lambda c: (
+            c["participant"]["component"],
+            c["participant"]["server_name"],
+            c["participant"]["participant_name"],
+        ),
+    )
     return {"schema_version": SCHEMA_VERSION, "participants": ordered}
 
 
 def prepare_payload(status: Any) -> dict[str, Any]:
     """An agent's prepare payload from its status report (counts; no per-attempt lists)."""
     counts = status.model_dump() if hasattr(status, "model_dump") else {}
-    fields = ("running", "parked", "parked_with_boundary", "parked_without_boundary",
-              "completed_unacknowledged", "acknowledged_completed", "active")
-    state = counts.get("state") if counts.get("state") in ("accepting", "preparing") \
-        else "accepting"
-    return {"state": state, "ready_to_commit": True,
-            **{k: int(counts.get(k) or 0) for k in fields},
-            "blocking_attempts": [], "completed_unacknowledged_attempts": [],
-            "selected_boundaries": [], "executions": []}
+    fields = (
+        "running",
+        "parked",
+        "parked_with_boundary",
+        "parked_without_boundary",
+        "completed_unacknowledged",
+        "acknowledged_completed",
+        "active",
+    )
+    state = (
+        counts.get("state") if counts.get("state") in ("accepting", "preparing") else "accepting"
+    )
+    return {
+        "state": state,
+        "ready_to_commit": True,
+        **{k: int(counts.get(k) or 0) for k in fields},
+        "blocking_attempts": [],
+        "completed_unacknowledged_attempts": [],
+        "selected_boundaries": [],
+        "executions": [],
+    }
 
 
-def commit_participant(identity: dict[str, str], checkpoint_dir: str,
-                       endpoint_dir: str, commit: Any) -> dict[str, Any]:
+def commit_participant(
+    identity: dict[str, str], checkpoint_dir: str, endpoint_dir: str, commit: Any
+) -> dict[str, Any]:
     """One participant's commit result, with paths relative to ``checkpoint_dir``."""
     root = Path(checkpoint_dir)
     where = Path(endpoint_dir)
     manifest_path = where / "manifest.json"
     manifest = json.loads(manifest_path.read_bytes())
     records_path = where / manifest["records_file"]
-    digest = getattr(commit, "manifest_digest", None) or hashlib.sha256(
-        manifest_path.read_bytes()).hexdigest()
+    digest = (
+        getattr(commit, "manifest_digest", None)
+        or hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    )
     records = int(manifest["records"])
-    index = {"schema_version": SCHEMA_VERSION, "relative_path": _relative(records_path, root),
-             "sha256": manifest["records_sha256"], "records": records,
-             "bytes": records_path.stat().st_size}
-    return {"participant": identity,
-            "payload": {"records": records, "manifest_digest": digest,
-                        "continuation_index": index},
-            "manifest": {"participant": identity,
-                         "relative_path": _relative(manifest_path, root),
-                         "manifest_digest": digest}}
+    index = {
+        "schema_version": SCHEMA_VERSION,
+        "relative_path": _relative(records_path, root),
+        "sha256": manifest["records_sha256"],
+        "records": records,
+        "bytes": records_path.stat().st_size,
+    }
+    return {
+        "participant": identity,
+        "payload": {"records": records, "manifest_digest": digest, "continuation_index": index},
+        "manifest": {
+            "participant": identity,
+            "relative_path": _relative(manifest_path, root),
+            "manifest_digest": digest,
+        },
+    }
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -146,23 +196,29 @@ def endpoint_dirs(checkpoint_dir: str, endpoints: list[GymEndpoint]) -> list[str
     return [str(Path(checkpoint_dir) / label) for label in dir_labels(endpoints)]
 
 
-def restored_participant(identity: dict[str, str], endpoint_dir: str,
-                         source_checkpoint_id: str | None) -> dict[str, Any]:
+def restored_participant(
+    identity: dict[str, str], endpoint_dir: str, source_checkpoint_id: str | None
+) -> dict[str, Any]:
     """Check the participant's manifest in ``endpoint_dir``; report what it holds."""
     path = Path(endpoint_dir) / "manifest.json"
     try:
         manifest = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        raise CheckpointFailed(f"{identity['server_name']}: no readable manifest at {path}: "
-                               f"{exc}", checkpoint_id=source_checkpoint_id or "") from None
+        raise CheckpointFailed(
+            f"{identity['server_name']}: no readable manifest at {path}: {exc}",
+            checkpoint_id=source_checkpoint_id or "",
+        ) from None
     found = manifest.get("checkpoint_id")
     if source_checkpoint_id is not None and found != source_checkpoint_id:
-        raise CheckpointFailed(f"{identity['server_name']}: {path} holds checkpoint {found!r}, "
-                               f"not {source_checkpoint_id!r}",
-                               checkpoint_id=source_checkpoint_id)
-    return {"participant": identity,
-            "payload": {"source_checkpoint_id": found, "records": int(manifest.get("records",
-                                                                                   0))}}
+        raise CheckpointFailed(
+            f"{identity['server_name']}: {path} holds checkpoint {found!r}, "
+            f"not {source_checkpoint_id!r}",
+            checkpoint_id=source_checkpoint_id,
+        )
+    return {
+        "participant": identity,
+        "payload": {"source_checkpoint_id": found, "records": int(manifest.get("records", 0))},
+    }
 
 
 class ReceiptBook:

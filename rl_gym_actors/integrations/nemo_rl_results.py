@@ -35,14 +35,13 @@ from typing import Any
 from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings
 from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError
 
-INVALID_TOOL_CALL_PATTERNS = ("<tool_call>", "</tool_call>", "<function_call>",
-                              "</function_call>")
+INVALID_TOOL_CALL_PATTERNS = ("<tool_call>", "</tool_call>", "<function_call>", "</function_call>")
 THINKING_TAGS = ("<think>", "</think>")
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 ROUTES_ENVELOPE = "nrlre1"
 _TYPECODES = {"int8": "b", "int16": "h", "int32": "i"}
 
-Tensor = Callable[..., Any]           # tensor(values, dtype=None | "float" | "int8" | ...)
+Tensor = Callable[..., Any]  # tensor(values, dtype=None | "float" | "int8" | ...)
 
 
 class MissingGenerationData(RolloutDataError, ValueError):
@@ -70,8 +69,9 @@ def torch_tensor() -> Tensor | None:
     return make
 
 
-def detect_flags(item: Mapping[str, Any], patterns: list[str] | None = None,
-                 tags: list[str] | None = None) -> tuple[bool, bool]:
+def detect_flags(
+    item: Mapping[str, Any], patterns: list[str] | None = None, tags: list[str] | None = None
+) -> tuple[bool, bool]:
     """``(is_invalid_tool_call, has_malformed_thinking)`` of a turn's last output item."""
     patterns = patterns or list(INVALID_TOOL_CALL_PATTERNS)
     tags = tags or list(THINKING_TAGS)
@@ -86,8 +86,12 @@ def detect_flags(item: Mapping[str, Any], patterns: list[str] | None = None,
 
 
 def _first_text(parts: Any) -> str | None:
-    if isinstance(parts, list) and parts and isinstance(parts[0], Mapping) and isinstance(
-            parts[0].get("text"), str):
+    if (
+        isinstance(parts, list)
+        and parts
+        and isinstance(parts[0], Mapping)
+        and isinstance(parts[0].get("text"), str)
+    ):
         return parts[0]["text"]
     return None
 
@@ -107,17 +111,27 @@ def decode_routes(raw: Any) -> list:
         if len(flat) != tokens * layers * topk:
             raise MissingGenerationData("routed_experts envelope size does not match its shape")
         per = layers * topk
-        raw = [[list(flat[t * per + l * topk: t * per + (l + 1) * topk]) for l in range(layers)]
-               for t in range(tokens)]
-    if not (isinstance(raw, list) and all(isinstance(t, list) and all(
-            isinstance(l, list) for l in t) for t in raw)):
+        raw = [
+            [list(flat[t * per + l * topk : t * per + (l + 1) * topk]) for l in range(layers)]
+            for t in range(tokens)
+        ]
+    if not (
+        isinstance(raw, list)
+        and all(isinstance(t, list) and all(isinstance(l, list) for l in t) for t in raw)
+    ):
         raise MissingGenerationData("routed_experts must have shape [tokens, layers, topk]")
     return raw
 
 
-def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
-                      settings: NemoRLSettings = NemoRLSettings(), tensor: Tensor = list_tensor,
-                      untrained: str = "error") -> dict[str, Any]:
+def to_nemo_rl_result(
+    row: Mapping[str, Any],
+    reply: Any,
+    tokenizer: Any,
+    *,
+    settings: NemoRLSettings = NemoRLSettings(),
+    tensor: Tensor = list_tensor,
+    untrained: str = "error",
+) -> dict[str, Any]:
     """See the module docstring."""
     full_result = copy.deepcopy(dict(_object(reply)))
     full_result["reward"] = _reward(full_result)
@@ -133,27 +147,37 @@ def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
         generated = list(item.pop("generation_token_ids"))
         logprobs = [float(x) for x in item.pop("generation_log_probs", None) or []]
         if len(logprobs) != len(generated):
-            raise MissingGenerationData(f"{len(logprobs)} logprobs for {len(generated)} "
-                                        f"generated tokens")
-        if prompt[:len(seen)] != seen:
-            raise RolloutDataError("non-contiguous turns: a prompt does not extend the tokens "
-                                   "seen so far (tokenization or truncated history)")
-        routes = _routes(item.pop("routed_experts", None), len(prompt) + len(generated),
-                         settings)
+            raise MissingGenerationData(
+                f"{len(logprobs)} logprobs for {len(generated)} generated tokens"
+            )
+        if prompt[: len(seen)] != seen:
+            raise RolloutDataError(
+                "non-contiguous turns: a prompt does not extend the tokens "
+                "seen so far (tokenization or truncated history)"
+            )
+        routes = _routes(item.pop("routed_experts", None), len(prompt) + len(generated), settings)
         if routes is not None and seen and "routed_experts" in messages[-1]:
-            messages[-1]["routed_experts"][-1] = tensor(routes[len(seen) - 1],
-                                                        settings.routed_experts_dtype)
-        user = {"role": "user", "content": "", "token_ids": tensor(prompt[len(seen):])}
-        invalid, malformed = detect_flags(item, settings.invalid_tool_call_patterns,
-                                          settings.thinking_tags)
-        assistant = {"role": "assistant", "content": "", "token_ids": tensor(generated),
-                     "generation_logprobs": tensor(logprobs, "float"),
-                     "is_invalid_tool_call": invalid, "has_malformed_thinking": malformed}
+            messages[-1]["routed_experts"][-1] = tensor(
+                routes[len(seen) - 1], settings.routed_experts_dtype
+            )
+        user = {"role": "user", "content": "", "token_ids": tensor(prompt[len(seen) :])}
+        invalid, malformed = detect_flags(
+            item, settings.invalid_tool_call_patterns, settings.thinking_tags
+        )
+        assistant = {
+            "role": "assistant",
+            "content": "",
+            "token_ids": tensor(generated),
+            "generation_logprobs": tensor(logprobs, "float"),
+            "is_invalid_tool_call": invalid,
+            "has_malformed_thinking": malformed,
+        }
         if routes is not None:
             dtype = settings.routed_experts_dtype
-            user["routed_experts"] = tensor(routes[len(seen):len(prompt)], dtype)
-            assistant["routed_experts"] = tensor(routes[len(prompt):len(prompt) +
-                                                        len(generated)], dtype)
+            user["routed_experts"] = tensor(routes[len(seen) : len(prompt)], dtype)
+            assistant["routed_experts"] = tensor(
+                routes[len(prompt) : len(prompt) + len(generated)], dtype
+            )
         messages += [user, assistant]
         seen = prompt + generated
         turns.append((item, prompt, generated))
@@ -161,8 +185,9 @@ def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
             raise NanLogprobs("Generation logprobs contain NaN")
     if turns:
         decode = tokenizer.batch_decode
-        for (item, _, _), p, g in zip(turns, decode([t[1] for t in turns]),
-                                      decode([t[2] for t in turns])):
+        for (item, _, _), p, g in zip(
+            turns, decode([t[1] for t in turns]), decode([t[2] for t in turns])
+        ):
             item["prompt_str"], item["generation_str"] = p, g
     elif untrained == "tokenize":
         messages = _tokenized(row, full_result, tokenizer, tensor)
@@ -170,21 +195,23 @@ def to_nemo_rl_result(row: Mapping[str, Any], reply: Any, tokenizer: Any, *,
         kinds = [o.get("type") for o in output or [] if isinstance(o, Mapping)]
         raise MissingGenerationData(
             f"the Gym reply has no generation data (output item types: {kinds}): the first "
-            f"prompt may exceed the model's context, or no turn produced assistant tokens")
-    return {"message_log": messages, "input_message_log": messages[:1],
-            "full_result": full_result}
+            f"prompt may exceed the model's context, or no turn produced assistant tokens"
+        )
+    return {"message_log": messages, "input_message_log": messages[:1], "full_result": full_result}
 
 
 def _routes(raw: Any, needed: int, settings: NemoRLSettings) -> list | None:
     if raw is None:
         if settings.require_routed_experts:
-            raise MissingGenerationData("require_routed_experts is set but an output item "
-                                        "carries no routed_experts")
+            raise MissingGenerationData(
+                "require_routed_experts is set but an output item carries no routed_experts"
+            )
         return None
     routes = decode_routes(raw)
     if len(routes) < needed:
-        raise MissingGenerationData(f"routed_experts has {len(routes)} rows, a turn needs "
-                                    f"at least {needed}")
+        raise MissingGenerationData(
+            f"routed_experts has {len(routes)} rows, a turn needs at least {needed}"
+        )
     return routes
 
 
@@ -203,17 +230,21 @@ def _reward(reply: Mapping[str, Any]) -> float:
 
 # ---------------------------------------------------------------- untrained agents (opt-in)
 
+
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(_text_of(part.get("text", "")) if isinstance(part, Mapping) else
-                       str(part) for part in content)
+        return "".join(
+            _text_of(part.get("text", "")) if isinstance(part, Mapping) else str(part)
+            for part in content
+        )
     return "" if content is None else str(content)
 
 
-def input_messages(row: Mapping[str, Any], reply: Mapping[str, Any] | None = None
-                   ) -> list[dict[str, str]]:
+def input_messages(
+    row: Mapping[str, Any], reply: Mapping[str, Any] | None = None
+) -> list[dict[str, str]]:
     """The row's input as ``[{"role", "content"}]`` (``responses_create_params.input``)."""
     params = row.get("responses_create_params")
     if not isinstance(params, Mapping) and reply is not None:
@@ -221,22 +252,35 @@ def input_messages(row: Mapping[str, Any], reply: Mapping[str, Any] | None = Non
     raw = (params if isinstance(params, Mapping) else {}).get("input", row.get("prompt", ""))
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    return [{"role": str(m.get("role", "user")), "content": _text_of(m.get("content"))}
-            for m in raw if isinstance(m, Mapping)]
+    return [
+        {"role": str(m.get("role", "user")), "content": _text_of(m.get("content"))}
+        for m in raw
+        if isinstance(m, Mapping)
+    ]
 
 
-def _tokenized(row: Mapping[str, Any], reply: Mapping[str, Any], tokenizer: Any,
-               tensor: Tensor) -> list[dict[str, Any]]:
+def _tokenized(
+    row: Mapping[str, Any], reply: Mapping[str, Any], tokenizer: Any, tensor: Tensor
+) -> list[dict[str, Any]]:
     prompt_ids = list(tokenizer.apply_chat_template(input_messages(row, reply), tokenize=True))
     response = reply.get("response")
     text = ""
     if isinstance(response, Mapping):
-        text = "".join(_text_of(o.get("content")) for o in response.get("output") or []
-                       if isinstance(o, Mapping) and o.get("type", "message") == "message")
-    text = text or (reply.get("output_text") if isinstance(reply.get("output_text"), str)
-                    else "")
+        text = "".join(
+            _text_of(o.get("content"))
+            for o in response.get("output") or []
+            if isinstance(o, Mapping) and o.get("type", "message") == "message"
+        )
+    text = text or (reply.get("output_text") if isinstance(reply.get("output_text"), str) else "")
     generated = list(tokenizer.encode(text)) if text else []
-    return [{"role": "user", "content": "", "token_ids": tensor(prompt_ids)},
-            {"role": "assistant", "content": "", "token_ids": tensor(generated),
-             "generation_logprobs": tensor([0.0] * len(generated), "float"),
-             "is_invalid_tool_call": False, "has_malformed_thinking": False}]
+    return [
+        {"role": "user", "content": "", "token_ids": tensor(prompt_ids)},
+        {
+            "role": "assistant",
+            "content": "",
+            "token_ids": tensor(generated),
+            "generation_logprobs": tensor([0.0] * len(generated), "float"),
+            "is_invalid_tool_call": False,
+            "has_malformed_thinking": False,
+        },
+    ]

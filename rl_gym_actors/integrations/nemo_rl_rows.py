@@ -29,10 +29,11 @@ from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_val
 ROWIDX_FIELD = "_rowidx"
 # Fields that change between RL's dispatches of the same row, so they never enter its digest.
 VOLATILE_FIELDS = frozenset({ROWIDX_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD})
-PREFIX_MAX = 96                     # leaves room for "-<digest>-<n>" within a rollout id
+PREFIX_MAX = 96  # leaves room for "-<digest>-<n>" within a rollout id
 
 
 # ---------------------------------------------------------------- failures RL understands
+
 
 class RolloutFailure(Exception):
     """Base of the failures the drop-in raises to NeMo RL. Always one string argument."""
@@ -63,8 +64,9 @@ def failure_class(kind: FailureKind | None) -> type[RolloutFailure]:
     return RolloutTransportError
 
 
-def failure_for(failures: Sequence[tuple[int, FailureKind | None, str]],
-                total: int) -> RolloutFailure:
+def failure_for(
+    failures: Sequence[tuple[int, FailureKind | None, str]], total: int
+) -> RolloutFailure:
     """One exception for a stream's failed rows ``[(rowidx, kind, reason), ...]``.
 
     A data failure wins: repeating the batch would fail the same way on that row, so calling
@@ -85,33 +87,37 @@ def failure_for(failures: Sequence[tuple[int, FailureKind | None, str]],
 
 # ---------------------------------------------------------------- identity
 
+
 def row_digest(row: Mapping[str, Any], volatile: Iterable[str] = VOLATILE_FIELDS) -> str:
     """SHA-256 of the row's canonical JSON without its volatile fields (``_rowidx`` and the
     identity fields). Values JSON cannot encode are digested by their ``repr``."""
     skip = frozenset(volatile)
     content = {k: v for k, v in row.items() if k not in skip}
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      default=repr)
+    text = json.dumps(
+        content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr
+    )
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def check_prefix(prefix: str) -> str:
     if not (is_valid_rollout_id(prefix) and len(prefix) <= PREFIX_MAX):
-        raise ConfigError(f"rollout id prefix {prefix!r} must be a valid rollout id of at most "
-                          f"{PREFIX_MAX} characters")
+        raise ConfigError(
+            f"rollout id prefix {prefix!r} must be a valid rollout id of at most "
+            f"{PREFIX_MAX} characters"
+        )
     return prefix
 
 
 class EntryState(str, Enum):
-    RUNNING = "running"        # a rollout task is in flight
-    FINISHED = "finished"      # sealed result held, not yet handed to RL
-    FAILED = "failed"          # the rollout ended without a result; a re-dispatch tries again
-    DELIVERED = "delivered"    # handed to RL: never handed out again
+    RUNNING = "running"  # a rollout task is in flight
+    FINISHED = "finished"  # sealed result held, not yet handed to RL
+    FAILED = "failed"  # the rollout ended without a result; a re-dispatch tries again
+    DELIVERED = "delivered"  # handed to RL: never handed out again
 
 
 class ClaimAction(str, Enum):
-    START = "start"            # dispatch the rollout (the orchestrator picks its tries)
-    REUSE = "reuse"            # a task for this rollout exists (running or finished): await it
+    START = "start"  # dispatch the rollout (the orchestrator picks its tries)
+    REUSE = "reuse"  # a task for this rollout exists (running or finished): await it
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,16 +136,16 @@ class _Entry:
     digest: str | None
     state: EntryState
     touched: float
-    watchers: set[int] = field(default_factory=set)    # streams waiting on this rollout
+    watchers: set[int] = field(default_factory=set)  # streams waiting on this rollout
 
 
 @dataclass(slots=True)
 class BookStats:
     started: int = 0
-    reused: int = 0           # rows answered by an earlier, still held rollout
+    reused: int = 0  # rows answered by an earlier, still held rollout
     delivered: int = 0
-    lost_races: int = 0       # a shared rollout another stream handed out first
-    expired: int = 0          # finished results nobody claimed in time
+    lost_races: int = 0  # a shared rollout another stream handed out first
+    expired: int = 0  # finished results nobody claimed in time
 
 
 _RANK = {EntryState.FINISHED: 0, EntryState.RUNNING: 1, EntryState.FAILED: 2}
@@ -190,8 +196,9 @@ class RolloutBook:
             raise RolloutDataError(f"duplicate {ROLLOUT_ID_FIELD} in one batch")
         return [self.reclaim(row, stream, now, rowidx=i) for i, row in zip(indexes, rows)]
 
-    def reclaim(self, row: Mapping[str, Any], stream: int, now: float, *,
-                rowidx: int | None = None) -> Claim:
+    def reclaim(
+        self, row: Mapping[str, Any], stream: int, now: float, *, rowidx: int | None = None
+    ) -> Claim:
         """One row's claim (again, after another stream took the rollout it was waiting on)."""
         rid, _ = _explicit_identity(row)
         if rid is not None:
@@ -199,7 +206,7 @@ class RolloutBook:
             if entry is None:
                 entry = self._entries[rid] = _Entry(rid, None, EntryState.FAILED, now)
             elif entry.state is EntryState.DELIVERED:
-                entry.state = EntryState.FAILED      # RL asks again for one it had: a fresh try
+                entry.state = EntryState.FAILED  # RL asks again for one it had: a fresh try
         else:
             entry = self._by_digest_entry(row_digest(row), stream, now)
         entry.watchers.add(stream)
@@ -268,6 +275,7 @@ class RolloutBook:
         """Forget delivered rollouts and unwatched finished or failed ones older than
         ``hold_s``, and the oldest beyond ``max_entries``. Returns the forgotten ids whose
         results were never handed out (their tasks can be dropped)."""
+
         def idle(e: _Entry) -> bool:
             return not e.watchers and e.state is not EntryState.RUNNING
 
@@ -275,8 +283,10 @@ class RolloutBook:
         overflow = len(self._entries) - len(doomed) - self.max_entries
         if overflow > 0:
             chosen = {id(e) for e in doomed}
-            spare = sorted((e for e in self._entries.values() if idle(e) and id(e) not in chosen),
-                           key=lambda e: (e.state is not EntryState.DELIVERED, e.touched))
+            spare = sorted(
+                (e for e in self._entries.values() if idle(e) and id(e) not in chosen),
+                key=lambda e: (e.state is not EntryState.DELIVERED, e.touched),
+            )
             doomed += spare[:overflow]
         dropped: list[str] = []
         for entry in doomed:
@@ -308,8 +318,9 @@ def _explicit_identity(row: Mapping[str, Any]) -> tuple[str | None, int | None]:
     attempt = row.get(ATTEMPT_INDEX_FIELD)
     if rid is not None and not is_valid_rollout_id(rid):
         raise RolloutDataError(f"invalid {ROLLOUT_ID_FIELD} {rid!r}")
-    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
-                                or attempt < 0):
+    if attempt is not None and (
+        isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0
+    ):
         raise RolloutDataError(f"invalid {ATTEMPT_INDEX_FIELD} {attempt!r}")
     return rid, attempt
 
@@ -327,8 +338,9 @@ class StreamTimer:
 
     def metrics(self, total_s: float) -> dict[str, float]:
         out = dict(self.totals)
-        post = out.get(f"{self.prefix}/postprocess_results" if self.prefix
-                       else "postprocess_results", 0.0)
+        post = out.get(
+            f"{self.prefix}/postprocess_results" if self.prefix else "postprocess_results", 0.0
+        )
         key = f"{self.prefix}/postprocess_results_pct" if self.prefix else "postprocess_results_pct"
         out[key] = 100.0 * post / total_s if total_s > 0 else 0.0
         return out

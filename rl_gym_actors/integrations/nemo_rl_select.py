@@ -38,8 +38,9 @@ def drop_in_options(options: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(options)
     runtime_env = dict(out.get("runtime_env") or {})
     runtime_env.pop("py_executable", None)
-    env_vars = {k: v for k, v in (runtime_env.get("env_vars") or {}).items()
-                if k not in VENV_VARIABLES}
+    env_vars = {
+        k: v for k, v in (runtime_env.get("env_vars") or {}).items() if k not in VENV_VARIABLES
+    }
     if env_vars:
         runtime_env["env_vars"] = env_vars
     else:
@@ -54,7 +55,7 @@ def drop_in_options(options: Mapping[str, Any]) -> dict[str, Any]:
 class _Pending:
     """``NemoGym.options(...)`` awaiting its ``.remote(cfg)``, where the choice is made."""
 
-    def __init__(self, chooser: "NemoGymChooser", options: dict[str, Any]) -> None:
+    def __init__(self, chooser: NemoGymChooser, options: dict[str, Any]) -> None:
         self._chooser = chooser
         self._options = options
 
@@ -74,7 +75,7 @@ class NemoGymChooser:
 
     def __init__(self, original: Any) -> None:
         self.original = original
-        self.created = 0                  # drop-ins created through it
+        self.created = 0  # drop-ins created through it
 
     def options(self, **options: Any) -> _Pending:
         return _Pending(self, options)

@@ -29,7 +29,7 @@ from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings, ServerSpec
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-POLICY_API_KEY = "dummy_key"          # NeMo RL's vLLM servers take no key
+POLICY_API_KEY = "dummy_key"  # NeMo RL's vLLM servers take no key
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class PolicyEndpoint:
     api_key: str = POLICY_API_KEY
 
     @classmethod
-    def from_settings(cls, nemo: NemoRLSettings) -> "PolicyEndpoint":
+    def from_settings(cls, nemo: NemoRLSettings) -> PolicyEndpoint:
         return cls(tuple(u.rstrip("/") for u in nemo.base_urls), nemo.model_name)
 
     def base_url_for(self, key: str) -> str:
@@ -69,7 +69,7 @@ def agent_for(spec: ServerSpec, policy: PolicyEndpoint) -> Agent:
     if inspect.iscoroutinefunction(target):
         return bound
 
-    async def threaded(row: dict[str, Any]) -> Any:       # a sync function: in a thread
+    async def threaded(row: dict[str, Any]) -> Any:  # a sync function: in a thread
         return await asyncio.to_thread(bound, row)
 
     return threaded
@@ -99,20 +99,21 @@ class _ServerThread:
 
                     faults = FaultInjector()
                 participant = Participant(self.agent, open_store(self.spec.state_dir))
-                self.server = GymServer(participant, token=self.token, host=HOST, port=0,
-                                        faults=faults)
+                self.server = GymServer(
+                    participant, token=self.token, host=HOST, port=0, faults=faults
+                )
                 asyncio.run(self.server.serve(on_ready=ready.set))
-            except BaseException as exc:          # reported to start(), which raises it
+            except BaseException as exc:  # reported to start(), which raises it
                 self._error = exc
             finally:
                 ready.set()
 
-        self._thread = threading.Thread(target=serve, name=f"rlga-gym-{self.spec.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=serve, name=f"rlga-gym-{self.spec.name}", daemon=True
+        )
         self._thread.start()
         if not ready.wait(timeout_s) or self._error is not None or self.server is None:
-            raise ConfigError(f"Gym server {self.spec.name!r} did not start: "
-                              f"{self._error!r}")
+            raise ConfigError(f"Gym server {self.spec.name!r} did not start: {self._error!r}")
         return GymEndpoint(url=self.server.url, token=self.token, name=self.spec.name)
 
     def stop(self, timeout_s: float) -> None:

@@ -30,8 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
-from rl_gym_actors.errors import (AdmissionClosed, AgentFailed, ConfigError, GymError,
-                                  GymUnavailable, ProtocolViolation, RlGymError)
+from rl_gym_actors.errors import (
+    AdmissionClosed,
+    AgentFailed,
+    ConfigError,
+    GymError,
+    GymUnavailable,
+    ProtocolViolation,
+    RlGymError,
+)
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.outcome import Outcome, reward_of
@@ -51,7 +58,7 @@ class AsIsStats:
     tries_started: int = 0
     replies_received: int = 0
     acked: int = 0
-    tries_given_up: Counter = field(default_factory=Counter)   # step -> count
+    tries_given_up: Counter = field(default_factory=Counter)  # step -> count
     rollouts_abandoned: int = 0
     checkpoints_tried: int = 0
     checkpoints_committed: int = 0
@@ -64,7 +71,7 @@ class AsIsCheckpoint:
 
     checkpoint_id: str
     committed: bool
-    reports: dict[str, StatusReport | None]     # endpoint URL -> the prepare answer, if any
+    reports: dict[str, StatusReport | None]  # endpoint URL -> the prepare answer, if any
     seconds: float
 
     @property
@@ -80,8 +87,9 @@ class _TryLost(Exception):
         super().__init__(f"{step}: {type(cause).__name__}")
 
 
-def choose_endpoint(row: Mapping[str, Any], rollout_id: str,
-                    endpoints: Sequence[GymEndpoint]) -> GymEndpoint:
+def choose_endpoint(
+    row: Mapping[str, Any], rollout_id: str, endpoints: Sequence[GymEndpoint]
+) -> GymEndpoint:
     """The endpoint a rollout's tries go to: the one the row names in ``_ng_endpoint`` (name or
     URL), else one picked by a stable hash of the rollout id."""
     named = row.get(ENDPOINT_FIELD)
@@ -101,8 +109,14 @@ class AsIsRunner:
     ``await close()`` at the end.
     """
 
-    def __init__(self, endpoints: Sequence[GymEndpoint], policy: TryPolicy | None = None, *,
-                 concurrency: int = 64, transient_faults: bool = True) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[GymEndpoint],
+        policy: TryPolicy | None = None,
+        *,
+        concurrency: int = 64,
+        transient_faults: bool = True,
+    ) -> None:
         if not endpoints:
             raise ConfigError("at least one endpoint is needed")
         if concurrency < 1:
@@ -113,15 +127,16 @@ class AsIsRunner:
         self.transient_faults = transient_faults
         self.stats = AsIsStats()
         # pools sized to the concurrency, so that the baseline never queues for a connection
-        self._clients = {ep.url: GymClient(ep, limit=max(100, concurrency),
-                                           control_limit=max(16, concurrency))
-                         for ep in endpoints}
+        self._clients = {
+            ep.url: GymClient(ep, limit=max(100, concurrency), control_limit=max(16, concurrency))
+            for ep in endpoints
+        }
 
     async def close(self) -> None:
         for client in self._clients.values():
             await client.close()
 
-    async def __aenter__(self) -> "AsIsRunner":
+    async def __aenter__(self) -> AsIsRunner:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -133,13 +148,14 @@ class AsIsRunner:
 
     # ------------------------------------------------------------ rollouts
 
-    async def run_batch(self, rows: Sequence[Mapping[str, Any]], *,
-                        fail_fast: bool = False) -> list[Outcome]:
+    async def run_batch(
+        self, rows: Sequence[Mapping[str, Any]], *, fail_fast: bool = False
+    ) -> list[Outcome]:
         """One outcome per row, in row order. With ``fail_fast`` the first failed row abandons
         the batch: every other rollout stops waiting (Gym keeps running its try)."""
         sem = asyncio.Semaphore(self.concurrency)
         ids = [str(r.get(ROLLOUT_ID_FIELD) or f"asis-{uuid.uuid4().hex[:16]}") for r in rows]
-        current: dict[int, tuple[int, str]] = {}          # row -> (try in flight, endpoint)
+        current: dict[int, tuple[int, str]] = {}  # row -> (try in flight, endpoint)
 
         async def one(i: int) -> Outcome:
             def on_try(attempt: int, url: str) -> None:
@@ -172,10 +188,15 @@ class AsIsRunner:
                 att, ep = current.get(i, (None, ""))
                 if att is not None:
                     self.stats.tries_given_up["abandoned"] += 1
-                outcomes[i] = Outcome(rollout_id=ids[i], status="abandoned", attempt_index=att,
-                                      tries=0 if att is None else att + 1, endpoint=ep,
-                                      reason="batch abandoned: another row failed",
-                                      failure=FailureKind.ABANDONED)
+                outcomes[i] = Outcome(
+                    rollout_id=ids[i],
+                    status="abandoned",
+                    attempt_index=att,
+                    tries=0 if att is None else att + 1,
+                    endpoint=ep,
+                    reason="batch abandoned: another row failed",
+                    failure=FailureKind.ABANDONED,
+                )
         return outcomes  # type: ignore[return-value]
 
     async def _rollout(self, row: Mapping[str, Any], rollout_id: str, on_try) -> Outcome:
@@ -196,32 +217,59 @@ class AsIsRunner:
                 self.stats.tries_given_up[lost.step] += 1
                 continue
             except AgentFailed as exc:
-                return Outcome(rollout_id=rollout_id, status="failed", attempt_index=attempt,
-                               tries=attempt + 1, endpoint=endpoint.url,
-                               reason=f"agent_failed: {exc.detail}",
-                               failure=FailureKind.AGENT_FAILED)
+                return Outcome(
+                    rollout_id=rollout_id,
+                    status="failed",
+                    attempt_index=attempt,
+                    tries=attempt + 1,
+                    endpoint=endpoint.url,
+                    reason=f"agent_failed: {exc.detail}",
+                    failure=FailureKind.AGENT_FAILED,
+                )
             except RlGymError as exc:
-                return Outcome(rollout_id=rollout_id, status="failed", attempt_index=attempt,
-                               tries=attempt + 1, endpoint=endpoint.url,
-                               reason=f"{type(exc).__name__}: {exc}", failure=failure_kind(exc))
+                return Outcome(
+                    rollout_id=rollout_id,
+                    status="failed",
+                    attempt_index=attempt,
+                    tries=attempt + 1,
+                    endpoint=endpoint.url,
+                    reason=f"{type(exc).__name__}: {exc}",
+                    failure=failure_kind(exc),
+                )
             acked = await self._ack(client, receipt)
-            return Outcome(rollout_id=rollout_id, status="sealed", attempt_index=attempt,
-                           reply=reply, reward=reward_of(reply), receipt=receipt, acked=acked,
-                           tries=attempt + 1, endpoint=endpoint.url)
-        return Outcome(rollout_id=rollout_id, status="failed",
-                       attempt_index=self.policy.max_tries - 1, tries=self.policy.max_tries,
-                       endpoint=endpoint.url, reason=f"out of tries: {reason}", failure=kind)
+            return Outcome(
+                rollout_id=rollout_id,
+                status="sealed",
+                attempt_index=attempt,
+                reply=reply,
+                reward=reward_of(reply),
+                receipt=receipt,
+                acked=acked,
+                tries=attempt + 1,
+                endpoint=endpoint.url,
+            )
+        return Outcome(
+            rollout_id=rollout_id,
+            status="failed",
+            attempt_index=self.policy.max_tries - 1,
+            tries=self.policy.max_tries,
+            endpoint=endpoint.url,
+            reason=f"out of tries: {reason}",
+            failure=kind,
+        )
 
-    async def _one_try(self, client: GymClient, row: dict[str, Any], rollout_id: str,
-                       attempt: int) -> tuple[Any, CompletionReceipt]:
+    async def _one_try(
+        self, client: GymClient, row: dict[str, Any], rollout_id: str, attempt: int
+    ) -> tuple[Any, CompletionReceipt]:
         p = self.policy
         self.stats.tries_started += 1
         deadline = time.time() + p.rollout_s
         admission_deadline = time.time() + p.admission_wait_s
         while True:
             try:
-                result = await client.run(row, rollout_id=rollout_id, attempt_index=attempt,
-                                          deadline_ts=deadline)
+                result = await client.run(
+                    row, rollout_id=rollout_id, attempt_index=attempt, deadline_ts=deadline
+                )
                 break
             except AdmissionClosed:
                 if time.time() > admission_deadline:
@@ -232,7 +280,9 @@ class AsIsRunner:
                 raise _TryLost("run", exc) from exc
         self.stats.replies_received += 1
         try:
-            answer = await client.receipt(rollout_id, attempt, deadline_ts=time.time() + p.receipt_s)
+            answer = await client.receipt(
+                rollout_id, attempt, deadline_ts=time.time() + p.receipt_s
+            )
         except (GymUnavailable, GymError) as exc:
             raise _TryLost("receipt", exc) from exc
         if answer.completion_receipt.result_digest != result.digest:
@@ -250,8 +300,9 @@ class AsIsRunner:
 
     # ------------------------------------------------------------ checkpoints
 
-    async def _prepare(self, endpoint: GymEndpoint, checkpoint_id: str,
-                       deadline_ts: float) -> StatusReport | None:
+    async def _prepare(
+        self, endpoint: GymEndpoint, checkpoint_id: str, deadline_ts: float
+    ) -> StatusReport | None:
         """The prepare answer, or None when none came by the deadline (not ready either)."""
         try:
             return await self.client(endpoint).prepare(checkpoint_id, deadline_ts=deadline_ts)
@@ -259,24 +310,28 @@ class AsIsRunner:
             logger.debug("as-is prepare on %s: %s", endpoint.url, exc)
             return None
 
-    async def checkpoint(self, checkpoint_id: str, checkpoint_dir: str | Path, *,
-                         prepare_s: float = 1.0) -> AsIsCheckpoint:
+    async def checkpoint(
+        self, checkpoint_id: str, checkpoint_dir: str | Path, *, prepare_s: float = 1.0
+    ) -> AsIsCheckpoint:
         """Prepare every endpoint with a short deadline; all ready: commit and resume; any 409:
         resume everywhere (abort) and report the checkpoint blocked."""
         t0 = time.perf_counter()
         self.stats.checkpoints_tried += 1
         deadline = time.time() + prepare_s
-        reports = await asyncio.gather(*(self._prepare(ep, checkpoint_id, deadline)
-                                         for ep in self.endpoints))
+        reports = await asyncio.gather(
+            *(self._prepare(ep, checkpoint_id, deadline) for ep in self.endpoints)
+        )
         by_url = {ep.url: r for ep, r in zip(self.endpoints, reports)}
         ready = all(r is not None and r.ready_to_commit for r in reports)
         control = time.time() + self.policy.control_s
         if ready:
             for i, ep in enumerate(self.endpoints):
-                await self.client(ep).commit(checkpoint_id, str(Path(checkpoint_dir) / f"ep{i}"),
-                                             deadline_ts=control)
-        await asyncio.gather(*(self.client(ep).resume(checkpoint_id, deadline_ts=control)
-                               for ep in self.endpoints))
+                await self.client(ep).commit(
+                    checkpoint_id, str(Path(checkpoint_dir) / f"ep{i}"), deadline_ts=control
+                )
+        await asyncio.gather(
+            *(self.client(ep).resume(checkpoint_id, deadline_ts=control) for ep in self.endpoints)
+        )
         if ready:
             self.stats.checkpoints_committed += 1
         else:

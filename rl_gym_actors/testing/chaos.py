@@ -70,7 +70,7 @@ class ChaosRow:
     happened: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def count(self, outcomes: Iterable[Outcome]) -> "ChaosRow":
+    def count(self, outcomes: Iterable[Outcome]) -> ChaosRow:
         for o in outcomes:
             self.rows += 1
             if o.status == "sealed":
@@ -112,7 +112,7 @@ def _in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
     def go() -> None:
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:         # handed to whoever reads the result
+        except BaseException as exc:  # handed to whoever reads the result
             future.set_exception(exc)
 
     threading.Thread(target=go, daemon=True).start()
@@ -127,6 +127,7 @@ def _state(endpoint: GymEndpoint) -> str:
     async def read() -> str:
         async with GymClient(endpoint) as client:
             return (await client.status("chaos-probe", deadline_ts=_soon())).state
+
     return asyncio.run(read())
 
 
@@ -135,20 +136,39 @@ def _running(endpoint: GymEndpoint) -> int:
 
 
 def _rows(prefix: str, sizes: Sizes, n: int | None = None, sleep_s: float | None = None):
-    return [{"_ng_rollout_id": f"{prefix}-{i}", "reward": 0.5,
-             "sleep_s": sizes.sleep_s if sleep_s is None else sleep_s}
-            for i in range(sizes.rows if n is None else n)]
+    return [
+        {
+            "_ng_rollout_id": f"{prefix}-{i}",
+            "reward": 0.5,
+            "sleep_s": sizes.sleep_s if sleep_s is None else sleep_s,
+        }
+        for i in range(sizes.rows if n is None else n)
+    ]
 
 
 def _orchestrator(endpoint: GymEndpoint, sizes: Sizes, policy: TryPolicy, **kw: Any):
     from rl_gym_actors.orchestrator import Orchestrator
 
-    return Orchestrator([endpoint], policy=policy, pool_size=sizes.pool,
-                        rollouts_per_actor=sizes.per_actor, progress=False, **kw)
+    return Orchestrator(
+        [endpoint],
+        policy=policy,
+        pool_size=sizes.pool,
+        rollouts_per_actor=sizes.per_actor,
+        progress=False,
+        **kw,
+    )
 
 
-def _after(row: ChaosRow, orch: Any, endpoint: GymEndpoint, tmp: Path, cid: str,
-           fault_at: float, outcomes: list[Outcome], deadline_s: float = 60.0) -> None:
+def _after(
+    row: ChaosRow,
+    orch: Any,
+    endpoint: GymEndpoint,
+    tmp: Path,
+    cid: str,
+    fault_at: float,
+    outcomes: list[Outcome],
+    deadline_s: float = 60.0,
+) -> None:
     """The trainer's next step after the fault: a checkpoint; then Gym's counts."""
     try:
         orch.checkpoint(cid, str(tmp / cid), deadline_s=deadline_s)
@@ -162,17 +182,25 @@ def _after(row: ChaosRow, orch: Any, endpoint: GymEndpoint, tmp: Path, cid: str,
 
 
 def _clean(row: ChaosRow) -> bool:
-    return (row.failed_silent == 0 and row.committed is True and row.gym_running == 0
-            and row.gym_unacked == 0 and row.rewards_twice == 0)
+    return (
+        row.failed_silent == 0
+        and row.committed is True
+        and row.gym_running == 0
+        and row.gym_unacked == 0
+        and row.rewards_twice == 0
+    )
 
 
 # ---------------------------------------------------------------------- scenarios
 
+
 def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
     """Gym SIGKILLed mid-batch and restarted on its state dir."""
-    row = ChaosRow("Gym SIGKILL + restart mid-batch (state dir)",
-                   "rows sealed or failed with a reason; the next checkpoint commits; "
-                   "Gym 0 running / 0 un-ACKed")
+    row = ChaosRow(
+        "Gym SIGKILL + restart mid-batch (state dir)",
+        "rows sealed or failed with a reason; the next checkpoint commits; "
+        "Gym 0 running / 0 un-ACKed",
+    )
     policy = TryPolicy(rollout_s=5.0, receipt_s=2.0, max_tries=3, control_s=5.0)
     server = GymServerProcess(token="chaos", state_dir=tmp / "state").start()
     try:
@@ -190,9 +218,11 @@ def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
             row.failed_silent += sum(o.status != "sealed" and not o.reason for o in again)
     finally:
         server.kill()
-    row.happened = (f"{row.sealed} sealed, {row.failed_reason} failed with a reason; next "
-                    f"batch {row.extra['next_batch_sealed']}/{sizes.rows} sealed (rows that meet "
-                    f"the endpoint still marked down fail at once, naming it)" + row.happened)
+    row.happened = (
+        f"{row.sealed} sealed, {row.failed_reason} failed with a reason; next "
+        f"batch {row.extra['next_batch_sealed']}/{sizes.rows} sealed (rows that meet "
+        f"the endpoint still marked down fail at once, naming it)" + row.happened
+    )
     row.ok = _clean(row)
     return row
 
@@ -200,9 +230,11 @@ def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
 def gym_dead(sizes: Sizes, tmp: Path) -> ChaosRow:
     """Gym SIGKILLed for good: 60 rows on the pool end within rollout_s x max_tries +
     control_s; a checkpoint fails within its deadline + 0.5 s."""
-    row = ChaosRow("Gym dead (SIGKILL, no restart)",
-                   "60 rows end within rollout_s x max_tries + control_s, each naming the "
-                   "cause; checkpoint(deadline_s=3) raises CheckpointFailed within 3.5 s")
+    row = ChaosRow(
+        "Gym dead (SIGKILL, no restart)",
+        "60 rows end within rollout_s x max_tries + control_s, each naming the "
+        "cause; checkpoint(deadline_s=3) raises CheckpointFailed within 3.5 s",
+    )
     policy = TryPolicy(rollout_s=5.0, receipt_s=2.0, max_tries=3, control_s=5.0)
     bound = policy.rollout_s * policy.max_tries + policy.control_s
     server = GymServerProcess(token="chaos").start()
@@ -224,21 +256,31 @@ def gym_dead(sizes: Sizes, tmp: Path) -> ChaosRow:
             row.recover_s = batch_s
     finally:
         server.kill()
-    row.extra.update(batch_s=round(batch_s, 2), bound_s=bound, checkpoint_s=round(ckpt_s, 2),
-                     cause_named=named)
-    row.happened = (f"batch ended in {batch_s:.1f} s (bound {bound:.0f} s), {named}/60 reasons "
-                    f"name 'Cannot connect'; CheckpointFailed after {ckpt_s:.2f} s")
-    row.ok = (row.failed_silent == 0 and batch_s < bound and named == 60
-              and row.committed is False and ckpt_s < 3.5)
+    row.extra.update(
+        batch_s=round(batch_s, 2), bound_s=bound, checkpoint_s=round(ckpt_s, 2), cause_named=named
+    )
+    row.happened = (
+        f"batch ended in {batch_s:.1f} s (bound {bound:.0f} s), {named}/60 reasons "
+        f"name 'Cannot connect'; CheckpointFailed after {ckpt_s:.2f} s"
+    )
+    row.ok = (
+        row.failed_silent == 0
+        and batch_s < bound
+        and named == 60
+        and row.committed is False
+        and ckpt_s < 3.5
+    )
     return row
 
 
 def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
     """Gym SIGSTOPped: a checkpoint fails within its deadline + 0.5 s; after SIGCONT the next
     checkpoint commits."""
-    row = ChaosRow("Gym frozen (SIGSTOP), then SIGCONT",
-                   "checkpoint(deadline_s=3) raises within 3.5 s; rows fail with a reason; "
-                   "after SIGCONT the next checkpoint commits")
+    row = ChaosRow(
+        "Gym frozen (SIGSTOP), then SIGCONT",
+        "checkpoint(deadline_s=3) raises within 3.5 s; rows fail with a reason; "
+        "after SIGCONT the next checkpoint commits",
+    )
     policy = TryPolicy(rollout_s=2.0, receipt_s=1.0, max_tries=1, control_s=2.0)
     server = GymServerProcess(token="chaos").start()
     try:
@@ -259,8 +301,10 @@ def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
         os.kill(server.pid, signal.SIGCONT)
         server.kill()
     row.extra["checkpoint_s"] = round(ckpt_s, 2)
-    row.happened = (f"CheckpointFailed after {ckpt_s:.2f} s; {row.failed_reason} rows failed "
-                    f"with a reason while frozen" + row.happened)
+    row.happened = (
+        f"CheckpointFailed after {ckpt_s:.2f} s; {row.failed_reason} rows failed "
+        f"with a reason while frozen" + row.happened
+    )
     row.ok = failed_fast and ckpt_s < 3.5 and _clean(row)
     return row
 
@@ -269,20 +313,24 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
     import ray
 
     where = "mid-checkpoint" if mid_checkpoint else "mid-batch"
-    row = ChaosRow(f"ledger killed {where} (ray.kill, Ray restarts it)",
-                   "the batch finishes, the next batch runs, snapshot() holds the invariant, "
-                   "the checkpoint commits")
+    row = ChaosRow(
+        f"ledger killed {where} (ray.kill, Ray restarts it)",
+        "the batch finishes, the next batch runs, snapshot() holds the invariant, "
+        "the checkpoint commits",
+    )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=5.0)
     server = GymServerThread(token="chaos").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
-            batch = _in_background(orch.run_batch,
-                                   _rows("lk", sizes, sleep_s=max(sizes.sleep_s, 1.0)))
+            batch = _in_background(
+                orch.run_batch, _rows("lk", sizes, sleep_s=max(sizes.sleep_s, 1.0))
+            )
             _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
             during: Future | None = None
             if mid_checkpoint:
-                during = _in_background(orch.checkpoint, "lk-during", str(tmp / "lk-during"),
-                                        deadline_s=60)
+                during = _in_background(
+                    orch.checkpoint, "lk-during", str(tmp / "lk-during"), deadline_s=60
+                )
                 _wait(lambda: _state(server.endpoint) == "preparing", 30, "prepare")
             fault = time.monotonic()
             ray.kill(orch.ledger, no_restart=False)
@@ -291,7 +339,7 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
                 try:
                     during.result()
                     row.committed = True
-                except Exception as exc:          # reported in the row
+                except Exception as exc:  # reported in the row
                     row.committed = False
                     row.happened += f" the checkpoint in flight: {type(exc).__name__}: {exc}"
                 row.recover_s = time.monotonic() - fault
@@ -299,18 +347,26 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
             again = orch.run_batch(_rows("lk2", sizes, sleep_s=0.0))
             _after(row, orch, server.endpoint, tmp, "lk-after", fault, outcomes + again)
             snap = orch.snapshot().ledger
-            row.extra.update(next_batch_sealed=sum(o.status == "sealed" for o in again),
-                             invariant_ok=snap.invariant_ok,
-                             agent_runs=server.participant.snapshot()["agent_starts"])
+            row.extra.update(
+                next_batch_sealed=sum(o.status == "sealed" for o in again),
+                invariant_ok=snap.invariant_ok,
+                agent_runs=server.participant.snapshot()["agent_starts"],
+            )
     finally:
         server.stop()
     runs = row.extra["agent_runs"]
-    row.happened = (f"{row.sealed}/{row.rows} sealed; next batch "
-                    f"{row.extra['next_batch_sealed']}/{sizes.rows}; invariant "
-                    f"{'holds' if row.extra['invariant_ok'] else 'BROKEN'}; agent runs {runs} "
-                    f"for {2 * sizes.rows} rows" + row.happened)
-    row.ok = (_clean(row) and row.extra["invariant_ok"] and runs == 2 * sizes.rows
-              and row.extra["next_batch_sealed"] == sizes.rows)
+    row.happened = (
+        f"{row.sealed}/{row.rows} sealed; next batch "
+        f"{row.extra['next_batch_sealed']}/{sizes.rows}; invariant "
+        f"{'holds' if row.extra['invariant_ok'] else 'BROKEN'}; agent runs {runs} "
+        f"for {2 * sizes.rows} rows" + row.happened
+    )
+    row.ok = (
+        _clean(row)
+        and row.extra["invariant_ok"]
+        and runs == 2 * sizes.rows
+        and row.extra["next_batch_sealed"] == sizes.rows
+    )
     return row
 
 
@@ -325,16 +381,19 @@ def ledger_mid_checkpoint(sizes: Sizes, tmp: Path) -> ChaosRow:
 def rollout_actor_killed(sizes: Sizes, tmp: Path) -> ChaosRow:
     import ray
 
-    row = ChaosRow("rollout actor killed mid-batch (ray.kill)",
-                   "its rows fail with a reason, the others seal; the pool replaces it; the "
-                   "checkpoint settles what it left and commits")
+    row = ChaosRow(
+        "rollout actor killed mid-batch (ray.kill)",
+        "its rows fail with a reason, the others seal; the pool replaces it; the "
+        "checkpoint settles what it left and commits",
+    )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=5.0)
     server = GymServerThread(token="chaos").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             victim = orch.snapshot().pool.actors[0]
-            batch = _in_background(orch.run_batch,
-                                   _rows("ra", sizes, sleep_s=max(sizes.sleep_s, 1.0)))
+            batch = _in_background(
+                orch.run_batch, _rows("ra", sizes, sleep_s=max(sizes.sleep_s, 1.0))
+            )
             _wait(lambda: _running(server.endpoint) > 0, 30, "runs on Gym")
             fault = time.monotonic()
             ray.kill(ray.get_actor(victim, namespace="rl_gym_actors"), no_restart=True)
@@ -346,9 +405,11 @@ def rollout_actor_killed(sizes: Sizes, tmp: Path) -> ChaosRow:
             row.extra["replaced"] = orch.snapshot().pool.replaced
     finally:
         server.stop()
-    row.happened = (f"{row.sealed} sealed, {row.failed_reason} failed with a reason; pool "
-                    f"replaced {row.extra['replaced']}; next batch "
-                    f"{row.extra['next_batch_sealed']}/{sizes.rows} sealed" + row.happened)
+    row.happened = (
+        f"{row.sealed} sealed, {row.failed_reason} failed with a reason; pool "
+        f"replaced {row.extra['replaced']}; next batch "
+        f"{row.extra['next_batch_sealed']}/{sizes.rows} sealed" + row.happened
+    )
     row.ok = _clean(row) and row.extra["next_batch_sealed"] == sizes.rows
     return row
 
@@ -358,18 +419,35 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
     of the same run: ``abort_checkpoint`` at once, or (``use_lease``) nothing at all."""
     how = "the server's lease, no manual step" if use_lease else "abort_checkpoint at once"
     lease_s, dead_deadline_s = 3.0, 4.0
-    row = ChaosRow(f"driver SIGKILL mid-checkpoint, then a new driver ({how})",
-                   "the new driver's batch runs and its checkpoint commits within 5 s"
-                   + (" of the lease's lapse" if use_lease else " of its start"))
+    row = ChaosRow(
+        f"driver SIGKILL mid-checkpoint, then a new driver ({how})",
+        "the new driver's batch runs and its checkpoint commits within 5 s"
+        + (" of the lease's lapse" if use_lease else " of its start"),
+    )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=3.0)
     args = ["--checkpoint-lease-s", str(lease_s)] if use_lease else []
     server = GymServerProcess(token="chaos", args=args).start()
     try:
-        driver = DriverProcess(["--url", server.url, "--token", server.token, "--run-id",
-                                "chaos-run", "--rows", "3", "--slow-row-s", "60",
-                                "--checkpoint-id", "old-step", "--checkpoint-dir",
-                                str(tmp / "old"),
-                                "--deadline-s", str(dead_deadline_s if use_lease else 120)])
+        driver = DriverProcess(
+            [
+                "--url",
+                server.url,
+                "--token",
+                server.token,
+                "--run-id",
+                "chaos-run",
+                "--rows",
+                "3",
+                "--slow-row-s",
+                "60",
+                "--checkpoint-id",
+                "old-step",
+                "--checkpoint-dir",
+                str(tmp / "old"),
+                "--deadline-s",
+                str(dead_deadline_s if use_lease else 120),
+            ]
+        )
         try:
             driver.wait_for("checkpointing", 180)
             checkpointing = time.monotonic()
@@ -380,7 +458,7 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
         row.extra["held_after_kill"] = _state(server.endpoint)
         lapse = checkpointing + dead_deadline_s + lease_s
         with _orchestrator(server.endpoint, sizes, policy, run_id="chaos-run") as orch:
-            ready = time.monotonic()             # starting actors is no part of recovering
+            ready = time.monotonic()  # starting actors is no part of recovering
             if not use_lease:
                 row.extra["aborted"] = orch.abort_checkpoint("old-step").aborted
             outcomes = orch.run_batch(_rows("chaos-run-new", sizes, sleep_s=0.0))
@@ -392,9 +470,11 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
     finally:
         server.kill()
     since = "the lease lapsed or it started" if use_lease else "it started"
-    row.happened = (f"Gym {row.extra['held_after_kill']} after the kill; the new driver "
-                    f"started in {row.extra['startup_s']:.1f} s, and its batch ran and its "
-                    f"checkpoint committed {after:.1f} s after {since}" + row.happened)
+    row.happened = (
+        f"Gym {row.extra['held_after_kill']} after the kill; the new driver "
+        f"started in {row.extra['startup_s']:.1f} s, and its batch ran and its "
+        f"checkpoint committed {after:.1f} s after {since}" + row.happened
+    )
     row.ok = _clean(row) and row.sealed == sizes.rows and after < 5.0
     return row
 
@@ -405,20 +485,45 @@ def two_runs(sizes: Sizes, tmp: Path) -> ChaosRow:
 
     from rl_gym_actors.config import TryPolicy as _Policy
 
-    row = ChaosRow("two runs on one Gym checkpointing at once",
-                   "neither retires or ACKs the other's attempts (agent runs == rows); both "
-                   "checkpoints commit")
+    row = ChaosRow(
+        "two runs on one Gym checkpointing at once",
+        "neither retires or ACKs the other's attempts (agent runs == rows); both "
+        "checkpoints commit",
+    )
     address = ray.get_runtime_context().gcs_address
     ack = ["--ack", "on_seal"] if "ack" in _Policy.model_fields else []
     go = tmp / "go"
     server = GymServerThread(token="chaos").start()
     try:
-        drivers = [DriverProcess(["--url", server.url, "--token", server.token, "--run-id", run,
-                                  "--rows", str(sizes.rows), "--sleep-s", str(sizes.sleep_s),
-                                  "--pool", str(sizes.pool), "--checkpoint-id", f"{run}-1",
-                                  "--checkpoint-dir", str(tmp / run), "--deadline-s", "60",
-                                  "--go-file", str(go), *ack], ray_address=address)
-                   for run in ("run-a", "run-b")]
+        drivers = [
+            DriverProcess(
+                [
+                    "--url",
+                    server.url,
+                    "--token",
+                    server.token,
+                    "--run-id",
+                    run,
+                    "--rows",
+                    str(sizes.rows),
+                    "--sleep-s",
+                    str(sizes.sleep_s),
+                    "--pool",
+                    str(sizes.pool),
+                    "--checkpoint-id",
+                    f"{run}-1",
+                    "--checkpoint-dir",
+                    str(tmp / run),
+                    "--deadline-s",
+                    "60",
+                    "--go-file",
+                    str(go),
+                    *ack,
+                ],
+                ray_address=address,
+            )
+            for run in ("run-a", "run-b")
+        ]
         try:
             for d in drivers:
                 d.wait_for("started", 120)
@@ -439,10 +544,15 @@ def two_runs(sizes: Sizes, tmp: Path) -> ChaosRow:
     row.failed_reason = sum(b["failed"] for b in batches)
     row.committed = all(c["committed"] for c in checkpoints)
     touched = sum(c.get("retired", 0) + c.get("orphans_acked", 0) for c in checkpoints)
-    row.extra.update(agent_runs=runs, touched_other=touched,
-                     checkpoint_s=[round(c["seconds"], 2) for c in checkpoints])
-    row.happened = (f"agent runs {runs} for {row.rows} rows; retired/orphan-ACKed by the gates "
-                    f"{touched}; checkpoints took {row.extra['checkpoint_s']} s")
+    row.extra.update(
+        agent_runs=runs,
+        touched_other=touched,
+        checkpoint_s=[round(c["seconds"], 2) for c in checkpoints],
+    )
+    row.happened = (
+        f"agent runs {runs} for {row.rows} rows; retired/orphan-ACKed by the gates "
+        f"{touched}; checkpoints took {row.extra['checkpoint_s']} s"
+    )
     row.ok = _clean(row) and runs == row.rows and touched == 0
     return row
 
@@ -455,12 +565,15 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
 
     from rl_gym_actors.config import PoolConfig
 
-    row = ChaosRow("3-node cluster loses a node mid-batch",
-                   "rows on the lost node fail with a reason, the rest seal; the checkpoint "
-                   "settles the lost owners' attempts and commits")
+    row = ChaosRow(
+        "3-node cluster loses a node mid-batch",
+        "rows on the lost node fail with a reason, the rest seal; the checkpoint "
+        "settles the lost owners' attempts and commits",
+    )
     loopback = dict(node_ip_address="127.0.0.1")
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=1, include_dashboard=False, **loopback))
+    cluster = Cluster(
+        initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False, **loopback)
+    )
     workers = [cluster.add_node(num_cpus=1, **loopback) for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     cluster.wait_for_nodes()
@@ -470,17 +583,23 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
         from rl_gym_actors.orchestrator import Orchestrator
 
         def node_of(handle: Any) -> str:
-            return ray.get(handle.__ray_call__.remote(
-                lambda self: __import__("ray").get_runtime_context().get_node_id()), timeout=60)
+            return ray.get(
+                handle.__ray_call__.remote(
+                    lambda self: __import__("ray").get_runtime_context().get_node_id()
+                ),
+                timeout=60,
+            )
 
         victim = orch = None
-        for _ in range(4):                  # SPREAD is a preference: try for a spread pool
-            orch = Orchestrator([server.endpoint], policy=policy,
-                                pool=PoolConfig(size=4, rollouts_per_actor=sizes.per_actor,
-                                                spread=True), progress=False)
+        for _ in range(4):  # SPREAD is a preference: try for a spread pool
+            orch = Orchestrator(
+                [server.endpoint],
+                policy=policy,
+                pool=PoolConfig(size=4, rollouts_per_actor=sizes.per_actor, spread=True),
+                progress=False,
+            )
             names = orch.snapshot().pool.actors
-            placed = Counter(node_of(ray.get_actor(n, namespace="rl_gym_actors"))
-                             for n in names)
+            placed = Counter(node_of(ray.get_actor(n, namespace="rl_gym_actors")) for n in names)
             ledger_node = node_of(orch.ledger)
             victims = [w for w in workers if w.node_id != ledger_node and placed.get(w.node_id)]
             if victims and len(placed) >= 2:
@@ -503,8 +622,10 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
         server.kill()
         ray.shutdown()
         cluster.shutdown()
-    row.happened = (f"node with {row.extra['lost_actors']} rollout actors lost; "
-                    f"{row.sealed} sealed, {row.failed_reason} failed with a reason" + row.happened)
+    row.happened = (
+        f"node with {row.extra['lost_actors']} rollout actors lost; "
+        f"{row.sealed} sealed, {row.failed_reason} failed with a reason" + row.happened
+    )
     row.ok = _clean(row)
     return row
 
@@ -536,7 +657,7 @@ SCENARIOS: dict[str, Callable[[Sizes, Path], ChaosRow]] = {
     "two_runs": two_runs,
     "node_loss": node_loss,
 }
-OWN_PROCESS = {"node_loss"}                 # makes its own Ray cluster
+OWN_PROCESS = {"node_loss"}  # makes its own Ray cluster
 
 
 def run(name: str, sizes: Sizes = QUICK, tmp: Path | None = None) -> ChaosRow:

@@ -38,8 +38,9 @@ def _say(**fields: Any) -> None:
 
 
 def _rows(run_id: str, n: int, sleep_s: float) -> list[dict[str, Any]]:
-    return [{"_ng_rollout_id": f"{run_id}-row-{i}", "reward": 0.5, "sleep_s": sleep_s}
-            for i in range(n)]
+    return [
+        {"_ng_rollout_id": f"{run_id}-row-{i}", "reward": 0.5, "sleep_s": sleep_s} for i in range(n)
+    ]
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -47,39 +48,62 @@ async def _main(args: argparse.Namespace) -> int:
     from rl_gym_actors.errors import RlGymError
     from rl_gym_actors.orchestrator import Orchestrator
 
-    policy_fields: dict[str, Any] = dict(rollout_s=args.rollout_s, receipt_s=5.0, max_tries=2,
-                                         control_s=5.0)
+    policy_fields: dict[str, Any] = dict(
+        rollout_s=args.rollout_s, receipt_s=5.0, max_tries=2, control_s=5.0
+    )
     if args.ack is not None:
         policy_fields["ack"] = args.ack
     endpoint = GymEndpoint(url=args.url, token=args.token)
-    async with Orchestrator([endpoint], policy=TryPolicy(**policy_fields), pool_size=args.pool,
-                            rollouts_per_actor=2, run_id=args.run_id, progress=False,
-                            start=False) as orch:
+    async with Orchestrator(
+        [endpoint],
+        policy=TryPolicy(**policy_fields),
+        pool_size=args.pool,
+        rollouts_per_actor=2,
+        run_id=args.run_id,
+        progress=False,
+        start=False,
+    ) as orch:
         await orch.astart()
         _say(event="started", pid=os.getpid(), orchestrator_id=orch.id)
         while args.go_file and not os.path.exists(args.go_file):
-            await asyncio.sleep(0.02)            # several drivers start their batches together
+            await asyncio.sleep(0.02)  # several drivers start their batches together
         rows = _rows(args.run_id, args.rows, args.sleep_s)
         slow = None
         if args.slow_row_s:
-            slow = asyncio.ensure_future(orch.arun_batch(
-                [{"_ng_rollout_id": f"{args.run_id}-slow", "sleep_s": args.slow_row_s}]))
+            slow = asyncio.ensure_future(
+                orch.arun_batch(
+                    [{"_ng_rollout_id": f"{args.run_id}-slow", "sleep_s": args.slow_row_s}]
+                )
+            )
         outcomes = await orch.arun_batch(rows)
-        _say(event="batch", rows=len(rows),
-             sealed=sum(o.status == "sealed" for o in outcomes),
-             failed=sum(o.status == "failed" for o in outcomes),
-             reasons=sorted({o.reason or "" for o in outcomes if o.status == "failed"}))
+        _say(
+            event="batch",
+            rows=len(rows),
+            sealed=sum(o.status == "sealed" for o in outcomes),
+            failed=sum(o.status == "failed" for o in outcomes),
+            reasons=sorted({o.reason or "" for o in outcomes if o.status == "failed"}),
+        )
         _say(event="checkpointing", checkpoint_id=args.checkpoint_id)
         t0 = time.monotonic()
         try:
-            report = await orch.acheckpoint(args.checkpoint_id, args.checkpoint_dir,
-                                            deadline_s=args.deadline_s)
-            _say(event="checkpoint", committed=True, seconds=time.monotonic() - t0,
-                 retired=report.retired, orphans_acked=report.orphans_acked)
+            report = await orch.acheckpoint(
+                args.checkpoint_id, args.checkpoint_dir, deadline_s=args.deadline_s
+            )
+            _say(
+                event="checkpoint",
+                committed=True,
+                seconds=time.monotonic() - t0,
+                retired=report.retired,
+                orphans_acked=report.orphans_acked,
+            )
         except RlGymError as exc:
-            _say(event="checkpoint", committed=False, seconds=time.monotonic() - t0,
-                 error=f"{type(exc).__name__}: {exc}"[:2000],
-                 blockers=getattr(exc, "blockers", None))
+            _say(
+                event="checkpoint",
+                committed=False,
+                seconds=time.monotonic() - t0,
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+                blockers=getattr(exc, "blockers", None),
+            )
         if slow is not None:
             await slow
     return 0
@@ -110,22 +134,28 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------- for tests and benchmarks
 
+
 class DriverProcess:
     """``python -m rl_gym_actors.testing.driver ARGS`` in a session of its own; read its JSON
     lines with :meth:`wait_for`, kill it and everything it started with :meth:`kill`."""
 
     def __init__(self, args: list[str], *, ray_address: str | None = None) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"))
-                                            if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         env.pop("RAY_ADDRESS", None)
         cmd = [sys.executable, "-m", "rl_gym_actors.testing.driver", *args]
         if ray_address:
             cmd += ["--ray-address", ray_address]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
         self.events: list[dict[str, Any]] = []
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

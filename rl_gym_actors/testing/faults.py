@@ -32,8 +32,9 @@ FAULT_FIELDS = (DROP_REPLY, RECEIPT_DELAY_S)
 _INCOMPLETE_MESSAGE = "ASGI callable returned without completing response."
 
 
-def with_faults(row: Mapping[str, Any], *, drop_reply: bool = False,
-                receipt_delay_s: float | None = None) -> dict[str, Any]:
+def with_faults(
+    row: Mapping[str, Any], *, drop_reply: bool = False, receipt_delay_s: float | None = None
+) -> dict[str, Any]:
     """A copy of ``row`` carrying the given fault fields."""
     out = dict(row)
     if drop_reply:
@@ -68,7 +69,7 @@ class FaultInjector:
         self._delay: dict[ExecutionKey, float] = {}
         self.dropped = 0
         self.delayed = 0
-        logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)   # added once only
+        logging.getLogger("uvicorn.error").addFilter(_QUIET_DROPS)  # added once only
 
     def observe_run(self, key: ExecutionKey, row: Mapping[str, Any]) -> None:
         """Called with the first ``/run`` row of a key (one the server does not know yet),

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,9 +81,15 @@ class GymServerProcess(_Base):
     server's stderr goes to ``log_path``. ``token=None`` lets the server pick (env or generated).
     """
 
-    def __init__(self, agent: str = "simulated", token: str | None = "test-token",
-                 state_dir: str | os.PathLike[str] | None = None, allow_faults: bool = True,
-                 args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        agent: str = "simulated",
+        token: str | None = "test-token",
+        state_dir: str | os.PathLike[str] | None = None,
+        allow_faults: bool = True,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.agent = agent
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
@@ -101,8 +106,19 @@ class GymServerProcess(_Base):
         self.log_path = Path(self._log.name)
 
     def command(self, port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "rl_gym_actors.cli", "gym", "serve", "--host", HOST,
-               "--port", str(port), "--agent", self.agent]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rl_gym_actors.cli",
+            "gym",
+            "serve",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--agent",
+            self.agent,
+        ]
         if self.token is not None:
             cmd += ["--token", self.token]
         if self.state_dir is not None:
@@ -115,7 +131,7 @@ class GymServerProcess(_Base):
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> "GymServerProcess":
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> GymServerProcess:
         if self.running:
             raise GymServerError("already running")
         try:
@@ -123,22 +139,26 @@ class GymServerProcess(_Base):
         except GymServerError:
             if self._port == 0:
                 raise
-            self._launch(0, timeout_s)       # the old port is taken: take a free one
+            self._launch(0, timeout_s)  # the old port is taken: take a free one
         return self
 
     def _launch(self, port: int, timeout_s: float) -> None:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # the package as this process imports it, whether installed or not
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH"))
-                                            if p)
-        self._proc = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                      text=True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            self.command(port),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            text=True,
+        )
         lines: queue.Queue[str | None] = queue.Queue()
         proc = self._proc
 
-        def read() -> None:          # stdout is read in a thread so the wait has a deadline
+        def read() -> None:  # stdout is read in a thread so the wait has a deadline
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.put(line)
@@ -152,8 +172,9 @@ class GymServerProcess(_Base):
             raise GymServerError(f"no JSON line within {timeout_s}s; log: {self._tail()}")
         if line is None:
             self.returncode = proc.wait()
-            raise GymServerError(f"server exited ({self.returncode}) before it was ready; "
-                                 f"log: {self._tail()}")
+            raise GymServerError(
+                f"server exited ({self.returncode}) before it was ready; log: {self._tail()}"
+            )
         self.info = json.loads(line)
         self.url, self.pid = self.info["url"], self.info["pid"]
         self._port = int(self.url.rsplit(":", 1)[1])
@@ -193,15 +214,21 @@ class GymServerThread(_Base):
     async callable. ``kill()`` stops the store as a crash would (nothing more is written) and
     drops the server without a graceful shutdown."""
 
-    def __init__(self, agent: Any = "simulated", token: str = "test-token",
-                 state_dir: str | os.PathLike[str] | None = None, allow_faults: bool = True,
-                 args: Sequence[str] = (), max_body_bytes: int | None = None,
-                 store_factory: Any = None) -> None:
+    def __init__(
+        self,
+        agent: Any = "simulated",
+        token: str = "test-token",
+        state_dir: str | os.PathLike[str] | None = None,
+        allow_faults: bool = True,
+        args: Sequence[str] = (),
+        max_body_bytes: int | None = None,
+        store_factory: Any = None,
+    ) -> None:
         self.agent = agent
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
         self.allow_faults = allow_faults
-        self.args = list(args)             # `gym serve` arguments (all but host/port/agent)
+        self.args = list(args)  # `gym serve` arguments (all but host/port/agent)
         self.max_body_bytes = max_body_bytes
         self.store_factory = store_factory  # state_dir -> a store (e.g. testing.store_faults)
         self.url: str | None = None
@@ -218,13 +245,13 @@ class GymServerThread(_Base):
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> "GymServerThread":
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> GymServerThread:
         if self.running:
             raise GymServerError("already running")
         try:
             self._build(self._port)
         except OSError:
-            self._build(0)                  # the old port is taken: take a free one
+            self._build(0)  # the old port is taken: take a free one
         try:
             self._thread = self.server.serve_in_thread(timeout_s)
         except RuntimeError as exc:
@@ -232,23 +259,27 @@ class GymServerThread(_Base):
         return self
 
     def _build(self, port: int) -> None:
+        from rl_gym_actors.cli import build_parser, participant_options
         from rl_gym_actors.gym.agents import make_agent
         from rl_gym_actors.gym.participant import Participant
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
         from rl_gym_actors.testing.faults import FaultInjector
 
-        from rl_gym_actors.cli import build_parser, participant_options
-
         cli = build_parser().parse_args(["gym", "serve", *self.args])
         self.faults = FaultInjector() if self.allow_faults else None
         store = (self.store_factory or open_store)(self.state_dir)
         try:
             participant = Participant(make_agent(self.agent), store, **participant_options(cli))
-            self.server = GymServer(participant, token=self.token,
-                                    host=HOST, port=port, faults=self.faults,
-                                    max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
-                                    graceful_s=2.0)
+            self.server = GymServer(
+                participant,
+                token=self.token,
+                host=HOST,
+                port=port,
+                faults=self.faults,
+                max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
+                graceful_s=2.0,
+            )
         except OSError:
             store.close()
             raise

@@ -10,11 +10,14 @@ from rl_gym_actors.errors import NotCompleted, StaleAttempt, UnknownExecution
 from rl_gym_actors.gym.client import GymClient
 
 
-async def key_state(client: GymClient, rollout_id: str, attempt_index: int,
-                    timeout_s: float = 5.0) -> str:
+async def key_state(
+    client: GymClient, rollout_id: str, attempt_index: int, timeout_s: float = 5.0
+) -> str:
     """One of ``completed``, ``acknowledged``, ``tombstoned``, ``running`` or ``unknown``."""
     try:
-        answer = await client.receipt(rollout_id, attempt_index, deadline_ts=time.time() + timeout_s)
+        answer = await client.receipt(
+            rollout_id, attempt_index, deadline_ts=time.time() + timeout_s
+        )
         return answer.state
     except StaleAttempt:
         return "tombstoned"
@@ -26,7 +29,9 @@ async def key_state(client: GymClient, rollout_id: str, attempt_index: int,
 
 def key_state_sync(endpoint: GymEndpoint, rollout_id: str, attempt_index: int) -> str:
     """:func:`key_state` from sync code: a fresh client on a fresh event loop."""
+
     async def go() -> str:
         async with GymClient(endpoint) as client:
             return await key_state(client, rollout_id, attempt_index)
+
     return asyncio.run(go())

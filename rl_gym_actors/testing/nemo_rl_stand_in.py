@@ -31,8 +31,9 @@ class CodePointTokenizer:
     def batch_decode(self, batches: list[list[int]]) -> list[str]:
         return ["".join(map(chr, ids)) for ids in batches]
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True
-                            ) -> list[int] | str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tokenize: bool = True
+    ) -> list[int] | str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return self.encode(text) if tokenize else text
 
@@ -54,31 +55,56 @@ class NemoGym:
         return None
 
 
-def build_nemo_gym_config(env_configs: dict[str, Any], base_urls: list[str], model_name: str,
-                          *, enable_router_replay: bool = False,
-                          routed_experts_dtype: str = "int16",
-                          use_fastokens: bool = False) -> dict[str, Any]:
+def build_nemo_gym_config(
+    env_configs: dict[str, Any],
+    base_urls: list[str],
+    model_name: str,
+    *,
+    enable_router_replay: bool = False,
+    routed_experts_dtype: str = "int16",
+    use_fastokens: bool = False,
+) -> dict[str, Any]:
     nemo_gym = dict(env_configs["nemo_gym"])
     top = {key: nemo_gym.pop(key, None) for key in TOP_LEVEL_KNOBS}
-    return {"model_name": model_name, "base_urls": list(base_urls), **top,
-            "require_routed_experts": enable_router_replay,
-            "routed_experts_dtype": routed_experts_dtype, "use_fastokens": use_fastokens,
-            "initial_global_config_dict": nemo_gym}
+    return {
+        "model_name": model_name,
+        "base_urls": list(base_urls),
+        **top,
+        "require_routed_experts": enable_router_replay,
+        "routed_experts_dtype": routed_experts_dtype,
+        "use_fastokens": use_fastokens,
+        "initial_global_config_dict": nemo_gym,
+    }
 
 
-def spinup_nemo_gym_actor(env_configs: dict[str, Any], base_urls: list[str], model_name: str,
-                          *, tokenizer: Any, enable_router_replay: bool = False,
-                          routed_experts_dtype: str = "int16",
-                          use_fastokens: bool = False) -> Any:
-    cfg = build_nemo_gym_config(env_configs, base_urls, model_name,
-                                enable_router_replay=enable_router_replay,
-                                routed_experts_dtype=routed_experts_dtype,
-                                use_fastokens=use_fastokens)
-    options = {"runtime_env": {
-        "py_executable": NEMO_GYM_VENV_PYTHON,
-        "env_vars": {"VIRTUAL_ENV": os.path.dirname(os.path.dirname(NEMO_GYM_VENV_PYTHON)),
-                     "UV_PROJECT_ENVIRONMENT": "nemo-gym-venv",
-                     "RL_GYM_STAND_IN": "1"}}}
+def spinup_nemo_gym_actor(
+    env_configs: dict[str, Any],
+    base_urls: list[str],
+    model_name: str,
+    *,
+    tokenizer: Any,
+    enable_router_replay: bool = False,
+    routed_experts_dtype: str = "int16",
+    use_fastokens: bool = False,
+) -> Any:
+    cfg = build_nemo_gym_config(
+        env_configs,
+        base_urls,
+        model_name,
+        enable_router_replay=enable_router_replay,
+        routed_experts_dtype=routed_experts_dtype,
+        use_fastokens=use_fastokens,
+    )
+    options = {
+        "runtime_env": {
+            "py_executable": NEMO_GYM_VENV_PYTHON,
+            "env_vars": {
+                "VIRTUAL_ENV": os.path.dirname(os.path.dirname(NEMO_GYM_VENV_PYTHON)),
+                "UV_PROJECT_ENVIRONMENT": "nemo-gym-venv",
+                "RL_GYM_STAND_IN": "1",
+            },
+        }
+    }
     actor = NemoGym.options(**options).remote(cfg)
     ray.get(actor._spinup.remote())
     ray.get(actor.set_tokenizer.remote(tokenizer))

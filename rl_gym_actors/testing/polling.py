@@ -21,8 +21,13 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_INTERVAL_S = 0.01
 
 
-def wait_for(probe: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-             interval_s: float = DEFAULT_INTERVAL_S, what: str = "condition") -> T:
+def wait_for(
+    probe: Callable[[], T],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    what: str = "condition",
+) -> T:
     """Blocking: call ``probe`` until its result is truthy; return that result."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -34,8 +39,13 @@ def wait_for(probe: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S,
         time.sleep(interval_s)
 
 
-async def until(probe: Callable[[], T | Awaitable[T]], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                interval_s: float = DEFAULT_INTERVAL_S, what: str = "condition") -> T:
+async def until(
+    probe: Callable[[], T | Awaitable[T]],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    what: str = "condition",
+) -> T:
     """In a coroutine: call ``probe`` (plain or async) until its result is truthy; return it."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -36,8 +36,12 @@ import aiohttp
 from aiohttp import web
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    ROLLOUT_ID_FIELD)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX,
+    ROLLOUT_ID_FIELD,
+)
 
 HOST = "127.0.0.1"
 _EXT_ROUTES = (CAPABILITIES_PATH, CONTROL_PREFIX + "/receipt")
@@ -45,8 +49,9 @@ _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
 def _json(status: int, body: Any) -> web.Response:
-    return web.Response(status=status, body=json.dumps(body).encode(),
-                        content_type="application/json")
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), content_type="application/json"
+    )
 
 
 def _error_of(raw: bytes) -> tuple[dict[str, Any], str | None, str]:
@@ -67,25 +72,29 @@ def _park_requested(report: dict[str, Any]) -> dict[str, Any]:
     out = dict(report)
     for name in ("executions", "blocking_attempts"):
         if isinstance(report.get(name), list):
-            out[name] = [{**a, "state": "park_requested"}
-                         if isinstance(a, dict) and a.get("state") == "running" else a
-                         for a in report[name]]
+            out[name] = [
+                {**a, "state": "park_requested"}
+                if isinstance(a, dict) and a.get("state") == "running"
+                else a
+                for a in report[name]
+            ]
     return out
 
 
 class RealGymStandIn:
     """A reverse proxy that answers like a real Gym server (see the module docstring)."""
 
-    def __init__(self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0,
-                 agent_error: str = "repr") -> None:
+    def __init__(
+        self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0, agent_error: str = "repr"
+    ) -> None:
         if agent_error not in ("repr", "plain"):
             raise ValueError(f"agent_error must be 'repr' or 'plain', got {agent_error!r}")
         self.upstream = upstream
         self.token = upstream.token
         self.agent_error = agent_error
         self.url: str | None = None
-        self.retired_while_running = 0           # runs answered with the plain-text 500
-        self.agent_failures = 0                  # agent errors answered as a real Gym does
+        self.retired_while_running = 0  # runs answered with the plain-text 500
+        self.agent_failures = 0  # agent errors answered as a real Gym does
         self._start_timeout_s = start_timeout_s
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,10 +109,11 @@ class RealGymStandIn:
             raise RuntimeError("the stand-in is not started")
         return GymEndpoint(url=self.url, token=self.token)
 
-    def __enter__(self) -> "RealGymStandIn":
+    def __enter__(self) -> RealGymStandIn:
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True,
-                                        name="real-gym-stand-in")
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), daemon=True, name="real-gym-stand-in"
+        )
         self._thread.start()
         if not ready.wait(self._start_timeout_s) or self.url is None:
             raise RuntimeError(f"stand-in did not start: {self._error!r}")
@@ -118,7 +128,7 @@ class RealGymStandIn:
     def _serve(self, ready: threading.Event) -> None:
         try:
             asyncio.run(self._main(ready))
-        except BaseException as exc:       # surfaced by __enter__
+        except BaseException as exc:  # surfaced by __enter__
             self._error = exc
         finally:
             ready.set()
@@ -145,8 +155,9 @@ class RealGymStandIn:
             finally:
                 await runner.cleanup()
 
-    async def _forward(self, session: aiohttp.ClientSession,
-                       request: web.Request) -> web.StreamResponse:
+    async def _forward(
+        self, session: aiohttp.ClientSession, request: web.Request
+    ) -> web.StreamResponse:
         path = request.path
         if request.method == "GET" and path in _EXT_ROUTES:
             return _json(404, {"detail": "Not Found"})
@@ -159,8 +170,12 @@ class RealGymStandIn:
             self._note_retire(raw_in)
         headers = {h: request.headers[h] for h in _FORWARDED_HEADERS if h in request.headers}
         try:
-            async with session.request(request.method, self.upstream.url + request.path_qs,
-                                       data=raw_in or None, headers=headers) as resp:
+            async with session.request(
+                request.method,
+                self.upstream.url + request.path_qs,
+                data=raw_in or None,
+                headers=headers,
+            ) as resp:
                 raw, status = await resp.read(), resp.status
                 content_type = resp.content_type
         except aiohttp.ClientError as exc:
@@ -172,8 +187,12 @@ class RealGymStandIn:
             if key is not None:
                 self._running_keys.discard(key)
         body, code, detail = _error_of(raw)
-        if key is not None and status == 409 and code == "stale_attempt" \
-                and key in self._cancelled_keys:
+        if (
+            key is not None
+            and status == 409
+            and code == "stale_attempt"
+            and key in self._cancelled_keys
+        ):
             self._cancelled_keys.discard(key)
             self.retired_while_running += 1
             return web.Response(status=500, text="Internal Server Error")
@@ -181,14 +200,20 @@ class RealGymStandIn:
             self.agent_failures += 1
             if self.agent_error == "plain":
                 return web.Response(status=500, text="Internal Server Error")
-            return _json(500, detail)            # the repr, as a JSON string
+            return _json(500, detail)  # the repr, as a JSON string
         if path == CONTROL_PREFIX + "/status" and status == 200:
             return _json(200, _park_requested(body))
         if status == 401:
             return _json(401, {"detail": detail or "Unauthorized"})
         if status == 422:
-            return _json(422, {"detail": [{"type": "value_error", "loc": ["body"],
-                                           "msg": detail, "input": None}]})
+            return _json(
+                422,
+                {
+                    "detail": [
+                        {"type": "value_error", "loc": ["body"], "msg": detail, "input": None}
+                    ]
+                },
+            )
         if status == 409 and code == "agent_prepare_incomplete":
             return _json(409, {"error": body["error"]})
         # the x-gym-replayed header (ext) is not passed on: only the body is

@@ -30,28 +30,37 @@ logger = logging.getLogger(__name__)
 class StandInOwner:
     """``start`` runs tries; the ledger calls ``adopt``, ``flush_reports`` and ``ping``."""
 
-    def __init__(self, name: str, endpoint: GymEndpoint, ledger: ActorHandle,
-                 control_s: float = 10.0) -> None:
+    def __init__(
+        self, name: str, endpoint: GymEndpoint, ledger: ActorHandle, control_s: float = 10.0
+    ) -> None:
         self._name = name
         self._endpoint = endpoint
         self._client = GymClient(endpoint)
         self._ledger = ledger
         self._control_s = control_s
         self._pending: list[AttemptReport] = []
-        self._late: list[AttemptReport] = []     # held back from the next flush (see start)
+        self._late: list[AttemptReport] = []  # held back from the next flush (see start)
         self._current: dict[str, int] = {}
         self._rows: dict[tuple[str, int], dict[str, Any]] = {}
         self._states: dict[tuple[str, int], AttemptState] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def _report(self, rid: str, att: int, state: AttemptState, *, adopted: bool = False,
-                late: bool = False) -> None:
+    def _report(
+        self, rid: str, att: int, state: AttemptState, *, adopted: bool = False, late: bool = False
+    ) -> None:
         self._states[(rid, att)] = state
         (self._late if late else self._pending).append(
-            AttemptReport(rid, att, self._endpoint.url, state, self._name, adopted=adopted))
+            AttemptReport(rid, att, self._endpoint.url, state, self._name, adopted=adopted)
+        )
 
-    async def start(self, row: dict[str, Any], rollout_id: str, attempt_index: int = 0,
-                    run_s: float = 60.0, report_late: bool = False) -> None:
+    async def start(
+        self,
+        row: dict[str, Any],
+        rollout_id: str,
+        attempt_index: int = 0,
+        run_s: float = 60.0,
+        report_late: bool = False,
+    ) -> None:
         """Make ``attempt_index`` the rollout's current try and dispatch its ``/run`` in the
         background; returns once it is dispatched (reported RUNNING, not yet flushed).
         ``report_late``: the next flush misses the RUNNING report and the one after sends it,
@@ -65,14 +74,15 @@ class StandInOwner:
 
     async def _run(self, row: dict[str, Any], rid: str, att: int, run_s: float) -> None:
         try:
-            result = await self._client.run(row, rollout_id=rid, attempt_index=att,
-                                            deadline_ts=time.time() + run_s)
+            result = await self._client.run(
+                row, rollout_id=rid, attempt_index=att, deadline_ts=time.time() + run_s
+            )
         except StaleAttempt:
             self._report(rid, att, AttemptState.TOMBSTONED)
             return
         except GymUnavailable:
-            return                     # the reply is lost; Gym may have finished the run
-        except Exception as exc:       # a test double: any other failure ends the try
+            return  # the reply is lost; Gym may have finished the run
+        except Exception as exc:  # a test double: any other failure ends the try
             logger.debug("%s: run %s/%s failed: %r", self._name, rid, att, exc)
             self._report(rid, att, AttemptState.TOMBSTONED)
             return
@@ -95,9 +105,12 @@ class StandInOwner:
             return False
         if self._states.get(key) is AttemptState.ACKED:
             return True
-        result = await self._client.replay(self._rows[key], rollout_id=rollout_id,
-                                           attempt_index=attempt_index,
-                                           deadline_ts=time.time() + self._control_s)
+        result = await self._client.replay(
+            self._rows[key],
+            rollout_id=rollout_id,
+            attempt_index=attempt_index,
+            deadline_ts=time.time() + self._control_s,
+        )
         await self._seal_and_ack(rollout_id, attempt_index, result.digest, adopted=True)
         return True
 

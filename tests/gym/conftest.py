@@ -14,8 +14,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rl_gym_actors.protocol import (ATTEMPT_INDEX_FIELD, CAPABILITIES_PATH, CONTROL_PREFIX,
-                                    ROLLOUT_ID_FIELD)
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX,
+    ROLLOUT_ID_FIELD,
+)
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
@@ -51,12 +55,21 @@ class Wire:
         self.token = token
 
     @classmethod
-    def of(cls, server: Any) -> "Wire":
+    def of(cls, server: Any) -> Wire:
         return cls(server.url, server.token)
 
-    async def request(self, method: str, path: str, *, body: Any = _DEFAULT, data: Any = None,
-                      params: dict[str, str] | None = None, token: Any = _DEFAULT,
-                      headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> Answer:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = _DEFAULT,
+        data: Any = None,
+        params: dict[str, str] | None = None,
+        token: Any = _DEFAULT,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> Answer:
         hdrs = dict(headers or {})
         token = self.token if token is _DEFAULT else token
         if token is not None:
@@ -65,56 +78,85 @@ class Wire:
             data = json.dumps(body).encode()
             hdrs.setdefault("Content-Type", "application/json")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-            async with s.request(method, self.url + path, data=data, params=params,
-                                 headers=hdrs) as resp:
+            async with s.request(
+                method, self.url + path, data=data, params=params, headers=hdrs
+            ) as resp:
                 raw = await resp.read()
                 return Answer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
 
     # ------------------------------------------------------------ routes
 
-    async def run(self, rollout_id: str, attempt: int = 0, *, timeout_s: float = 30.0,
-                  **fields: Any) -> Answer:
+    async def run(
+        self, rollout_id: str, attempt: int = 0, *, timeout_s: float = 30.0, **fields: Any
+    ) -> Answer:
         row = {ROLLOUT_ID_FIELD: rollout_id, ATTEMPT_INDEX_FIELD: attempt, **fields}
         return await self.request("POST", "/run", body=row, token=None, timeout_s=timeout_s)
 
     async def receipt(self, rollout_id: str, attempt: int = 0, **kw: Any) -> Answer:
-        return await self.request("GET", CONTROL_PREFIX + "/receipt",
-                                  params={"rollout_id": rollout_id,
-                                          "attempt_index": str(attempt)}, **kw)
+        return await self.request(
+            "GET",
+            CONTROL_PREFIX + "/receipt",
+            params={"rollout_id": rollout_id, "attempt_index": str(attempt)},
+            **kw,
+        )
 
     async def ack(self, receipt: dict[str, Any], **kw: Any) -> Answer:
         return await self.request("POST", CONTROL_PREFIX + "/acknowledge", body=receipt, **kw)
 
     async def ack_batch(self, receipts: list[dict[str, Any]], **kw: Any) -> Answer:
-        return await self.request("POST", CONTROL_PREFIX + "/acknowledge-completed",
-                                  body={"schema_version": 1, "executions": receipts}, **kw)
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/acknowledge-completed",
+            body={"schema_version": 1, "executions": receipts},
+            **kw,
+        )
 
-    async def retire(self, rollout_id: str, attempt: int = 0, *,
-                     checkpoint_id: str = "rl-retire", **kw: Any) -> Answer:
-        return await self.request("POST", CONTROL_PREFIX + "/retire",
-                                  body={"checkpoint_id": checkpoint_id,
-                                        "deadline_ts": time.time() + 10,
-                                        "rollout_id": rollout_id, "attempt_index": attempt}, **kw)
+    async def retire(
+        self, rollout_id: str, attempt: int = 0, *, checkpoint_id: str = "rl-retire", **kw: Any
+    ) -> Answer:
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/retire",
+            body={
+                "checkpoint_id": checkpoint_id,
+                "deadline_ts": time.time() + 10,
+                "rollout_id": rollout_id,
+                "attempt_index": attempt,
+            },
+            **kw,
+        )
 
     async def status(self, checkpoint_id: str | None = "rl-status", **kw: Any) -> Answer:
         params = {} if checkpoint_id is None else {"checkpoint_id": checkpoint_id}
         return await self.request("GET", CONTROL_PREFIX + "/status", params=params, **kw)
 
     async def prepare(self, checkpoint_id: str, *, deadline_s: float = 5.0, **kw: Any) -> Answer:
-        return await self.request("POST", CONTROL_PREFIX + "/prepare",
-                                  body={"checkpoint_id": checkpoint_id,
-                                        "deadline_ts": time.time() + deadline_s}, **kw)
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/prepare",
+            body={"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + deadline_s},
+            **kw,
+        )
 
     async def commit(self, checkpoint_id: str, checkpoint_dir: str, **kw: Any) -> Answer:
-        return await self.request("POST", CONTROL_PREFIX + "/commit",
-                                  body={"checkpoint_id": checkpoint_id,
-                                        "deadline_ts": time.time() + 10,
-                                        "checkpoint_dir": str(checkpoint_dir)}, **kw)
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/commit",
+            body={
+                "checkpoint_id": checkpoint_id,
+                "deadline_ts": time.time() + 10,
+                "checkpoint_dir": str(checkpoint_dir),
+            },
+            **kw,
+        )
 
     async def resume(self, checkpoint_id: str, **kw: Any) -> Answer:
-        return await self.request("POST", CONTROL_PREFIX + "/resume",
-                                  body={"checkpoint_id": checkpoint_id,
-                                        "deadline_ts": time.time() + 10}, **kw)
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/resume",
+            body={"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + 10},
+            **kw,
+        )
 
     async def capabilities(self, **kw: Any) -> Answer:
         return await self.request("GET", CAPABILITIES_PATH, **kw)
@@ -129,12 +171,15 @@ class Wire:
         assert got.status == 200, got.raw
         return got.json["completion_receipt"]
 
-    async def until(self, predicate, *, timeout_s: float = 10.0,
-                    what: str = "status condition") -> dict[str, Any]:
+    async def until(
+        self, predicate, *, timeout_s: float = 10.0, what: str = "status condition"
+    ) -> dict[str, Any]:
         """Poll status until ``predicate(status)`` holds and return that status."""
+
         async def holding() -> dict[str, Any] | None:
             st = (await self.status()).json
             return st if predicate(st) else None
+
         return await until(holding, timeout_s=timeout_s, what=what)
 
 

@@ -19,12 +19,14 @@ from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
 async def _until_idle(wire, timeout_s: float) -> dict:
-    return await wire.until(lambda st: st["phase"] == "idle", timeout_s=timeout_s,
-                            what="the lease to expire")
+    return await wire.until(
+        lambda st: st["phase"] == "idle", timeout_s=timeout_s, what="the lease to expire"
+    )
 
 
-async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_id(wire_for,
-                                                                                   caplog):
+async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_id(
+    wire_for, caplog
+):
     caplog.set_level(logging.WARNING, logger="rl_gym_actors.gym.participant")
     with GymServerThread(args=["--checkpoint-lease-s", "0.3"]) as srv:
         wire = wire_for(srv)
@@ -39,31 +41,37 @@ async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_
         assert st["state"] == "accepting" and "checkpoint_id" not in st
         assert st["checkpoint_lease"]["last_expired"]["checkpoint_id"] == "cp-lost"
         assert st["checkpoint_lease"]["last_expired"]["phase"] == "prepared"
-        assert (await wire.run("blocked")).status == 200                  # admission is open
+        assert (await wire.run("blocked")).status == 200  # admission is open
         assert (await wire.prepare("cp-lost")).code == "stale_checkpoint"  # the id is spent
-        resumed = await wire.resume("cp-lost")                            # abort: idempotent
+        resumed = await wire.resume("cp-lost")  # abort: idempotent
         assert resumed.json == {"state": "accepting", "released": 0}
-        [warning] = [r for r in caplog.records if getattr(r, "event", "") ==
-                     "checkpoint_lease_expired"]
+        [warning] = [
+            r for r in caplog.records if getattr(r, "event", "") == "checkpoint_lease_expired"
+        ]
         assert warning.checkpoint_id == "cp-lost" and warning.levelno == logging.WARNING
 
 
-@pytest.mark.slow       # timing-bound (a 0.5 s lease against call latency)
+@pytest.mark.slow  # timing-bound (a 0.5 s lease against call latency)
 async def test_calls_for_the_id_renew_its_lease(wire_for, tmp_path):
     with GymServerThread(args=["--checkpoint-lease-s", "0.5"]) as srv:
         wire = wire_for(srv)
         assert (await wire.prepare("cp-live", deadline_s=0.1)).status == 200
         renewed_until = time.monotonic() + 1.5
-        while time.monotonic() < renewed_until:          # 3 leases long, renewed by status
+        while time.monotonic() < renewed_until:  # 3 leases long, renewed by status
             st = (await wire.status("cp-live")).json
             assert st["phase"] == "prepared", st
             await asyncio.sleep(0.1)
-        committed = await wire.request(                  # renews too, from its deadline
-            "POST", "/ng-control/v1/agent-checkpoint/commit",
-            body={"checkpoint_id": "cp-live", "deadline_ts": time.time() + 0.1,
-                  "checkpoint_dir": str(tmp_path / "ck")})
+        committed = await wire.request(  # renews too, from its deadline
+            "POST",
+            "/ng-control/v1/agent-checkpoint/commit",
+            body={
+                "checkpoint_id": "cp-live",
+                "deadline_ts": time.time() + 0.1,
+                "checkpoint_dir": str(tmp_path / "ck"),
+            },
+        )
         assert committed.status == 200
-        await _until_idle(wire, timeout_s=5)             # nobody calls now: it expires
+        await _until_idle(wire, timeout_s=5)  # nobody calls now: it expires
 
 
 async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
@@ -73,7 +81,9 @@ async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
         got = await wire.prepare("cp-b")
         assert got.code == "checkpoint_conflict"
         assert (got.json["error"]["active_checkpoint_id"], got.json["error"]["phase"]) == (
-            "cp-a", "prepared")
+            "cp-a",
+            "prepared",
+        )
         async with GymClient(srv.endpoint) as client:
             with pytest.raises(CheckpointConflict) as info:
                 await client.prepare("cp-b", deadline_ts=time.time() + 5)
@@ -82,14 +92,13 @@ async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
 
 
 @pytest.mark.slow
-async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(tmp_path,
-                                                                             wire_for):
+async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(tmp_path, wire_for):
     with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", "15"]) as srv:
         wire = wire_for(srv)
         assert (await wire.run("done")).status == 200
         assert (await wire.prepare("cp-k", deadline_s=0.5)).code == "agent_prepare_incomplete"
         before = (await wire.capabilities()).json
-        srv.kill()                                        # SIGKILL, mid-checkpoint
+        srv.kill()  # SIGKILL, mid-checkpoint
         await asyncio.to_thread(srv.restart)
         wire = wire_for(srv)
         after = (await wire.capabilities()).json
@@ -102,12 +111,26 @@ async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(t
 
 
 def _abort(url: str, checkpoint_id: str, token: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rl_gym_actors.cli", "gym", "abort", url,
-                           "--checkpoint-id", checkpoint_id, "--token", token],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rl_gym_actors.cli",
+            "gym",
+            "abort",
+            url,
+            "--checkpoint-id",
+            checkpoint_id,
+            "--token",
+            token,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.slow       # runs the command line in a subprocess
+@pytest.mark.slow  # runs the command line in a subprocess
 @pytest.mark.parametrize("real", [False, True])
 async def test_gym_abort_from_a_shell_reopens_admission(wire_for, real):
     with GymServerThread() as srv:

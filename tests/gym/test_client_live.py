@@ -19,10 +19,23 @@ import pytest
 import pytest_asyncio
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import (AckRejected, AdmissionClosed, AgentFailed, CheckpointConflict,
-                                  CheckpointNotReady, ConnectionLost, DeadlineExceeded,
-                                  DuplicateExecution, InvalidRequest, NotCompleted, RlGymError,
-                                  StaleAttempt, StaleCheckpoint, Unauthorized, UnknownExecution)
+from rl_gym_actors.errors import (
+    AckRejected,
+    AdmissionClosed,
+    AgentFailed,
+    CheckpointConflict,
+    CheckpointNotReady,
+    ConnectionLost,
+    DeadlineExceeded,
+    DuplicateExecution,
+    InvalidRequest,
+    NotCompleted,
+    RlGymError,
+    StaleAttempt,
+    StaleCheckpoint,
+    Unauthorized,
+    UnknownExecution,
+)
 from rl_gym_actors.gym.client import GymClient, error_for_response
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
@@ -31,7 +44,7 @@ from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 
-aio = pytest.mark.asyncio(loop_scope="session")   # the suite shares one event loop
+aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
 
 
 def rid(prefix: str = "r") -> str:
@@ -85,6 +98,7 @@ async def own_client(own_server):
 
 # ---------------------------------------------------------------- data plane and receipts
 
+
 @aio
 async def test_run_receipt_acknowledge_happy_path(client):
     r = rid()
@@ -98,15 +112,16 @@ async def test_run_receipt_acknowledge_happy_path(client):
     assert receipt.result_digest == res.digest and receipt.result_identity == f"r-{r}"
     assert receipt.execution_generation == 1
 
-    assert await client.acknowledge(receipt, deadline_ts=soon()) == \
-        AckAnswer(acknowledged=True, idempotent=False)
-    assert await client.acknowledge(receipt, deadline_ts=soon()) == \
-        AckAnswer(acknowledged=False, idempotent=True)
+    assert await client.acknowledge(receipt, deadline_ts=soon()) == AckAnswer(
+        acknowledged=True, idempotent=False
+    )
+    assert await client.acknowledge(receipt, deadline_ts=soon()) == AckAnswer(
+        acknowledged=False, idempotent=True
+    )
     assert (await client.receipt(r, 0, deadline_ts=soon())).state == "acknowledged"
     # an ACKed key is spent: running it again is stale, and replaying it too
     await expect(StaleAttempt, client.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon()))
-    await expect(StaleAttempt, client.replay({}, rollout_id=r, attempt_index=0,
-                                             deadline_ts=soon()))
+    await expect(StaleAttempt, client.replay({}, rollout_id=r, attempt_index=0, deadline_ts=soon()))
 
 
 @aio
@@ -118,8 +133,9 @@ async def test_acknowledge_completed_is_all_or_nothing(client):
         receipts.append((await client.receipt(r, 0, deadline_ts=soon())).completion_receipt)
 
     forged = receipts[2].model_copy(update={"result_digest": "0" * 64})
-    await expect(AckRejected, client.acknowledge_completed([receipts[0], forged],
-                                                           deadline_ts=soon()))
+    await expect(
+        AckRejected, client.acknowledge_completed([receipts[0], forged], deadline_ts=soon())
+    )
     assert (await client.receipt(keys[0], 0, deadline_ts=soon())).state == "completed"
 
     answer = await client.acknowledge_completed(receipts, deadline_ts=soon())
@@ -133,9 +149,11 @@ async def test_ack_mismatch_and_unknown_key_are_rejected(client):
     r = rid()
     await client.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon())
     receipt = (await client.receipt(r, 0, deadline_ts=soon())).completion_receipt
-    for bad in (receipt.model_copy(update={"result_identity": "someone-else"}),
-                receipt.model_copy(update={"execution_generation": 2}),
-                receipt.model_copy(update={"rollout_id": rid()})):
+    for bad in (
+        receipt.model_copy(update={"result_identity": "someone-else"}),
+        receipt.model_copy(update={"execution_generation": 2}),
+        receipt.model_copy(update={"rollout_id": rid()}),
+    ):
         err = await expect(AckRejected, client.acknowledge(bad, deadline_ts=soon()))
         assert err.status == 409 and err.code == "completed_execution_acknowledgement_error"
     assert (await client.acknowledge(receipt, deadline_ts=soon())).acknowledged
@@ -145,13 +163,17 @@ async def test_ack_mismatch_and_unknown_key_are_rejected(client):
 async def test_a_dropped_reply_is_connection_lost_then_adopted_by_replay(client, server):
     r = rid()
     row = with_faults({"reward": 0.5}, drop_reply=True)
-    err = await expect(ConnectionLost, client.run(row, rollout_id=r, attempt_index=0,
-                                                  deadline_ts=soon()))
+    err = await expect(
+        ConnectionLost, client.run(row, rollout_id=r, attempt_index=0, deadline_ts=soon())
+    )
     assert isinstance(err.__cause__, aiohttp.ClientError)
     # retire, then adopt: the try had finished, so retire refuses and the reply is replayed
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
-    assert (answer.retired, answer.tombstoned, answer.completed_unacknowledged) == \
-        (False, False, True)
+    assert (answer.retired, answer.tombstoned, answer.completed_unacknowledged) == (
+        False,
+        False,
+        True,
+    )
     res = await client.replay(row, rollout_id=r, attempt_index=0, deadline_ts=soon())
     assert res.replayed is True and res.reply == {"id": f"r-{r}", "reward": 0.5}
     receipt = (await client.receipt(r, 0, deadline_ts=soon())).completion_receipt
@@ -163,8 +185,9 @@ async def test_a_dropped_reply_is_connection_lost_then_adopted_by_replay(client,
 async def test_a_running_key_duplicate_not_completed_then_retired(own_client, counting):
     client = own_client
     r = rid()
-    first = asyncio.create_task(client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0,
-                                           deadline_ts=soon(60)))
+    first = asyncio.create_task(
+        client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0, deadline_ts=soon(60))
+    )
 
     async def started() -> bool:
         try:
@@ -177,11 +200,12 @@ async def test_a_running_key_duplicate_not_completed_then_retired(own_client, co
 
     await until(started, what="the run to start")
     await expect(NotCompleted, client.receipt(r, 0, deadline_ts=soon()))
-    await expect(DuplicateExecution, client.run({}, rollout_id=r, attempt_index=0,
-                                                deadline_ts=soon()))
+    await expect(
+        DuplicateExecution, client.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+    )
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert (answer.retired, answer.tombstoned) == (True, True)
-    await expect(StaleAttempt, asyncio.wait_for(first, 5))     # its caller hears at once
+    await expect(StaleAttempt, asyncio.wait_for(first, 5))  # its caller hears at once
     await expect(StaleAttempt, client.receipt(r, 0, deadline_ts=soon()))
     again = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert (again.retired, again.tombstoned) == (False, True)
@@ -193,8 +217,11 @@ async def test_unknown_keys_and_tombstones(client):
     r = rid()
     await expect(UnknownExecution, client.receipt(r, 0, deadline_ts=soon()))
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
-    assert (answer.retired, answer.tombstoned, answer.completed_unacknowledged) == \
-        (False, True, False)
+    assert (answer.retired, answer.tombstoned, answer.completed_unacknowledged) == (
+        False,
+        True,
+        False,
+    )
     await expect(StaleAttempt, client.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon()))
     await expect(StaleAttempt, client.receipt(r, 0, deadline_ts=soon()))
     # the next try of the same rollout is a new key
@@ -205,8 +232,9 @@ async def test_unknown_keys_and_tombstones(client):
 @aio
 async def test_an_agent_failure_is_agent_failed_and_tombstones_the_key(client):
     r = rid()
-    err = await expect(AgentFailed, client.run({"fail": True}, rollout_id=r, attempt_index=0,
-                                               deadline_ts=soon()))
+    err = await expect(
+        AgentFailed, client.run({"fail": True}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+    )
     assert err.status == 500 and "fail" in err.detail
     await expect(StaleAttempt, client.receipt(r, 0, deadline_ts=soon()))
 
@@ -219,8 +247,7 @@ async def test_control_needs_the_token_and_run_does_not(server):
             err = await expect(Unauthorized, bad.status("cp-any", deadline_ts=soon()))
             assert err.status == 401
             await expect(Unauthorized, bad.receipt(rid(), 0, deadline_ts=soon()))
-            res = await bad.run({}, rollout_id=(r := rid()), attempt_index=0,
-                                deadline_ts=soon())
+            res = await bad.run({}, rollout_id=(r := rid()), attempt_index=0, deadline_ts=soon())
             assert res.reply["id"] == f"r-{r}"
 
 
@@ -228,14 +255,19 @@ async def test_control_needs_the_token_and_run_does_not(server):
 async def test_invalid_requests_are_typed(tmp_path: Path):
     with GymServerThread(token="test-token", max_body_bytes=2048) as small:
         async with GymClient(small.endpoint) as c:
-            err = await expect(InvalidRequest, c.run({"blob": "x" * 4096}, rollout_id=rid(),
-                                                     attempt_index=0, deadline_ts=soon()))
+            err = await expect(
+                InvalidRequest,
+                c.run({"blob": "x" * 4096}, rollout_id=rid(), attempt_index=0, deadline_ts=soon()),
+            )
             assert err.status == 413 and err.code == "payload_too_large"
         # what the typed client refuses to send, the server refuses too: its 422 body maps
         async with aiohttp.ClientSession() as raw_session:
             url = small.url + CONTROL_PREFIX + "/retire"
-            async with raw_session.post(url, json={"rollout_id": "r", "attempt_index": -1},
-                                        headers={"Authorization": "Bearer test-token"}) as resp:
+            async with raw_session.post(
+                url,
+                json={"rollout_id": "r", "attempt_index": -1},
+                headers={"Authorization": "Bearer test-token"},
+            ) as resp:
                 status, raw = resp.status, await resp.read()
     err = error_for_response(status, raw, url=url)
     assert type(err) is InvalidRequest and err.status == 422 and "attempt_index" in err.detail
@@ -258,8 +290,12 @@ async def test_a_receipt_that_outlives_its_deadline_is_deadline_exceeded(client)
 @aio
 async def test_control_calls_do_not_queue_behind_long_runs(server):
     async with GymClient(server.endpoint, limit=1) as c:
-        runs = [asyncio.create_task(c.run({"sleep_s": 0.6}, rollout_id=rid(), attempt_index=0,
-                                          deadline_ts=soon(30))) for _ in range(2)]
+        runs = [
+            asyncio.create_task(
+                c.run({"sleep_s": 0.6}, rollout_id=rid(), attempt_index=0, deadline_ts=soon(30))
+            )
+            for _ in range(2)
+        ]
 
         async def one_running() -> bool:
             return (await c.status("cp-any", deadline_ts=soon())).running >= 1
@@ -267,7 +303,7 @@ async def test_control_calls_do_not_queue_behind_long_runs(server):
         await until(one_running, what="a run to start")
         started = time.monotonic()
         await c.status("cp-any", deadline_ts=soon())
-        assert time.monotonic() - started < 0.3     # the /run pool is full, the control one not
+        assert time.monotonic() - started < 0.3  # the /run pool is full, the control one not
         results = await asyncio.gather(*runs)
         assert all(not r.replayed for r in results)
 
@@ -280,6 +316,7 @@ async def test_capabilities_of_our_server(client):
 
 # ---------------------------------------------------------------- checkpoints
 
+
 @aio
 async def test_a_checkpoint_cycle_and_its_fences(own_server, tmp_path: Path):
     async with GymClient(own_server.endpoint) as c:
@@ -291,9 +328,10 @@ async def test_a_checkpoint_cycle_and_its_fences(own_server, tmp_path: Path):
 
         report = await c.prepare("cp1", deadline_ts=soon())
         assert report.ready_to_commit and report.state == "preparing"
-        assert (await c.prepare("cp1", deadline_ts=soon())).ready_to_commit   # recorded
-        err = await expect(AdmissionClosed, c.run({}, rollout_id=rid(), attempt_index=0,
-                                                  deadline_ts=soon()))
+        assert (await c.prepare("cp1", deadline_ts=soon())).ready_to_commit  # recorded
+        err = await expect(
+            AdmissionClosed, c.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
+        )
         assert err.status == 409
         await expect(CheckpointConflict, c.prepare("cp2", deadline_ts=soon()))
 
@@ -303,20 +341,30 @@ async def test_a_checkpoint_cycle_and_its_fences(own_server, tmp_path: Path):
 
         resumed = await c.resume("cp1", deadline_ts=soon())
         assert resumed.state == "accepting"
-        assert await c.resume("cp1", deadline_ts=soon()) == resumed    # a lost answer, resent
-        for call in (c.status("cp1", deadline_ts=soon()), c.prepare("cp1", deadline_ts=soon()),
-                     c.retire(rid(), 0, checkpoint_id="cp1", deadline_ts=soon())):
+        assert await c.resume("cp1", deadline_ts=soon()) == resumed  # a lost answer, resent
+        for call in (
+            c.status("cp1", deadline_ts=soon()),
+            c.prepare("cp1", deadline_ts=soon()),
+            c.retire(rid(), 0, checkpoint_id="cp1", deadline_ts=soon()),
+        ):
             await expect(StaleCheckpoint, call)
         res = await c.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
-        assert res.replayed is False                             # admission is open again
+        assert res.replayed is False  # admission is open again
 
 
 @aio
 async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_server, counting):
     async with GymClient(own_server.endpoint) as c:
         # 1. a run finishes on Gym, but its reply never reaches us
-        await expect(ConnectionLost, c.run(with_faults({"reward": 0.5}, drop_reply=True),
-                                           rollout_id="rD", attempt_index=0, deadline_ts=soon()))
+        await expect(
+            ConnectionLost,
+            c.run(
+                with_faults({"reward": 0.5}, drop_reply=True),
+                rollout_id="rD",
+                attempt_index=0,
+                deadline_ts=soon(),
+            ),
+        )
         # 2. prepare: not ready, a value that lists (rD, 0) with its receipt
         report = await c.prepare("cp-seed", deadline_ts=soon(1.0))
         assert not report.ready_to_commit
@@ -326,13 +374,13 @@ async def test_the_seed_scenario_prepare_409_is_a_value_with_the_report(own_serv
         assert listed[0].state == ExecutionState.COMPLETED.value
         assert listed[0].completion_receipt is not None
         # 3. re-POST /run during prepare: the stored reply; the agent does not run
-        res = await c.replay({"reward": 0.5}, rollout_id="rD", attempt_index=0,
-                             deadline_ts=soon())
+        res = await c.replay({"reward": 0.5}, rollout_id="rD", attempt_index=0, deadline_ts=soon())
         assert res.replayed and res.reply == {"id": "r-rD", "reward": 0.5}
         assert res.digest == listed[0].completion_receipt.result_digest
         # 4. ACK it; 5. prepare again: ready
-        assert await c.acknowledge(listed[0].completion_receipt, deadline_ts=soon()) == \
-            AckAnswer(acknowledged=True, idempotent=False)
+        assert await c.acknowledge(listed[0].completion_receipt, deadline_ts=soon()) == AckAnswer(
+            acknowledged=True, idempotent=False
+        )
         report = await c.prepare("cp-seed", deadline_ts=soon())
         assert report.ready_to_commit and report.completed_unacknowledged == 0
         # 6. ran once

@@ -18,21 +18,39 @@ import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pydantic import ValidationError
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
-from rl_gym_actors.errors import (ERROR_BY_CODE, AgentFailed, CheckpointConflict, CheckpointFailed,
-                                  ConfigError,
-                                  ConnectionLost, DeadlineExceeded, GymRejected, GymServerError,
-                                  InvalidRequest, PoolClosed, ProtocolViolation, RlGymError,
-                                  StaleAttempt, Unauthorized, gym_error)
+from rl_gym_actors.errors import (
+    ERROR_BY_CODE,
+    AgentFailed,
+    CheckpointConflict,
+    CheckpointFailed,
+    ConfigError,
+    ConnectionLost,
+    DeadlineExceeded,
+    GymRejected,
+    GymServerError,
+    InvalidRequest,
+    PoolClosed,
+    ProtocolViolation,
+    RlGymError,
+    StaleAttempt,
+    Unauthorized,
+    gym_error,
+)
 from rl_gym_actors.gym.client import GymClient, RunResult, error_for_response, run_failure
-from rl_gym_actors.gym.retry import (RetryOn, RetryPolicy, call_with_retry, check_deadline,
-                                     is_retryable, remaining)
+from rl_gym_actors.gym.retry import (
+    RetryOn,
+    RetryPolicy,
+    call_with_retry,
+    check_deadline,
+    is_retryable,
+    remaining,
+)
 from rl_gym_actors.protocol import CompletionReceipt, result_digest
 
-aio = pytest.mark.asyncio(loop_scope="session")   # the suite shares one event loop
+aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
 
 T0 = 1_700_000_000.0
 
@@ -69,6 +87,7 @@ def scripted(outcomes: list, fake: FakeTime, took: float = 0.0):
 
 # ---------------------------------------------------------------- error mapping
 
+
 def body(code: str, detail: str = "d", **extra) -> bytes:
     return json.dumps({"error": {"code": code, "detail": detail}, **extra}).encode()
 
@@ -81,8 +100,18 @@ def test_every_known_code_maps_to_its_class(code, cls):
 
 
 def test_fastapi_default_422_is_invalid_request_with_the_locations():
-    raw = json.dumps({"detail": [{"type": "missing", "loc": ["body", "checkpoint_id"],
-                                  "msg": "Field required", "input": {}}]}).encode()
+    raw = json.dumps(
+        {
+            "detail": [
+                {
+                    "type": "missing",
+                    "loc": ["body", "checkpoint_id"],
+                    "msg": "Field required",
+                    "input": {},
+                }
+            ]
+        }
+    ).encode()
     err = error_for_response(422, raw)
     assert isinstance(err, InvalidRequest)
     assert err.code == "invalid_request" and "body.checkpoint_id: Field required" in err.detail
@@ -100,13 +129,16 @@ def test_plain_text_500_is_a_lost_connection_carrying_the_text():
     assert isinstance(error_for_response(503, b"[1, 2]"), ConnectionLost)
 
 
-@pytest.mark.parametrize("status, raw, text", [
-    (500, b'"RuntimeError(\'the agent raised\')"', "RuntimeError('the agent raised')"),
-    (500, b"Internal Server Error", "Internal Server Error"),
-    (502, b"", ""),
-    (500, b'{"error": {"code": "agent_failed", "detail": "boom"}}', "boom"),
-    (503, b'{"error": {"code": "store_unavailable", "detail": "disk"}}', "disk"),
-])
+@pytest.mark.parametrize(
+    "status, raw, text",
+    [
+        (500, b"\"RuntimeError('the agent raised')\"", "RuntimeError('the agent raised')"),
+        (500, b"Internal Server Error", "Internal Server Error"),
+        (502, b"", ""),
+        (500, b'{"error": {"code": "agent_failed", "detail": "boom"}}', "boom"),
+        (503, b'{"error": {"code": "store_unavailable", "detail": "disk"}}', "disk"),
+    ],
+)
 def test_a_5xx_to_run_is_agent_failed_with_status_and_text(status, raw, text):
     err = run_failure(status, raw, url="http://h/run")
     assert type(err) is AgentFailed and err.status == status and err.detail == text
@@ -127,13 +159,20 @@ def test_other_4xx_are_rejections():
 
 
 def all_errors() -> list[RlGymError]:
-    errs: list[RlGymError] = [gym_error(409, code, f"detail of {code}", url="http://h/p",
-                                        body={"error": {"code": code}})
-                              for code in ERROR_BY_CODE]
-    errs += [gym_error(503, "overloaded", "busy"), gym_error(418, None, "teapot"),
-             ConnectionLost("reset", url="http://h/run"), DeadlineExceeded("late", url="http://h"),
-             ProtocolViolation("bad digest"), ConfigError("bad id"), PoolClosed("closed"),
-             CheckpointFailed("gave up", checkpoint_id="c1", blockers={"h": [["r", 0]]})]
+    errs: list[RlGymError] = [
+        gym_error(409, code, f"detail of {code}", url="http://h/p", body={"error": {"code": code}})
+        for code in ERROR_BY_CODE
+    ]
+    errs += [
+        gym_error(503, "overloaded", "busy"),
+        gym_error(418, None, "teapot"),
+        ConnectionLost("reset", url="http://h/run"),
+        DeadlineExceeded("late", url="http://h"),
+        ProtocolViolation("bad digest"),
+        ConfigError("bad id"),
+        PoolClosed("closed"),
+        CheckpointFailed("gave up", checkpoint_id="c1", blockers={"h": [["r", 0]]}),
+    ]
     return errs
 
 
@@ -148,12 +187,19 @@ def test_every_error_pickles_with_all_its_fields(err):
 
 # ---------------------------------------------------------------- policy and deadlines
 
+
 def test_policy_refuses_bad_values():
     # a pydantic policy like every other: a ValidationError names the field
-    for bad in (dict(attempts=0), dict(attempts=True), dict(jitter=1.5),
-                dict(backoff_multiplier=0.5), dict(try_timeout_s=0),
-                dict(backoff_initial_s=math.nan), dict(backoff_max_s=math.inf),
-                dict(min_try_s=-1)):
+    for bad in (
+        dict(attempts=0),
+        dict(attempts=True),
+        dict(jitter=1.5),
+        dict(backoff_multiplier=0.5),
+        dict(try_timeout_s=0),
+        dict(backoff_initial_s=math.nan),
+        dict(backoff_max_s=math.inf),
+        dict(min_try_s=-1),
+    ):
         with pytest.raises(ValidationError) as info:
             RetryPolicy(**bad)
         assert info.value.errors()[0]["loc"] == (next(iter(bad)),)
@@ -166,11 +212,18 @@ def test_the_retry_policy_is_reachable_from_the_try_policy():
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 200), rand=st.floats(0, 1, exclude_max=True),
-       initial=st.floats(0, 5), cap=st.floats(0, 10), mult=st.floats(1, 10), jitter=st.floats(0, 1))
+@given(
+    n=st.integers(1, 200),
+    rand=st.floats(0, 1, exclude_max=True),
+    initial=st.floats(0, 5),
+    cap=st.floats(0, 10),
+    mult=st.floats(1, 10),
+    jitter=st.floats(0, 1),
+)
 def test_backoff_stays_within_its_jitter_band_and_cap(n, rand, initial, cap, mult, jitter):
-    policy = RetryPolicy(backoff_initial_s=initial, backoff_max_s=cap, backoff_multiplier=mult,
-                         jitter=jitter)
+    policy = RetryPolicy(
+        backoff_initial_s=initial, backoff_max_s=cap, backoff_multiplier=mult, jitter=jitter
+    )
     try:
         base = min(cap, initial * mult ** (n - 1))
     except OverflowError:
@@ -206,25 +259,40 @@ def test_what_each_kind_retries():
     lost, late = ConnectionLost("x"), DeadlineExceeded("x")
     server, rejected = gym_error(503, "boom"), StaleAttempt("x")
     kw = dict(deadline_ts=T0 + 1, now=T0)
-    assert [is_retryable(e, RetryOn.IDEMPOTENT, **kw) for e in (lost, late, server, rejected)] \
-        == [True, True, True, False]
-    assert [is_retryable(e, RetryOn.TRANSPORT, **kw) for e in (lost, late, server, rejected)] \
-        == [True, False, False, False]
+    assert [is_retryable(e, RetryOn.IDEMPOTENT, **kw) for e in (lost, late, server, rejected)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert [is_retryable(e, RetryOn.TRANSPORT, **kw) for e in (lost, late, server, rejected)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
     assert not any(is_retryable(e, RetryOn.NOTHING, **kw) for e in (lost, late, server))
-    assert not is_retryable(late, RetryOn.IDEMPOTENT, deadline_ts=T0, now=T0)   # the call's own
+    assert not is_retryable(late, RetryOn.IDEMPOTENT, deadline_ts=T0, now=T0)  # the call's own
     assert not is_retryable(asyncio.CancelledError(), RetryOn.IDEMPOTENT, **kw)
     assert not is_retryable(ProtocolViolation("x"), RetryOn.IDEMPOTENT, **kw)
 
 
 # ---------------------------------------------------------------- the retry loop (fake clock)
 
+
 @aio
 async def test_retries_a_lost_connection_then_succeeds():
     fake = FakeTime()
     attempt, seen = scripted([ConnectionLost("a"), gym_error(503, "boom"), "ok"], fake)
     policy = RetryPolicy(attempts=5, backoff_initial_s=0.1, backoff_multiplier=2, jitter=0)
-    got = await call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=policy,
-                                deadline_ts=T0 + 10, clock=fake, sleep=fake.sleep)
+    got = await call_with_retry(
+        attempt,
+        kind=RetryOn.IDEMPOTENT,
+        policy=policy,
+        deadline_ts=T0 + 10,
+        clock=fake,
+        sleep=fake.sleep,
+    )
     assert got == "ok" and len(seen) == 3
     assert fake.sleeps == pytest.approx([0.1, 0.2])
 
@@ -234,24 +302,39 @@ async def test_stops_at_the_attempts_bound_with_the_last_error():
     fake = FakeTime()
     attempt, seen = scripted([ConnectionLost("first"), ConnectionLost("last")], fake)
     with pytest.raises(ConnectionLost, match="last"):
-        await call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=RetryPolicy(attempts=3),
-                              deadline_ts=T0 + 60, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.IDEMPOTENT,
+            policy=RetryPolicy(attempts=3),
+            deadline_ts=T0 + 60,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     assert len(seen) == 3
 
 
-@pytest.mark.parametrize("kind,err", [
-    (RetryOn.IDEMPOTENT, StaleAttempt("no")),
-    (RetryOn.IDEMPOTENT, ProtocolViolation("bad")),
-    (RetryOn.TRANSPORT, gym_error(503, "boom")),
-    (RetryOn.NOTHING, ConnectionLost("lost")),
-])
+@pytest.mark.parametrize(
+    "kind,err",
+    [
+        (RetryOn.IDEMPOTENT, StaleAttempt("no")),
+        (RetryOn.IDEMPOTENT, ProtocolViolation("bad")),
+        (RetryOn.TRANSPORT, gym_error(503, "boom")),
+        (RetryOn.NOTHING, ConnectionLost("lost")),
+    ],
+)
 @aio
 async def test_no_retry_where_the_kind_forbids_it(kind, err):
     fake = FakeTime()
     attempt, seen = scripted([err, "ok"], fake)
     with pytest.raises(type(err)):
-        await call_with_retry(attempt, kind=kind, policy=RetryPolicy(attempts=5),
-                              deadline_ts=T0 + 60, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=kind,
+            policy=RetryPolicy(attempts=5),
+            deadline_ts=T0 + 60,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     assert len(seen) == 1 and fake.sleeps == []
 
 
@@ -259,11 +342,18 @@ async def test_no_retry_where_the_kind_forbids_it(kind, err):
 async def test_never_sleeps_past_the_deadline():
     fake = FakeTime()
     attempt, seen = scripted([ConnectionLost("x")], fake, took=0.05)
-    policy = RetryPolicy(attempts=100, backoff_initial_s=0.2, backoff_multiplier=1, jitter=0,
-                         min_try_s=0.01)
+    policy = RetryPolicy(
+        attempts=100, backoff_initial_s=0.2, backoff_multiplier=1, jitter=0, min_try_s=0.01
+    )
     with pytest.raises(ConnectionLost):
-        await call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=policy,
-                              deadline_ts=T0 + 1.0, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.IDEMPOTENT,
+            policy=policy,
+            deadline_ts=T0 + 1.0,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     # tries at 0, .25, .5, .75; a fifth would start at 1.0 + 0.05 > deadline - min_try_s
     assert len(seen) == 4 and fake.now <= T0 + 1.0
 
@@ -276,12 +366,18 @@ async def test_one_try_timeout_is_retried_but_the_calls_deadline_is_final():
 
     async def attempt(try_deadline: float):
         seen.append(try_deadline)
-        fake.now = try_deadline           # every try hangs until its own deadline
+        fake.now = try_deadline  # every try hangs until its own deadline
         raise DeadlineExceeded("hung")
 
     with pytest.raises(DeadlineExceeded):
-        await call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=policy,
-                              deadline_ts=T0 + 1.0, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.IDEMPOTENT,
+            policy=policy,
+            deadline_ts=T0 + 1.0,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     assert seen == pytest.approx([T0 + 0.3, T0 + 0.6, T0 + 0.9, T0 + 1.0])
     assert fake.now == pytest.approx(T0 + 1.0)
 
@@ -292,9 +388,10 @@ async def test_only_idempotent_tries_are_cut_by_the_try_timeout(kind):
     fake = FakeTime()
     attempt, seen = scripted(["ok"], fake)
     policy = RetryPolicy(attempts=5, try_timeout_s=0.5)
-    await call_with_retry(attempt, kind=kind, policy=policy, deadline_ts=T0 + 30, clock=fake,
-                          sleep=fake.sleep)
-    assert seen == [T0 + 30]      # a run, or a prepare the server lets wait, gets it all
+    await call_with_retry(
+        attempt, kind=kind, policy=policy, deadline_ts=T0 + 30, clock=fake, sleep=fake.sleep
+    )
+    assert seen == [T0 + 30]  # a run, or a prepare the server lets wait, gets it all
 
 
 @aio
@@ -304,21 +401,39 @@ async def test_a_checkpoint_in_the_way_is_waited_out_until_the_deadline_whatever
     attempt, seen = scripted([held] * 8 + ["prepared"], fake, took=0.05)
     heard: list[BaseException] = []
     policy = RetryPolicy(attempts=2, backoff_initial_s=0.05, backoff_max_s=0.5, jitter=0)
-    got = await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
-                                deadline_ts=T0 + 30, clock=fake, sleep=fake.sleep,
-                                on_retry=heard.append)
+    got = await call_with_retry(
+        attempt,
+        kind=RetryOn.CHECKPOINT_HELD,
+        policy=policy,
+        deadline_ts=T0 + 30,
+        clock=fake,
+        sleep=fake.sleep,
+        on_retry=heard.append,
+    )
     assert got == "prepared" and len(seen) == 9 and heard == [held] * 8
     assert fake.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.5, 0.5])
-    fake, lost = FakeTime(), ConnectionLost("x")            # only the conflict is waited out
+    fake, lost = FakeTime(), ConnectionLost("x")  # only the conflict is waited out
     attempt, seen = scripted([lost, "ok"], fake)
     with pytest.raises(ConnectionLost):
-        await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
-                              deadline_ts=T0 + 30, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.CHECKPOINT_HELD,
+            policy=policy,
+            deadline_ts=T0 + 30,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     fake = FakeTime()
     attempt, seen = scripted([held] * 100, fake, took=0.05)
     with pytest.raises(CheckpointConflict):
-        await call_with_retry(attempt, kind=RetryOn.CHECKPOINT_HELD, policy=policy,
-                              deadline_ts=T0 + 2, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.CHECKPOINT_HELD,
+            policy=policy,
+            deadline_ts=T0 + 2,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     assert fake.now <= T0 + 2
 
 
@@ -327,8 +442,14 @@ async def test_cancellation_is_never_retried():
     fake = FakeTime()
     attempt, seen = scripted([asyncio.CancelledError()], fake)
     with pytest.raises(asyncio.CancelledError):
-        await call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=RetryPolicy(attempts=5),
-                              deadline_ts=T0 + 60, clock=fake, sleep=fake.sleep)
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.IDEMPOTENT,
+            policy=RetryPolicy(attempts=5),
+            deadline_ts=T0 + 60,
+            clock=fake,
+            sleep=fake.sleep,
+        )
     assert len(seen) == 1
 
 
@@ -344,8 +465,11 @@ async def test_cancelling_during_a_backoff_ends_the_call_at_once():
         raise ConnectionLost("x")
 
     policy = RetryPolicy(attempts=5, backoff_initial_s=30, jitter=0)
-    task = asyncio.create_task(call_with_retry(attempt, kind=RetryOn.IDEMPOTENT, policy=policy,
-                                               deadline_ts=time.time() + 120))
+    task = asyncio.create_task(
+        call_with_retry(
+            attempt, kind=RetryOn.IDEMPOTENT, policy=policy, deadline_ts=time.time() + 120
+        )
+    )
     await asyncio.wait_for(failed.wait(), 5)
     task.cancel()
     started = time.monotonic()
@@ -355,6 +479,7 @@ async def test_cancelling_during_a_backoff_ends_the_call_at_once():
 
 
 # ---------------------------------------------------------------- the client without a server
+
 
 @pytest.fixture
 def refused_endpoint():
@@ -386,8 +511,9 @@ async def test_bad_arguments_are_config_errors_before_any_network(refused_endpoi
         bad_calls = [
             client.run({}, rollout_id="bad id", attempt_index=0, deadline_ts=dl),
             client.run({}, rollout_id="r1", attempt_index=-1, deadline_ts=dl),
-            client.run({"_ng_rollout_id": "other"}, rollout_id="r1", attempt_index=0,
-                       deadline_ts=dl),
+            client.run(
+                {"_ng_rollout_id": "other"}, rollout_id="r1", attempt_index=0, deadline_ts=dl
+            ),
             client.run({"x": math.nan}, rollout_id="r1", attempt_index=0, deadline_ts=dl),
             client.run({}, rollout_id="r1", attempt_index=0, deadline_ts=5.0),
             client.receipt("r1", True, deadline_ts=dl),
@@ -406,7 +532,7 @@ async def test_bad_arguments_are_config_errors_before_any_network(refused_endpoi
 @aio
 async def test_a_passed_deadline_raises_without_connecting(refused_endpoint):
     async with GymClient(refused_endpoint) as client:
-        with pytest.raises(DeadlineExceeded):   # a connection attempt would be ConnectionLost
+        with pytest.raises(DeadlineExceeded):  # a connection attempt would be ConnectionLost
             await client.status("c1", deadline_ts=time.time() - 0.001)
 
 
@@ -416,7 +542,7 @@ async def test_a_refused_connection_is_connection_lost(refused_endpoint):
     async with GymClient(refused_endpoint, retry=policy) as client:
         with pytest.raises(ConnectionLost) as info:
             await client.run({}, rollout_id="r1", attempt_index=0, deadline_ts=time.time() + 5)
-        assert isinstance(info.value.__cause__, OSError)    # raised from the foreign error
+        assert isinstance(info.value.__cause__, OSError)  # raised from the foreign error
         with pytest.raises(ConnectionLost):
             await client.status("c1", deadline_ts=time.time() + 5)
 
@@ -439,7 +565,7 @@ async def test_a_client_stays_on_the_loop_that_first_used_it(refused_endpoint):
         def other_loop() -> None:
             try:
                 asyncio.run(client.status("c1", deadline_ts=time.time() + 5))
-            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            except BaseException as exc:
                 caught.append(exc)
 
         thread = threading.Thread(target=other_loop)

@@ -17,8 +17,13 @@ import pytest
 import pytest_asyncio
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import (AgentFailed, ConnectionLost, InvalidRequest, StaleAttempt,
-                                  Unauthorized)
+from rl_gym_actors.errors import (
+    AgentFailed,
+    ConnectionLost,
+    InvalidRequest,
+    StaleAttempt,
+    Unauthorized,
+)
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.faults import with_faults
@@ -26,7 +31,7 @@ from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
-aio = pytest.mark.asyncio(loop_scope="session")   # the suite shares one event loop
+aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
 
 
 def rid() -> str:
@@ -40,8 +45,10 @@ def soon(seconds: float = 10.0) -> float:
 @pytest.fixture
 def real_gym():
     """A fresh server behind the stand-in (the prepare tests change its phase)."""
-    with GymServerThread(token="test-token", allow_faults=True) as srv, \
-            RealGymStandIn(srv.endpoint) as gym:
+    with (
+        GymServerThread(token="test-token", allow_faults=True) as srv,
+        RealGymStandIn(srv.endpoint) as gym,
+    ):
         yield gym
 
 
@@ -55,16 +62,19 @@ async def client(real_gym):
 async def test_prepare_409_without_a_report_reads_the_lists_from_status(client):
     r = rid()
     with pytest.raises(ConnectionLost):
-        await client.run(with_faults({"reward": 0.5}, drop_reply=True), rollout_id=r,
-                         attempt_index=0, deadline_ts=soon())
+        await client.run(
+            with_faults({"reward": 0.5}, drop_reply=True),
+            rollout_id=r,
+            attempt_index=0,
+            deadline_ts=soon(),
+        )
     report = await client.prepare("cp-real", deadline_ts=soon(1.0))
     assert report.ready_to_commit is False
     assert report.completed_unacknowledged == 1
     [listed] = report.completed_unacknowledged_attempts
     assert listed.key == (r, 0) and listed.completion_receipt is not None
     # adopt it without the (ext) header: the replayed reply matches the listed receipt
-    res = await client.replay({"reward": 0.5}, rollout_id=r, attempt_index=0,
-                              deadline_ts=soon())
+    res = await client.replay({"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon())
     assert res.replayed is False and res.digest == listed.completion_receipt.result_digest
     await client.acknowledge(listed.completion_receipt, deadline_ts=soon())
     assert (await client.prepare("cp-real", deadline_ts=soon())).ready_to_commit
@@ -74,7 +84,7 @@ async def test_prepare_409_without_a_report_reads_the_lists_from_status(client):
 @aio
 async def test_ext_routes_missing(client):
     assert await client.capabilities(deadline_ts=soon()) is None
-    with pytest.raises(InvalidRequest) as info:          # no receipt route on a real Gym
+    with pytest.raises(InvalidRequest) as info:  # no receipt route on a real Gym
         await client.receipt(rid(), 0, deadline_ts=soon())
     assert info.value.status == 404
 
@@ -95,8 +105,9 @@ async def test_a_fastapi_style_401_is_unauthorized_and_409s_pass_as_they_are(rea
 @aio
 async def test_a_run_cancelled_by_retire_is_a_5xx_that_retire_resolves(client, real_gym):
     r = rid()
-    run = asyncio.create_task(client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0,
-                                         deadline_ts=soon(60)))
+    run = asyncio.create_task(
+        client.run({"sleep_s": 30}, rollout_id=r, attempt_index=0, deadline_ts=soon(60))
+    )
 
     async def running() -> bool:
         return (await client.status("cp-any", deadline_ts=soon())).running == 1
@@ -104,13 +115,12 @@ async def test_a_run_cancelled_by_retire_is_a_5xx_that_retire_resolves(client, r
     await until(running, what="the run to start")
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert answer.retired is True
-    with pytest.raises(AgentFailed) as info:          # a plain-text 500 on a real Gym
+    with pytest.raises(AgentFailed) as info:  # a plain-text 500 on a real Gym
         await asyncio.wait_for(run, 5)
     assert info.value.status == 500 and real_gym.retired_while_running == 1
     # the caller retires the try after any 5xx: the answer settles it
     again = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
-    assert (again.retired, again.tombstoned, again.completed_unacknowledged) == \
-        (False, True, False)
+    assert (again.retired, again.tombstoned, again.completed_unacknowledged) == (False, True, False)
 
 
 @aio
@@ -121,8 +131,7 @@ async def test_idempotent_calls_retry_across_a_server_restart(tmp_path: Path, ca
         # the breaker stays closed through the restart: this test is about the retry policy
         async with GymClient(srv.endpoint, retry=policy, down_span_s=120) as c:
             r = rid()
-            res = await c.run({"reward": 0.25}, rollout_id=r, attempt_index=0,
-                              deadline_ts=soon())
+            res = await c.run({"reward": 0.25}, rollout_id=r, attempt_index=0, deadline_ts=soon())
             url = srv.url
             srv.kill()
             caplog.set_level(logging.DEBUG, logger="rl_gym_actors.gym.retry")
@@ -134,7 +143,7 @@ async def test_idempotent_calls_retry_across_a_server_restart(tmp_path: Path, ca
             await until(refused, what="a refused try")
             assert not fetch.done()
             await asyncio.to_thread(srv.restart)
-            assert srv.url == url                          # same port: the endpoint holds
+            assert srv.url == url  # same port: the endpoint holds
             answer = await asyncio.wait_for(fetch, 30)
             assert answer.state == "completed"
             assert answer.completion_receipt.result_digest == res.digest

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import nemo_rl_checkpoint_models as models
 import pytest
 from pydantic import Field, model_validator
-
-import nemo_rl_checkpoint_models as models
 
 from rl_gym_actors.gym.agents import LineagedReply, simulated_agent
 from rl_gym_actors.protocol import ModelLineage, capture_key
@@ -29,12 +28,19 @@ class StrictCapabilities(models.Strict):
     schema_version: Literal[1]
     admission_states: list[Literal["accepting", "draining", "paused"]]
     checkpoint_mode: Literal["stateless", "export_restore"]
-    concurrency_contract: Literal["stateless", "serialized_per_session",
-                                  "transactional_parallel"]
+    concurrency_contract: Literal["stateless", "serialized_per_session", "transactional_parallel"]
     multi_process: models.MultiProcess
     instance_role: Literal["policy", "auxiliary"] | None = None
-    phase: Literal["idle", "preparing", "prepared", "committing", "committed_paused",
-                   "restoring", "restore_failed_paused", "restored_paused"]
+    phase: Literal[
+        "idle",
+        "preparing",
+        "prepared",
+        "committing",
+        "committed_paused",
+        "restoring",
+        "restore_failed_paused",
+        "restored_paused",
+    ]
     active_checkpoint_id: str | None = None
     deadline_ts: float | None = None
     features: list[str] = Field(default_factory=list)
@@ -50,7 +56,7 @@ class StrictReceipt(models.Strict):
     terminal_model_call_id: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _pair(self) -> "StrictReceipt":
+    def _pair(self) -> StrictReceipt:
         assert (self.manifest_capture_key is None) == (self.terminal_model_call_id is None)
         return self
 
@@ -59,8 +65,9 @@ async def lineaged_agent(row):
     """The simulated agent, naming the model call its reply ended with."""
     reply = await simulated_agent(row)
     key = capture_key(row["_ng_rollout_id"], row.get("_ng_attempt_index", 0))
-    return LineagedReply(reply, ModelLineage(manifest_capture_key=key,
-                                             terminal_model_call_id=f"call-{key}"))
+    return LineagedReply(
+        reply, ModelLineage(manifest_capture_key=key, terminal_model_call_id=f"call-{key}")
+    )
 
 
 async def test_capabilities_validate_in_every_phase(wire):
@@ -78,11 +85,14 @@ async def test_capabilities_validate_in_every_phase(wire):
 @pytest.mark.parametrize("route", ["/receipt", "/completion-receipt"])
 async def test_both_receipt_routes_answer_a_strict_receipt(wire, route):
     await wire.run("rN")
-    got = await wire.request("GET", "/ng-control/v1/agent-checkpoint" + route,
-                             params={"rollout_id": "rN", "attempt_index": "0"})
+    got = await wire.request(
+        "GET",
+        "/ng-control/v1/agent-checkpoint" + route,
+        params={"rollout_id": "rN", "attempt_index": "0"},
+    )
     assert got.status == 200 and got.json["state"] == "completed"
     receipt = StrictReceipt.model_validate(got.json["completion_receipt"])
-    assert receipt.manifest_capture_key is None                 # neither field, not nulls
+    assert receipt.manifest_capture_key is None  # neither field, not nulls
     assert "manifest_capture_key" not in got.json["completion_receipt"]
 
 
@@ -93,12 +103,17 @@ async def test_lineage_fields_pass_through_receipt_status_and_ack(wire_for):
         got = (await wire.receipt("rL", 2)).json["completion_receipt"]
         receipt = StrictReceipt.model_validate(got)
         assert (receipt.manifest_capture_key, receipt.terminal_model_call_id) == (
-            "rL-a2", "call-rL-a2")
+            "rL-a2",
+            "call-rL-a2",
+        )
         [listed] = (await wire.status()).json["completed_unacknowledged_attempts"]
         assert listed["completion_receipt"] == got
         # an ACK must carry the pair as issued; without it the receipt differs
-        without = {k: v for k, v in got.items() if k not in ("manifest_capture_key",
-                                                              "terminal_model_call_id")}
+        without = {
+            k: v
+            for k, v in got.items()
+            if k not in ("manifest_capture_key", "terminal_model_call_id")
+        }
         refused = await wire.ack(without)
         assert refused.code == "completed_execution_acknowledgement_error"
         assert (await wire.ack(got)).json == {"acknowledged": True, "idempotent": False}
@@ -109,6 +124,5 @@ async def test_a_receipt_with_half_the_lineage_pair_is_refused(wire):
     got = await wire.ack({**receipt, "manifest_capture_key": "rH"})
     assert (got.status, got.code) == (422, "invalid_request")
     # nulls for both are the same as neither (as NeMo RL sends them)
-    ok = await wire.ack({**receipt, "manifest_capture_key": None,
-                         "terminal_model_call_id": None})
+    ok = await wire.ack({**receipt, "manifest_capture_key": None, "terminal_model_call_id": None})
     assert ok.json == {"acknowledged": True, "idempotent": False}

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from rl_gym_actors.errors import (AckRejected, AdmissionClosed, CheckpointConflict,
-                                  CheckpointNotReady, DuplicateExecution, NotCompleted,
-                                  StaleAttempt, StaleCheckpoint, UnknownExecution)
+from rl_gym_actors.errors import (
+    AckRejected,
+    AdmissionClosed,
+    CheckpointConflict,
+    CheckpointNotReady,
+    DuplicateExecution,
+    NotCompleted,
+    StaleAttempt,
+    StaleCheckpoint,
+    UnknownExecution,
+)
 from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
-from rl_gym_actors.gym.participant import (ParticipantCore, PrepareIncomplete, Replay, Start,
-                                           encode_reply)
+from rl_gym_actors.gym.participant import (
+    ParticipantCore,
+    PrepareIncomplete,
+    Replay,
+    Start,
+    encode_reply,
+)
 from rl_gym_actors.gym.store import Execution, FenceRecord, SpentCheckpoint
 from rl_gym_actors.protocol import CompletionReceipt, ResumeAnswer
 from rl_gym_actors.protocol import ExecutionState as S
@@ -29,8 +42,12 @@ def test_every_transition_queues_its_record_in_order():
     core.acknowledge(receipt)
     core.retire(None, ("t", 0))
     states = [(r.key, r.state) for r in core.take_records()]
-    assert states == [(("r", 0), S.RUNNING), (("r", 0), S.COMPLETED),
-                      (("r", 0), S.ACKNOWLEDGED), (("t", 0), S.TOMBSTONED)]
+    assert states == [
+        (("r", 0), S.RUNNING),
+        (("r", 0), S.COMPLETED),
+        (("r", 0), S.ACKNOWLEDGED),
+        (("t", 0), S.TOMBSTONED),
+    ]
     assert core.take_records() == []
 
 
@@ -96,13 +113,15 @@ def test_prepare_incomplete_carries_the_report():
     with pytest.raises(PrepareIncomplete) as refused:
         core.finish_prepare("c1")
     assert refused.value.status == 409 and refused.value.code == "agent_prepare_incomplete"
-    assert refused.value.body["completed_unacknowledged"] == 1       # the body is JSON data
+    assert refused.value.body["completed_unacknowledged"] == 1  # the body is JSON data
     assert "completed_unacknowledged=1" in refused.value.detail
 
 
 def test_loaded_state_is_counted_and_not_written_again():
-    core = ParticipantCore([Execution("a", 0, S.ACKNOWLEDGED, 1, None, b"{}"),
-                            Execution("b", 0, S.TOMBSTONED, 0)], {"c0": b"{}"})
+    core = ParticipantCore(
+        [Execution("a", 0, S.ACKNOWLEDGED, 1, None, b"{}"), Execution("b", 0, S.TOMBSTONED, 0)],
+        {"c0": b"{}"},
+    )
     assert core.state_of(("a", 0)) is S.ACKNOWLEDGED and core.get(("a", 0)) is None
     assert core.count(S.ACKNOWLEDGED) == 1 and core.count(S.TOMBSTONED) == 1
     assert core.take_records() == []
@@ -121,13 +140,17 @@ def test_resume_records_the_spent_id_and_the_fence():
 
 # ---------------------------------------------------------------- the fence's table
 
+
 def test_fence_walks_its_phases():
     fence = CheckpointFence()
     assert fence.recorded("c1", "prepare") is None
     fence.advance("c1", "prepare")
     assert (fence.phase, fence.active, fence.admission_open) == (
-        CheckpointPhase.PREPARING, "c1", False)
-    fence.advance("c1", "prepare")                          # a 409'd prepare, called again
+        CheckpointPhase.PREPARING,
+        "c1",
+        False,
+    )
+    fence.advance("c1", "prepare")  # a 409'd prepare, called again
     fence.advance("c1", "prepared", {"ready": True})
     assert fence.recorded("c1", "prepare") == {"ready": True}
     fence.advance("c1", "commit", {"records": 0})
@@ -140,14 +163,17 @@ def test_fence_walks_its_phases():
             fence.recorded("c1", op)
 
 
-@pytest.mark.parametrize("phase_ops,op,error", [
-    ([], "commit", CheckpointNotReady),
-    ([], "prepared", CheckpointConflict),
-    (["prepare"], "commit", CheckpointNotReady),
-    (["prepare", "prepared"], "prepared", CheckpointConflict),
-    (["prepare", "prepared", "commit"], "prepare", CheckpointConflict),
-    (["prepare", "prepared", "commit"], "commit", CheckpointNotReady),
-])
+@pytest.mark.parametrize(
+    "phase_ops,op,error",
+    [
+        ([], "commit", CheckpointNotReady),
+        ([], "prepared", CheckpointConflict),
+        (["prepare"], "commit", CheckpointNotReady),
+        (["prepare", "prepared"], "prepared", CheckpointConflict),
+        (["prepare", "prepared", "commit"], "prepare", CheckpointConflict),
+        (["prepare", "prepared", "commit"], "commit", CheckpointNotReady),
+    ],
+)
 def test_fence_refuses_illegal_transitions_by_name(phase_ops, op, error):
     fence = CheckpointFence()
     for step in phase_ops:
@@ -163,4 +189,4 @@ def test_fence_conflict_names_the_active_checkpoint():
     fence.advance("c1", "prepare")
     with pytest.raises(CheckpointConflict, match="'c1' is preparing"):
         fence.recorded("c2", "prepare")
-    fence.check_lenient("c2")                                # status/retire: fine
+    fence.check_lenient("c2")  # status/retire: fine

@@ -16,17 +16,29 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rl_gym_actors.errors import (AckRejected, AdmissionClosed, CheckpointConflict,
-                                  CheckpointNotReady, DuplicateExecution, StaleAttempt,
-                                  StaleCheckpoint)
-from rl_gym_actors.gym.participant import (ParticipantCore, PrepareIncomplete, Replay, Start,
-                                           encode_reply)
+from rl_gym_actors.errors import (
+    AckRejected,
+    AdmissionClosed,
+    CheckpointConflict,
+    CheckpointNotReady,
+    DuplicateExecution,
+    StaleAttempt,
+    StaleCheckpoint,
+)
+from rl_gym_actors.gym.participant import (
+    ParticipantCore,
+    PrepareIncomplete,
+    Replay,
+    Start,
+    encode_reply,
+)
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt
 
 
 def _j(answer):
     """A wire model as the JSON data a client receives."""
     return answer.model_dump(mode="json", exclude_none=True)
+
 
 KEYS = [("a", 0), ("a", 1), ("b", 0)]
 keys = st.sampled_from(KEYS)
@@ -63,14 +75,14 @@ class ParticipantMachine(RuleBasedStateMachine):
         else:
             if isinstance(decision, Replay):
                 assert state == COMPLETED
-                assert decision.reply == self.replies[key]      # the first reply, byte for byte
+                assert decision.reply == self.replies[key]  # the first reply, byte for byte
             else:
                 assert isinstance(decision, Start)
                 assert state is None and self.phase == "idle"
                 self.starts[key] += 1
                 self.model[key] = RUNNING
                 self.generation[key] = decision.generation
-        assert self.starts[key] <= 1                            # a replay never runs the agent
+        assert self.starts[key] <= 1  # a replay never runs the agent
 
     def _keys_in(self, *states: str) -> list[tuple[str, int]]:
         return sorted(k for k, s in self.model.items() if s in states)
@@ -95,8 +107,9 @@ class ParticipantMachine(RuleBasedStateMachine):
             self._finish(key, 0.5)
 
     def _finish(self, key, reward: float) -> None:
-        raw, receipt = encode_reply(key, self.generation[key], {"id": f"r-{key[0]}",
-                                                                "reward": reward})
+        raw, receipt = encode_reply(
+            key, self.generation[key], {"id": f"r-{key[0]}", "reward": reward}
+        )
         self.core.finish_run(key, self.generation[key], raw, receipt)
         self.model[key] = COMPLETED
         self.replies[key] = raw
@@ -124,7 +137,7 @@ class ParticipantMachine(RuleBasedStateMachine):
         state = self.model.get(key)
         if state == COMPLETED:
             assert answer["completed_unacknowledged"] and not answer["tombstoned"]
-            assert self.core.get(key).reply == self.replies[key]   # never destroyed
+            assert self.core.get(key).reply == self.replies[key]  # never destroyed
         elif state == ACKED:
             assert not answer["retired"] and not answer["tombstoned"]
         else:
@@ -134,13 +147,17 @@ class ParticipantMachine(RuleBasedStateMachine):
 
     def _receipt_for(self, key, tamper: bool) -> CompletionReceipt:
         base = self.receipts.get(key) or CompletionReceipt(
-            rollout_id=key[0], attempt_index=key[1], execution_generation=1,
-            result_identity="x", result_digest="0" * 64)
+            rollout_id=key[0],
+            attempt_index=key[1],
+            execution_generation=1,
+            result_identity="x",
+            result_digest="0" * 64,
+        )
         return base.model_copy(update={"result_digest": "f" * 64}) if tamper else base
 
     def _ackable(self, key, tamper: bool) -> bool:
         if self.model.get(key) == ACKED and self.core.get(key) is None:
-            return True      # compacted at a commit, no store: its receipt is no longer kept
+            return True  # compacted at a commit, no store: its receipt is no longer kept
         return self.model.get(key) in (COMPLETED, ACKED) and key in self.receipts and not tamper
 
     @rule(data=st.data(), tamper=st.integers(0, 4))
@@ -154,20 +171,24 @@ class ParticipantMachine(RuleBasedStateMachine):
             assert not self._ackable(key, tamper)
             return
         assert self._ackable(key, tamper)
-        assert answer == {"acknowledged": self.model[key] == COMPLETED,
-                          "idempotent": self.model[key] == ACKED}
+        assert answer == {
+            "acknowledged": self.model[key] == COMPLETED,
+            "idempotent": self.model[key] == ACKED,
+        }
         self.model[key] = ACKED
 
     @precondition(lambda self: COMPLETED in self.model.values() or ACKED in self.model.values())
     @rule(data=st.data(), repeat=st.booleans(), spoil=st.integers(0, 7))
     def ack_batch(self, data, repeat, spoil):
         candidates = self._keys_in(COMPLETED, ACKED)
-        chosen = data.draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=4,
-                                    unique=True), label="chosen")
+        chosen = data.draw(
+            st.lists(st.sampled_from(candidates), min_size=1, max_size=4, unique=True),
+            label="chosen",
+        )
         tampered: set = set()
-        if spoil == 0:                      # a key that may never have completed
+        if spoil == 0:  # a key that may never have completed
             chosen = list(dict.fromkeys([*chosen, data.draw(keys, label="odd")]))
-        elif spoil == 1:                    # one receipt with a field changed
+        elif spoil == 1:  # one receipt with a field changed
             tampered = {data.draw(st.sampled_from(chosen), label="tampered")}
         receipts = [self._receipt_for(k, k in tampered) for k in chosen]
         before = {k: self.core.get(k) for k in KEYS}
@@ -176,13 +197,13 @@ class ParticipantMachine(RuleBasedStateMachine):
             answer = _j(self.core.acknowledge_batch(receipts))
         except AckRejected:
             assert not all_ok
-            assert {k: self.core.get(k) for k in KEYS} == before    # nothing released
+            assert {k: self.core.get(k) for k in KEYS} == before  # nothing released
             return
         assert all_ok
         assert answer == {"acknowledged": [r.wire() for r in receipts]}
         for k in chosen:
             self.model[k] = ACKED
-        if repeat:                                                 # idempotent
+        if repeat:  # idempotent
             assert _j(self.core.acknowledge_batch(receipts)) == answer
 
     # ------------------------------------------------------------ checkpoints
@@ -226,8 +247,9 @@ class ParticipantMachine(RuleBasedStateMachine):
         if recorded is None:
             unsettled = {k for k, s in self.model.items() if s not in (ACKED, TOMBSTONED)}
             assert unsettled <= {e.key for e in executions}
-            self.core.finish_commit(checkpoint_id, CommitAnswer(records=len(executions),
-                                                                manifest_digest="0" * 64))
+            self.core.finish_commit(
+                checkpoint_id, CommitAnswer(records=len(executions), manifest_digest="0" * 64)
+            )
             self.phase = "committed"
 
     @rule(other=st.integers(0, 4))
@@ -246,10 +268,12 @@ class ParticipantMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def spent_ids_are_stale(self, data):
         checkpoint_id = data.draw(st.sampled_from(sorted(self.spent)))
-        for call in (lambda: self.core.begin_prepare(checkpoint_id),
-                     lambda: self.core.begin_commit(checkpoint_id),
-                     lambda: self.core.status(checkpoint_id),
-                     lambda: self.core.retire(checkpoint_id, ("z", 0))):
+        for call in (
+            lambda: self.core.begin_prepare(checkpoint_id),
+            lambda: self.core.begin_commit(checkpoint_id),
+            lambda: self.core.status(checkpoint_id),
+            lambda: self.core.retire(checkpoint_id, ("z", 0)),
+        ):
             try:
                 call()
             except StaleCheckpoint:
@@ -262,13 +286,18 @@ class ParticipantMachine(RuleBasedStateMachine):
     def status_matches_the_model(self):
         report = _j(self.core.status(f"status-{self.serial}"))
         count = Counter(self.model.values())
-        assert (report["running"], report["completed_unacknowledged"],
-                report["acknowledged_completed"], report["parked"]) == (
-            count[RUNNING], count[COMPLETED], count[ACKED], 0)
+        assert (
+            report["running"],
+            report["completed_unacknowledged"],
+            report["acknowledged_completed"],
+            report["parked"],
+        ) == (count[RUNNING], count[COMPLETED], count[ACKED], 0)
         assert report["ready_to_commit"] == (count[RUNNING] == 0 and count[COMPLETED] == 0)
         assert report["state"] == ("accepting" if self.phase == "idle" else "preparing")
-        listed = {(a["rollout_id"], a["attempt_index"])
-                  for a in report["completed_unacknowledged_attempts"]}
+        listed = {
+            (a["rollout_id"], a["attempt_index"])
+            for a in report["completed_unacknowledged_attempts"]
+        }
         assert listed == {k for k, s in self.model.items() if s == COMPLETED}
 
     @invariant()
@@ -284,7 +313,8 @@ class ParticipantMachine(RuleBasedStateMachine):
                 assert self.core.get(key).reply == self.replies[key]
 
 
-ParticipantMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40,
-                                                deadline=None)
+ParticipantMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)
 TestParticipantMachine = ParticipantMachine.TestCase
 TestParticipantMachine.pytestmark = [pytest.mark.slow]

@@ -12,8 +12,7 @@ from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
 @pytest.mark.parametrize("mode", ["repr", "plain"])
-async def test_an_agent_that_raises_gets_a_bare_500_and_retire_finds_nothing_stored(wire_for,
-                                                                                    mode):
+async def test_an_agent_that_raises_gets_a_bare_500_and_retire_finds_nothing_stored(wire_for, mode):
     with GymServerThread() as srv, RealGymStandIn(srv.endpoint, agent_error=mode) as gym:
         wire = wire_for(gym)
         got = await wire.run("rF", fail=True)
@@ -25,8 +24,11 @@ async def test_an_agent_that_raises_gets_a_bare_500_and_retire_finds_nothing_sto
             assert got.raw == b"Internal Server Error"
         assert gym.agent_failures == 1
         retired = await wire.retire("rF")
-        assert retired.json == {"retired": False, "tombstoned": True,
-                                "completed_unacknowledged": False}
+        assert retired.json == {
+            "retired": False,
+            "tombstoned": True,
+            "completed_unacknowledged": False,
+        }
 
 
 async def test_status_during_prepare_lists_running_attempts_as_park_requested(wire_for):
@@ -35,7 +37,7 @@ async def test_status_during_prepare_lists_running_attempts_as_park_requested(wi
         run = asyncio.create_task(wire.run("rP", sleep_s=30))
         await wire.until(lambda st: st["running"] == 1, what="the run to start")
         before = (await wire.status()).json
-        assert [a["state"] for a in before["executions"]] == ["running"]     # accepting
+        assert [a["state"] for a in before["executions"]] == ["running"]  # accepting
         prepare = asyncio.create_task(wire.prepare("cp-park", deadline_s=30))
         st = await wire.until(lambda st: st["state"] == "preparing", what="prepare")
         assert st["running"] == 1
@@ -44,7 +46,7 @@ async def test_status_during_prepare_lists_running_attempts_as_park_requested(wi
         await wire.retire("rP")
         assert (await prepare).status == 200
         await wire.resume("cp-park")
-        assert (await run).status == 500             # a run retired: a real Gym's plain 500
+        assert (await run).status == 500  # a run retired: a real Gym's plain 500
 
 
 async def test_no_receipt_or_replayed_header_behind_the_stand_in(wire_for):

@@ -23,12 +23,23 @@ async def test_a_dotted_sync_function_runs_in_a_thread(wire_for):
     # builtins:dict copies the row: a sync agent whose reply is the row itself
     with GymServerThread(agent="builtins:dict") as server:
         got = await wire_for(server).run("rS", reward=0.1, note="as is")
-    assert got.json == {"_ng_rollout_id": "rS", "_ng_attempt_index": 0, "reward": 0.1,
-                        "note": "as is"}
+    assert got.json == {
+        "_ng_rollout_id": "rS",
+        "_ng_attempt_index": 0,
+        "reward": 0.1,
+        "note": "as is",
+    }
 
 
-@pytest.mark.parametrize("spec", ["no_colon", "no_such_module_xyz:fn",
-                                  "rl_gym_actors.gym.agents:missing", "rl_gym_actors:__version__"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "no_colon",
+        "no_such_module_xyz:fn",
+        "rl_gym_actors.gym.agents:missing",
+        "rl_gym_actors:__version__",
+    ],
+)
 def test_a_bad_agent_spec_is_a_config_error(spec):
     with pytest.raises(ConfigError):
         make_agent(spec)
@@ -54,7 +65,7 @@ async def upstream():
             return web.Response(status=500, text="upstream broke")
         try:
             await asyncio.sleep(row.get("sleep_s", 0))
-        except asyncio.CancelledError:      # our caller closed the connection
+        except asyncio.CancelledError:  # our caller closed the connection
             cancelled.append(row)
             raise
         return web.json_response({"id": f"up-{len(seen)}", "echo": row})
@@ -78,7 +89,7 @@ async def test_an_upstream_agent_gains_replay_and_ack_behind_our_server(upstream
         got = await wire.run("rU", reward=0.5, prompt={"text": "hi"})
         assert got.status == 200
         assert got.json == {"id": "up-1", "echo": {"reward": 0.5, "prompt": {"text": "hi"}}}
-        assert seen == [{"reward": 0.5, "prompt": {"text": "hi"}}]   # identity fields taken off
+        assert seen == [{"reward": 0.5, "prompt": {"text": "hi"}}]  # identity fields taken off
         replay = await wire.run("rU", reward=0.5)
         assert replay.replayed and replay.raw == got.raw and len(seen) == 1
         receipt = (await wire.receipt("rU")).json["completion_receipt"]

@@ -12,11 +12,16 @@ import pytest
 from rl_gym_actors.protocol import CONTROL_PREFIX
 from rl_gym_actors.testing.gym_process import GymServerThread
 
-LIMIT = 4096            # the body limit of the server under test, to keep oversized bodies small
+LIMIT = 4096  # the body limit of the server under test, to keep oversized bodies small
 P = CONTROL_PREFIX
 NOW = time.time()
-RECEIPT = {"rollout_id": "rC", "attempt_index": 0, "execution_generation": 1,
-           "result_identity": "r-rC", "result_digest": "0" * 64}
+RECEIPT = {
+    "rollout_id": "rC",
+    "attempt_index": 0,
+    "execution_generation": 1,
+    "result_identity": "r-rC",
+    "result_digest": "0" * 64,
+}
 
 
 @pytest.fixture
@@ -34,9 +39,11 @@ async def _seed(wire) -> None:
 
 async def _fingerprint(wire) -> dict[str, Any]:
     status = (await wire.status()).json
-    return {"status": status,
-            "receipts": [(await wire.receipt(r)).raw for r in ("rC", "rA", "rT")],
-            "replay": (await wire.run("rC")).raw}
+    return {
+        "status": status,
+        "receipts": [(await wire.receipt(r)).raw for r in ("rC", "rA", "rT")],
+        "replay": (await wire.run("rC")).raw,
+    }
 
 
 def _phase(checkpoint_id: Any = "c1", **extra: Any) -> dict[str, Any]:
@@ -59,83 +66,220 @@ CASES: dict[str, tuple] = {
     "run-array": ("POST", "/run", [{"_ng_rollout_id": "rX"}], 422, "invalid_request"),
     "run-string": ("POST", "/run", "rX", 422, "invalid_request"),
     "run-without-rollout-id": ("POST", "/run", {"prompt": "hi"}, 422, "invalid_request"),
-    "ack-missing-field": ("POST", P + "/acknowledge",
-                          {k: v for k, v in RECEIPT.items() if k != "result_digest"},
-                          422, "invalid_request"),
-    "ack-unknown-field": ("POST", P + "/acknowledge", {**RECEIPT, "extra": 1},
-                          422, "invalid_request"),
-    "ack-bad-digest": ("POST", P + "/acknowledge", {**RECEIPT, "result_digest": "XYZ"},
-                       422, "invalid_request"),
-    "ack-batch-empty": ("POST", P + "/acknowledge-completed",
-                        {"schema_version": 1, "executions": []}, 422, "invalid_request"),
-    "ack-batch-duplicate-keys": ("POST", P + "/acknowledge-completed",
-                                 {"schema_version": 1, "executions": [RECEIPT, RECEIPT]},
-                                 422, "invalid_request"),
-    "ack-batch-schema-version": ("POST", P + "/acknowledge-completed",
-                                 {"schema_version": 2, "executions": [RECEIPT]},
-                                 422, "invalid_request"),
+    "ack-missing-field": (
+        "POST",
+        P + "/acknowledge",
+        {k: v for k, v in RECEIPT.items() if k != "result_digest"},
+        422,
+        "invalid_request",
+    ),
+    "ack-unknown-field": (
+        "POST",
+        P + "/acknowledge",
+        {**RECEIPT, "extra": 1},
+        422,
+        "invalid_request",
+    ),
+    "ack-bad-digest": (
+        "POST",
+        P + "/acknowledge",
+        {**RECEIPT, "result_digest": "XYZ"},
+        422,
+        "invalid_request",
+    ),
+    "ack-batch-empty": (
+        "POST",
+        P + "/acknowledge-completed",
+        {"schema_version": 1, "executions": []},
+        422,
+        "invalid_request",
+    ),
+    "ack-batch-duplicate-keys": (
+        "POST",
+        P + "/acknowledge-completed",
+        {"schema_version": 1, "executions": [RECEIPT, RECEIPT]},
+        422,
+        "invalid_request",
+    ),
+    "ack-batch-schema-version": (
+        "POST",
+        P + "/acknowledge-completed",
+        {"schema_version": 2, "executions": [RECEIPT]},
+        422,
+        "invalid_request",
+    ),
     "retire-unknown-field": ("POST", P + "/retire", _retire(force=True), 422, "invalid_request"),
-    "retire-missing-deadline": ("POST", P + "/retire",
-                                {k: v for k, v in _retire().items() if k != "deadline_ts"},
-                                422, "invalid_request"),
-    "prepare-deadline-string": ("POST", P + "/prepare", _phase(deadline_ts="soon"),
-                                422, "invalid_request"),
-    "prepare-deadline-infinite": ("POST", P + "/prepare", b'{"checkpoint_id": "c1", '
-                                  b'"deadline_ts": 1e999}', 422, "invalid_request"),
+    "retire-missing-deadline": (
+        "POST",
+        P + "/retire",
+        {k: v for k, v in _retire().items() if k != "deadline_ts"},
+        422,
+        "invalid_request",
+    ),
+    "prepare-deadline-string": (
+        "POST",
+        P + "/prepare",
+        _phase(deadline_ts="soon"),
+        422,
+        "invalid_request",
+    ),
+    "prepare-deadline-infinite": (
+        "POST",
+        P + "/prepare",
+        b'{"checkpoint_id": "c1", "deadline_ts": 1e999}',
+        422,
+        "invalid_request",
+    ),
     "commit-without-dir": ("POST", P + "/commit", _phase(), 422, "invalid_request"),
     # invalid rollout ids
-    "run-rollout-id-leading-dash": ("POST", "/run", {"_ng_rollout_id": "-rX"}, 422,
-                                    "invalid_request"),
+    "run-rollout-id-leading-dash": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "-rX"},
+        422,
+        "invalid_request",
+    ),
     "run-rollout-id-space": ("POST", "/run", {"_ng_rollout_id": "r X"}, 422, "invalid_request"),
-    "run-rollout-id-too-long": ("POST", "/run", {"_ng_rollout_id": "r" * 257}, 422,
-                                "invalid_request"),
+    "run-rollout-id-too-long": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "r" * 257},
+        422,
+        "invalid_request",
+    ),
     "run-rollout-id-number": ("POST", "/run", {"_ng_rollout_id": 7}, 422, "invalid_request"),
-    "retire-rollout-id-slash": ("POST", P + "/retire", _retire(rollout_id="a/b"), 422,
-                                "invalid_request"),
-    "receipt-rollout-id-empty": ("GET", P + "/receipt", None, 422, "invalid_request",
-                                 {"params": {"rollout_id": "", "attempt_index": "0"}}),
+    "retire-rollout-id-slash": (
+        "POST",
+        P + "/retire",
+        _retire(rollout_id="a/b"),
+        422,
+        "invalid_request",
+    ),
+    "receipt-rollout-id-empty": (
+        "GET",
+        P + "/receipt",
+        None,
+        422,
+        "invalid_request",
+        {"params": {"rollout_id": "", "attempt_index": "0"}},
+    ),
     # invalid checkpoint ids
-    "prepare-checkpoint-id-space": ("POST", P + "/prepare", _phase("c 1"), 422,
-                                    "invalid_request"),
-    "prepare-checkpoint-id-too-long": ("POST", P + "/prepare", _phase("c" * 129), 422,
-                                       "invalid_request"),
+    "prepare-checkpoint-id-space": ("POST", P + "/prepare", _phase("c 1"), 422, "invalid_request"),
+    "prepare-checkpoint-id-too-long": (
+        "POST",
+        P + "/prepare",
+        _phase("c" * 129),
+        422,
+        "invalid_request",
+    ),
     "resume-checkpoint-id-empty": ("POST", P + "/resume", _phase(""), 422, "invalid_request"),
-    "status-checkpoint-id-dots-first": ("GET", P + "/status", None, 422, "invalid_request",
-                                        {"params": {"checkpoint_id": ".c1"}}),
+    "status-checkpoint-id-dots-first": (
+        "GET",
+        P + "/status",
+        None,
+        422,
+        "invalid_request",
+        {"params": {"checkpoint_id": ".c1"}},
+    ),
     # negative (or non-integer) attempts
-    "run-negative-attempt": ("POST", "/run", {"_ng_rollout_id": "rX", "_ng_attempt_index": -1},
-                             422, "invalid_request"),
-    "run-attempt-string": ("POST", "/run", {"_ng_rollout_id": "rX", "_ng_attempt_index": "0"},
-                           422, "invalid_request"),
-    "run-attempt-bool": ("POST", "/run", {"_ng_rollout_id": "rX", "_ng_attempt_index": True},
-                         422, "invalid_request"),
-    "retire-negative-attempt": ("POST", P + "/retire", _retire(attempt_index=-1), 422,
-                                "invalid_request"),
-    "ack-negative-attempt": ("POST", P + "/acknowledge", {**RECEIPT, "attempt_index": -1},
-                             422, "invalid_request"),
-    "receipt-negative-attempt": ("GET", P + "/receipt", None, 422, "invalid_request",
-                                 {"params": {"rollout_id": "rC", "attempt_index": "-1"}}),
+    "run-negative-attempt": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "rX", "_ng_attempt_index": -1},
+        422,
+        "invalid_request",
+    ),
+    "run-attempt-string": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "rX", "_ng_attempt_index": "0"},
+        422,
+        "invalid_request",
+    ),
+    "run-attempt-bool": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "rX", "_ng_attempt_index": True},
+        422,
+        "invalid_request",
+    ),
+    "retire-negative-attempt": (
+        "POST",
+        P + "/retire",
+        _retire(attempt_index=-1),
+        422,
+        "invalid_request",
+    ),
+    "ack-negative-attempt": (
+        "POST",
+        P + "/acknowledge",
+        {**RECEIPT, "attempt_index": -1},
+        422,
+        "invalid_request",
+    ),
+    "receipt-negative-attempt": (
+        "GET",
+        P + "/receipt",
+        None,
+        422,
+        "invalid_request",
+        {"params": {"rollout_id": "rC", "attempt_index": "-1"}},
+    ),
     # missing and wrong token
-    "prepare-missing-token": ("POST", P + "/prepare", _phase(), 401, "unauthorized",
-                              {"token": None}),
-    "retire-wrong-token": ("POST", P + "/retire", _retire(), 401, "unauthorized",
-                           {"token": "not-the-token"}),
-    "ack-wrong-token": ("POST", P + "/acknowledge", RECEIPT, 401, "unauthorized",
-                        {"token": "x"}),
+    "prepare-missing-token": (
+        "POST",
+        P + "/prepare",
+        _phase(),
+        401,
+        "unauthorized",
+        {"token": None},
+    ),
+    "retire-wrong-token": (
+        "POST",
+        P + "/retire",
+        _retire(),
+        401,
+        "unauthorized",
+        {"token": "not-the-token"},
+    ),
+    "ack-wrong-token": ("POST", P + "/acknowledge", RECEIPT, 401, "unauthorized", {"token": "x"}),
     # a receipt with one field changed, and an ACK of a key that never ran
-    "ack-receipt-field-changed": ("POST", P + "/acknowledge", RECEIPT, 409,
-                                  "completed_execution_acknowledgement_error"),
-    "ack-never-ran": ("POST", P + "/acknowledge", {**RECEIPT, "rollout_id": "rNever"}, 409,
-                      "completed_execution_acknowledgement_error"),
-    "ack-batch-never-ran": ("POST", P + "/acknowledge-completed",
-                            {"schema_version": 1, "executions": [{**RECEIPT,
-                                                                  "rollout_id": "rNever"}]},
-                            409, "completed_execution_acknowledgement_error"),
+    "ack-receipt-field-changed": (
+        "POST",
+        P + "/acknowledge",
+        RECEIPT,
+        409,
+        "completed_execution_acknowledgement_error",
+    ),
+    "ack-never-ran": (
+        "POST",
+        P + "/acknowledge",
+        {**RECEIPT, "rollout_id": "rNever"},
+        409,
+        "completed_execution_acknowledgement_error",
+    ),
+    "ack-batch-never-ran": (
+        "POST",
+        P + "/acknowledge-completed",
+        {"schema_version": 1, "executions": [{**RECEIPT, "rollout_id": "rNever"}]},
+        409,
+        "completed_execution_acknowledgement_error",
+    ),
     # oversized bodies
-    "run-oversized": ("POST", "/run", {"_ng_rollout_id": "rBig", "blob": "x" * LIMIT}, 413,
-                      "payload_too_large"),
-    "ack-oversized": ("POST", P + "/acknowledge", {**RECEIPT, "pad": "x" * LIMIT}, 413,
-                      "payload_too_large"),
+    "run-oversized": (
+        "POST",
+        "/run",
+        {"_ng_rollout_id": "rBig", "blob": "x" * LIMIT},
+        413,
+        "payload_too_large",
+    ),
+    "ack-oversized": (
+        "POST",
+        P + "/acknowledge",
+        {**RECEIPT, "pad": "x" * LIMIT},
+        413,
+        "payload_too_large",
+    ),
     # unknown routes and methods
     "unknown-route": ("GET", "/nope", None, 404, "not_found"),
     "wrong-method": ("GET", "/run", None, 405, "method_not_allowed"),
@@ -170,8 +314,9 @@ async def test_an_oversized_chunked_body_is_refused_without_reading_it_all(wire,
             yield b"x" * 1024
         yield b'"}'
 
-    got = await wire.request("POST", "/run", data=chunks(), token=None,
-                             headers={"Content-Type": "application/json"})
+    got = await wire.request(
+        "POST", "/run", data=chunks(), token=None, headers={"Content-Type": "application/json"}
+    )
     assert (got.status, got.code) == (413, "payload_too_large")
     assert await _fingerprint(wire) == before
     assert agent.starts[("rBig", 0)] == 0

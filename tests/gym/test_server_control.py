@@ -13,8 +13,8 @@ import pytest
 from rl_gym_actors.gym.store import MANIFEST_NAME, RECORDS_NAME
 from rl_gym_actors.protocol import CAPABILITIES_PATH, CONTROL_PREFIX
 
-
 # ---------------------------------------------------------------- acknowledge
+
 
 async def test_ack_releases_once_then_is_idempotent(wire):
     receipt = await wire.complete("rA")
@@ -34,19 +34,26 @@ async def test_ack_of_an_unknown_key_is_refused(wire):
 async def test_ack_of_a_running_key_is_refused(wire):
     task = asyncio.create_task(wire.run("rR", sleep_s=30))
     await wire.until(lambda st: st["running"] == 1, what="rR running")
-    receipt = {"rollout_id": "rR", "attempt_index": 0, "execution_generation": 1,
-               "result_identity": "r-rR", "result_digest": "0" * 64}
+    receipt = {
+        "rollout_id": "rR",
+        "attempt_index": 0,
+        "execution_generation": 1,
+        "result_identity": "r-rR",
+        "result_digest": "0" * 64,
+    }
     got = await wire.ack(receipt)
     assert (got.status, got.code) == (409, "completed_execution_acknowledgement_error")
     await wire.retire("rR")
     assert (await task).code == "stale_attempt"
 
 
-@pytest.mark.parametrize("field,value", [("result_digest", "f" * 64),
-                                         ("result_identity", "r-other"),
-                                         ("execution_generation", 2)])
-async def test_ack_with_any_receipt_field_changed_is_refused_and_releases_nothing(wire, field,
-                                                                                  value):
+@pytest.mark.parametrize(
+    "field,value",
+    [("result_digest", "f" * 64), ("result_identity", "r-other"), ("execution_generation", 2)],
+)
+async def test_ack_with_any_receipt_field_changed_is_refused_and_releases_nothing(
+    wire, field, value
+):
     receipt = await wire.complete("rA")
     got = await wire.ack({**receipt, field: value})
     assert (got.status, got.code) == (409, "completed_execution_acknowledgement_error")
@@ -59,12 +66,12 @@ async def test_batch_ack_is_all_or_nothing_and_idempotent(wire):
     r1, r2, r3 = [await wire.complete(r) for r in ("r1", "r2", "r3")]
     bad = await wire.ack_batch([r1, {**r2, "result_digest": "0" * 64}])
     assert (bad.status, bad.code) == (409, "completed_execution_acknowledgement_error")
-    assert (await wire.status()).json["completed_unacknowledged"] == 3      # nothing released
+    assert (await wire.status()).json["completed_unacknowledged"] == 3  # nothing released
     ok = await wire.ack_batch([r1, r2])
     assert (ok.status, ok.json) == (200, {"acknowledged": [r1, r2]})
     again = await wire.ack_batch([r1, r2])
     assert (again.status, again.json) == (200, {"acknowledged": [r1, r2]})
-    mixed = await wire.ack_batch([r2, r3])                  # one already ACKed, one not
+    mixed = await wire.ack_batch([r2, r3])  # one already ACKed, one not
     assert mixed.status == 200
     st = (await wire.status()).json
     assert (st["completed_unacknowledged"], st["acknowledged_completed"]) == (0, 3)
@@ -79,6 +86,7 @@ async def test_batch_ack_with_an_unknown_key_releases_nothing(wire):
 
 # ---------------------------------------------------------------- retire
 
+
 async def test_retire_answers_for_every_state(wire):
     task = asyncio.create_task(wire.run("rRun", sleep_s=30))
     await wire.until(lambda st: st["running"] == 1, what="rRun running")
@@ -86,13 +94,22 @@ async def test_retire_answers_for_every_state(wire):
     receipt_a = await wire.complete("rA")
     await wire.ack(receipt_a)
 
-    assert (await wire.retire("rRun")).json == {"retired": True, "tombstoned": True,
-                                                 "completed_unacknowledged": False}
-    assert (await wire.retire("rUnknown")).json == {"retired": False, "tombstoned": True,
-                                                     "completed_unacknowledged": False}
-    assert (await wire.retire("rC")).json == {"retired": False, "tombstoned": False,
-                                               "completed_unacknowledged": True}
-    assert (await wire.retire("rUnknown")).json["tombstoned"] is True       # again: same
+    assert (await wire.retire("rRun")).json == {
+        "retired": True,
+        "tombstoned": True,
+        "completed_unacknowledged": False,
+    }
+    assert (await wire.retire("rUnknown")).json == {
+        "retired": False,
+        "tombstoned": True,
+        "completed_unacknowledged": False,
+    }
+    assert (await wire.retire("rC")).json == {
+        "retired": False,
+        "tombstoned": False,
+        "completed_unacknowledged": True,
+    }
+    assert (await wire.retire("rUnknown")).json["tombstoned"] is True  # again: same
     acked = (await wire.retire("rA")).json
     assert acked["retired"] is False and acked["completed_unacknowledged"] is False
     # the completed reply survives retire: only an ACK releases it
@@ -104,6 +121,7 @@ async def test_retire_answers_for_every_state(wire):
 
 # ---------------------------------------------------------------- status
 
+
 async def test_status_lists_what_blocks_and_counts_it(wire):
     task = asyncio.create_task(wire.run("rRun", sleep_s=30))
     await wire.until(lambda st: st["running"] == 1, what="rRun running")
@@ -111,14 +129,28 @@ async def test_status_lists_what_blocks_and_counts_it(wire):
     await wire.ack(await wire.complete("rA"))
     st = (await wire.status()).json
     assert st["state"] == "accepting" and st["ready_to_commit"] is False
-    assert (st["running"], st["parked"], st["parked_with_boundary"],
-            st["parked_without_boundary"], st["completed_unacknowledged"],
-            st["acknowledged_completed"], st["active"]) == (1, 0, 0, 0, 1, 1, 2)
+    assert (
+        st["running"],
+        st["parked"],
+        st["parked_with_boundary"],
+        st["parked_without_boundary"],
+        st["completed_unacknowledged"],
+        st["acknowledged_completed"],
+        st["active"],
+    ) == (1, 0, 0, 0, 1, 1, 2)
     assert [(a["rollout_id"], a["state"]) for a in st["blocking_attempts"]] == [
-        ("rC", "completed"), ("rRun", "running")]
+        ("rC", "completed"),
+        ("rRun", "running"),
+    ]
     assert st["completed_unacknowledged_attempts"] == [
-        {"rollout_id": "rC", "attempt_index": 0, "state": "completed",
-         "execution_generation": 1, "completion_receipt": receipt_c}]
+        {
+            "rollout_id": "rC",
+            "attempt_index": 0,
+            "state": "completed",
+            "execution_generation": 1,
+            "completion_receipt": receipt_c,
+        }
+    ]
     assert {a["rollout_id"] for a in st["executions"]} == {"rC", "rRun"}
     await wire.retire("rRun")
     await task
@@ -134,6 +166,7 @@ async def test_status_without_a_checkpoint_id_is_allowed(wire):
 
 # ---------------------------------------------------------------- prepare
 
+
 async def test_prepare_when_ready_closes_admission_and_records_its_answer(wire):
     first = await wire.prepare("c1")
     assert first.status == 200
@@ -147,12 +180,16 @@ async def test_prepare_not_ready_names_the_blockers_and_may_be_called_again(wire
     receipt = await wire.complete("rD", reward=0.5)
     got = await wire.prepare("c1")
     assert (got.status, got.code) == (409, "agent_prepare_incomplete")
-    assert got.json["error"]["detail"] == ("agent prepare is incomplete: running=0, "
-                                           "parked_without_boundary=0, completed_unacknowledged=1")
+    assert got.json["error"]["detail"] == (
+        "agent prepare is incomplete: running=0, "
+        "parked_without_boundary=0, completed_unacknowledged=1"
+    )
     report = got.json["report"]
     assert report["ready_to_commit"] is False
-    assert [(a["rollout_id"], a["completion_receipt"]) for a in
-            report["completed_unacknowledged_attempts"]] == [("rD", receipt)]
+    assert [
+        (a["rollout_id"], a["completion_receipt"])
+        for a in report["completed_unacknowledged_attempts"]
+    ] == [("rD", receipt)]
     await wire.ack(receipt)
     assert (await wire.prepare("c1")).json["ready_to_commit"] is True
 
@@ -197,6 +234,7 @@ async def test_a_waiting_prepare_ends_when_its_checkpoint_is_resumed(wire):
 
 # ---------------------------------------------------------------- commit and resume
 
+
 async def test_commit_writes_records_then_manifest_and_repeats_its_answer(wire, tmp_path):
     await wire.ack(await wire.complete("rA"))
     await wire.retire("rT")
@@ -206,14 +244,19 @@ async def test_commit_writes_records_then_manifest_and_repeats_its_answer(wire, 
     manifest = (tmp_path / "ckpt" / MANIFEST_NAME).read_bytes()
     records = (tmp_path / "ckpt" / RECORDS_NAME).read_bytes().splitlines()
     assert got.json == {"records": 2, "manifest_digest": hashlib.sha256(manifest).hexdigest()}
-    assert json.loads(manifest)["records_sha256"] == hashlib.sha256(
-        (tmp_path / "ckpt" / RECORDS_NAME).read_bytes()).hexdigest()
+    assert (
+        json.loads(manifest)["records_sha256"]
+        == hashlib.sha256((tmp_path / "ckpt" / RECORDS_NAME).read_bytes()).hexdigest()
+    )
     assert {(json.loads(r)["rollout_id"], json.loads(r)["state"]) for r in records} == {
-        ("rA", "acknowledged"), ("rT", "tombstoned")}
+        ("rA", "acknowledged"),
+        ("rT", "tombstoned"),
+    }
     again = await wire.commit("c1", tmp_path / "ckpt")
     assert (again.status, again.json) == (200, got.json)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(
-        [MANIFEST_NAME, RECORDS_NAME])                       # no temp files left behind
+        [MANIFEST_NAME, RECORDS_NAME]
+    )  # no temp files left behind
 
 
 async def test_commit_needs_a_ready_prepare(wire, tmp_path):
@@ -240,10 +283,14 @@ async def test_resume_reopens_admission_and_spends_the_id(wire, tmp_path):
     got = await wire.resume("c1")
     assert (got.status, got.json) == (200, {"state": "accepting", "released": 0})
     assert (await wire.run("rN")).status == 200
-    for answer in (await wire.prepare("c1"), await wire.commit("c1", tmp_path),
-                   await wire.status("c1"), await wire.retire("rX", checkpoint_id="c1")):
+    for answer in (
+        await wire.prepare("c1"),
+        await wire.commit("c1", tmp_path),
+        await wire.status("c1"),
+        await wire.retire("rX", checkpoint_id="c1"),
+    ):
         assert (answer.status, answer.code) == (409, "stale_checkpoint")
-    again = await wire.resume("c1")                         # a lost resume answer may be re-asked
+    again = await wire.resume("c1")  # a lost resume answer may be re-asked
     assert (again.status, again.json) == (200, got.json)
 
 
@@ -263,10 +310,14 @@ async def test_resume_while_idle_fences_off_a_late_prepare(wire):
 
 # ---------------------------------------------------------------- fences
 
+
 async def test_another_id_while_one_is_active_conflicts(wire, tmp_path):
     assert (await wire.prepare("c1")).status == 200
-    for answer in (await wire.prepare("c2"), await wire.commit("c2", tmp_path),
-                   await wire.resume("c2")):
+    for answer in (
+        await wire.prepare("c2"),
+        await wire.commit("c2", tmp_path),
+        await wire.resume("c2"),
+    ):
         assert (answer.status, answer.code) == (409, "checkpoint_conflict")
     assert (await wire.status()).json["checkpoint_id"] == "c1"
 
@@ -287,6 +338,7 @@ async def test_status_and_retire_are_lenient_in_every_phase(wire, tmp_path, phas
 
 # ---------------------------------------------------------------- (ext) receipt, capabilities
 
+
 async def test_receipt_answers_for_every_state(wire):
     task = asyncio.create_task(wire.run("rRun", sleep_s=30))
     await wire.until(lambda st: st["running"] == 1, what="rRun running")
@@ -301,7 +353,9 @@ async def test_receipt_answers_for_every_state(wire):
     await wire.retire("rRun")
     await task
     assert ((await wire.receipt("rRun")).status, (await wire.receipt("rRun")).code) == (
-        409, "stale_attempt")
+        409,
+        "stale_attempt",
+    )
     never = await wire.receipt("rNever")
     assert (never.status, never.code) == (404, "unknown_execution")
 
@@ -309,7 +363,7 @@ async def test_receipt_answers_for_every_state(wire):
 async def test_receipt_is_byte_identical_every_time(wire):
     await wire.run("rD")
     first = await wire.receipt("rD")
-    await wire.run("rD")                                        # a replay
+    await wire.run("rD")  # a replay
     assert (await wire.receipt("rD")).raw == first.raw
 
 
@@ -318,18 +372,30 @@ async def test_capabilities(wire):
     assert got.status == 200
     body = got.json
     assert body["component"] == "responses_api_agents" and body["phase"] == "idle"
-    assert {"completed_result_acknowledgement", "receipt", "replayed-header", "prepare-report", "faults"} <= set(body["features"])
+    assert {
+        "completed_result_acknowledgement",
+        "receipt",
+        "replayed-header",
+        "prepare-report",
+        "faults",
+    } <= set(body["features"])
     assert "durable-store" not in body["features"]
 
 
 # ---------------------------------------------------------------- auth
 
-CONTROL_ROUTES = [("GET", CAPABILITIES_PATH), ("GET", CONTROL_PREFIX + "/status"),
-                  ("GET", CONTROL_PREFIX + "/receipt"),
-                  ("GET", CONTROL_PREFIX + "/completion-receipt"), ("POST", CONTROL_PREFIX + "/acknowledge"),
-                  ("POST", CONTROL_PREFIX + "/acknowledge-completed"),
-                  ("POST", CONTROL_PREFIX + "/retire"), ("POST", CONTROL_PREFIX + "/prepare"),
-                  ("POST", CONTROL_PREFIX + "/commit"), ("POST", CONTROL_PREFIX + "/resume")]
+CONTROL_ROUTES = [
+    ("GET", CAPABILITIES_PATH),
+    ("GET", CONTROL_PREFIX + "/status"),
+    ("GET", CONTROL_PREFIX + "/receipt"),
+    ("GET", CONTROL_PREFIX + "/completion-receipt"),
+    ("POST", CONTROL_PREFIX + "/acknowledge"),
+    ("POST", CONTROL_PREFIX + "/acknowledge-completed"),
+    ("POST", CONTROL_PREFIX + "/retire"),
+    ("POST", CONTROL_PREFIX + "/prepare"),
+    ("POST", CONTROL_PREFIX + "/commit"),
+    ("POST", CONTROL_PREFIX + "/resume"),
+]
 
 
 @pytest.mark.parametrize("method,path", CONTROL_ROUTES)
@@ -338,12 +404,16 @@ async def test_every_control_route_needs_the_token(wire, method, path, token):
     body = {"checkpoint_id": "c1", "deadline_ts": time.time() + 10} if method == "POST" else None
     got = await wire.request(method, path, body=body, token=token)
     assert (got.status, got.code) == (401, "unauthorized")
-    assert (await wire.status()).json["state"] == "accepting"       # the prepare did nothing
+    assert (await wire.status()).json["state"] == "accepting"  # the prepare did nothing
 
 
 async def test_a_non_bearer_scheme_is_unauthorized(wire):
-    got = await wire.request("GET", CONTROL_PREFIX + "/status", token=None,
-                             headers={"Authorization": f"Basic {wire.token}"})
+    got = await wire.request(
+        "GET",
+        CONTROL_PREFIX + "/status",
+        token=None,
+        headers={"Authorization": f"Basic {wire.token}"},
+    )
     assert got.code == "unauthorized"
 
 
@@ -354,13 +424,16 @@ async def test_run_needs_no_token(wire):
 
 async def test_metrics_count_runs_replays_acks_and_retires(wire):
     receipt = await wire.complete("rA")
-    await wire.run("rA")                                          # a replay
+    await wire.run("rA")  # a replay
     await wire.ack(receipt)
     await wire.retire("rT")
     got = await wire.request("GET", "/metrics", token=None)
     assert got.status == 200 and got.headers["content-type"].startswith("text/plain")
-    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-               for line in got.raw.decode().splitlines() if line and not line.startswith("#")}
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in got.raw.decode().splitlines()
+        if line and not line.startswith("#")
+    }
     assert samples["gym_runs_started_total"] == 1
     assert samples["gym_runs_replayed_total"] == 1
     assert samples["gym_attempts_acked_total"] == 1

@@ -16,15 +16,15 @@ ROW = {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}
 
 
 async def test_drop_reply_loses_the_first_answer_only_and_keeps_the_reply(wire, agent, gym):
-    with pytest.raises(aiohttp.ClientError):      # the body is cut short and the connection closed
+    with pytest.raises(aiohttp.ClientError):  # the body is cut short and the connection closed
         await wire.request("POST", "/run", body=with_faults(ROW, drop_reply=True), token=None)
     assert gym.faults.dropped == 1
-    receipt = (await wire.receipt("rD")).json["completion_receipt"]   # stored, durably
+    receipt = (await wire.receipt("rD")).json["completion_receipt"]  # stored, durably
     replay = await wire.run("rD", reward=0.5, drop_reply=True)
     assert replay.status == 200 and replay.replayed
     assert replay.json == {"id": "r-rD", "reward": 0.5}
     assert receipt["result_digest"] == hashlib.sha256(canonical_json(replay.json)).hexdigest()
-    assert (await wire.run("rD")).status == 200                       # every replay answers
+    assert (await wire.run("rD")).status == 200  # every replay answers
     assert agent.starts[("rD", 0)] == 1
 
 
@@ -33,7 +33,7 @@ async def test_receipt_delay_holds_the_first_receipt_request_only(wire, gym):
     with pytest.raises(asyncio.TimeoutError):
         await wire.receipt("rD", timeout_s=0.2)
     assert gym.faults.delayed == 1
-    got = await wire.receipt("rD", timeout_s=0.5)                     # later ones at once
+    got = await wire.receipt("rD", timeout_s=0.5)  # later ones at once
     assert got.status == 200 and got.json["state"] == "completed"
 
 
@@ -66,17 +66,18 @@ async def test_the_injector_holds_nothing_for_plain_rows_or_fired_plans(agent, w
     with GymServerThread(agent=agent, allow_faults=True) as server:
         w = wire_for(server)
 
-        def held() -> int:        # entries in every container the injector owns
-            return sum(len(v) for v in vars(server.faults).values()
-                       if isinstance(v, (set, dict, list)))
+        def held() -> int:  # entries in every container the injector owns
+            return sum(
+                len(v) for v in vars(server.faults).values() if isinstance(v, (set, dict, list))
+            )
 
         for i in range(30):
             assert (await w.run(f"rM{i}")).status == 200
         assert held() == 0
         assert (await w.run("rM-late", receipt_delay_s=0.05)).status == 200
         assert server.faults.planned == 1
-        assert (await w.receipt("rM-late", timeout_s=5)).status == 200     # fires the plan
+        assert (await w.receipt("rM-late", timeout_s=5)).status == 200  # fires the plan
         replay = await w.run("rM-late", receipt_delay_s=5, drop_reply=True)
-        assert replay.status == 200 and replay.replayed                  # not the first row
+        assert replay.status == 200 and replay.replayed  # not the first row
         assert (await w.receipt("rM-late", timeout_s=2)).status == 200
         assert held() == 0 and server.faults.planned == 0

@@ -18,15 +18,17 @@ TOO_BIG = 2**63
 
 # ---------------------------------------------------------------- integers the store can hold
 
-async def test_an_attempt_index_beyond_64_bits_is_422_and_the_durable_server_goes_on(tmp_path,
-                                                                                   wire_for):
+
+async def test_an_attempt_index_beyond_64_bits_is_422_and_the_durable_server_goes_on(
+    tmp_path, wire_for
+):
     with GymServerThread(state_dir=tmp_path) as srv:
         wire = wire_for(srv)
         got = await wire.run("big", TOO_BIG)
         assert (got.status, got.code) == (422, "invalid_request")
-        assert (await wire.run("big", WIRE_INT_MAX)).status == 200       # the largest that fits
+        assert (await wire.run("big", WIRE_INT_MAX)).status == 200  # the largest that fits
         assert (await wire.receipt("big", WIRE_INT_MAX)).status == 200
-        assert (await wire.run("next")).status == 200                    # nothing hangs
+        assert (await wire.run("next")).status == 200  # nothing hangs
         for call in (wire.receipt("big", TOO_BIG), wire.retire("big", TOO_BIG)):
             got = await call
             assert (got.status, got.code) == (422, "invalid_request")
@@ -35,12 +37,15 @@ async def test_an_attempt_index_beyond_64_bits_is_422_and_the_durable_server_goe
             got = await wire.ack({**receipt, field: TOO_BIG})
             assert (got.status, got.code) == (422, "invalid_request"), field
         got = await wire.request(
-            "POST", "/ng-control/v1/agent-checkpoint/acknowledge-completed",
-            body={"schema_version": TOO_BIG, "executions": [receipt]})
+            "POST",
+            "/ng-control/v1/agent-checkpoint/acknowledge-completed",
+            body={"schema_version": TOO_BIG, "executions": [receipt]},
+        )
         assert (got.status, got.code) == (422, "invalid_request")
 
 
 # ---------------------------------------------------------------- a store whose writes fail
+
 
 async def test_a_failed_write_fails_that_request_and_the_next_ones_work(tmp_path, wire_for):
     with GymServerThread(state_dir=tmp_path, store_factory=FaultyStore) as srv:
@@ -52,19 +57,20 @@ async def test_a_failed_write_fails_that_request_and_the_next_ones_work(tmp_path
         assert (await wire.run("ok-2")).status == 200
         assert (await wire.request("GET", "/ready")).status == 200
         st = (await wire.status()).json
-        assert st["running"] == 0                      # nothing is left running
+        assert st["running"] == 0  # nothing is left running
         # the run's records were written with the next write: its reply is kept, and replays
         again = await wire.run("hit")
         assert again.status == 200 and again.replayed
 
 
-async def test_a_broken_store_fails_readiness_and_refuses_at_once_until_it_heals(tmp_path,
-                                                                                wire_for):
+async def test_a_broken_store_fails_readiness_and_refuses_at_once_until_it_heals(
+    tmp_path, wire_for
+):
     with GymServerThread(state_dir=tmp_path, store_factory=FaultyStore) as srv:
         wire, store = wire_for(srv), srv.participant.store
         assert (await wire.run("before")).status == 200
         store.fail_always()
-        for i in range(3):                             # each fails on its own write
+        for i in range(3):  # each fails on its own write
             got = await wire.run(f"w{i}")
             assert got.status == 503 and got.code in ("store_write_failed", "store_unavailable")
         ready = await wire.request("GET", "/ready")
@@ -72,20 +78,24 @@ async def test_a_broken_store_fails_readiness_and_refuses_at_once_until_it_heals
         started = time.monotonic()
         got = await wire.run("refused")
         assert (got.status, got.code) == (503, "store_unavailable")
-        assert time.monotonic() - started < 1.0        # refused at once, not after a wait
+        assert time.monotonic() - started < 1.0  # refused at once, not after a wait
         store.heal()
+
         async def healed() -> bool:
             return (await wire.request("GET", "/ready")).status == 200
+
         await until(healed, interval_s=0.05, what="the store to heal")
         assert (await wire.run("after")).status == 200
-        assert (await wire.run("before")).status == 200            # a replay, still there
+        assert (await wire.run("before")).status == 200  # a replay, still there
 
 
 # ---------------------------------------------------------------- --checkpoint-root
 
+
 @pytest.mark.parametrize("escape", ["../outside", "a/../../outside", "/tmp/elsewhere"])
-async def test_commit_outside_the_checkpoint_root_is_422_and_writes_nothing(tmp_path, wire_for,
-                                                                           escape):
+async def test_commit_outside_the_checkpoint_root_is_422_and_writes_nothing(
+    tmp_path, wire_for, escape
+):
     root = tmp_path / "root"
     with GymServerThread(args=["--checkpoint-root", str(root)]) as srv:
         wire = wire_for(srv)
@@ -93,7 +103,7 @@ async def test_commit_outside_the_checkpoint_root_is_422_and_writes_nothing(tmp_
         got = await wire.commit("cp-r", escape)
         assert (got.status, got.code) == (422, "invalid_request")
         assert not (tmp_path / "outside").exists()
-        ok = await wire.commit("cp-r", "step-1")               # relative: inside the root
+        ok = await wire.commit("cp-r", "step-1")  # relative: inside the root
         assert ok.status == 200 and (root / "step-1" / "manifest.json").is_file()
         caps = (await wire.capabilities()).json
         assert "checkpoint-root" in caps["features"]
@@ -114,6 +124,7 @@ async def test_a_symlink_out_of_the_root_is_refused(tmp_path, wire_for):
 
 # ---------------------------------------------------------------- memory at a commit
 
+
 async def _settle_keys(wire, prefix: str, n: int) -> list[dict]:
     receipts = [await wire.complete(f"{prefix}{i}") for i in range(n)]
     assert (await wire.ack_batch(receipts)).status == 200
@@ -122,21 +133,22 @@ async def _settle_keys(wire, prefix: str, n: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_a_commit_drops_settled_keys_from_memory_and_keeps_their_fence(tmp_path,
-                                                                            wire_for, durable):
+async def test_a_commit_drops_settled_keys_from_memory_and_keeps_their_fence(
+    tmp_path, wire_for, durable
+):
     with GymServerThread(state_dir=tmp_path / "state" if durable else None) as srv:
         wire, core = wire_for(srv), srv.participant.core
         receipts = await _settle_keys(wire, "m", 5)
-        await wire.complete("kept")                      # completed, not ACKed: stays
+        await wire.complete("kept")  # completed, not ACKed: stays
         assert core.get(("m0", 0)) is not None
         await wire.ack(await wire.complete("kept2"))
-        await wire.prepare("cp-m", deadline_s=0.2)       # 409: "kept" is un-ACKed
+        await wire.prepare("cp-m", deadline_s=0.2)  # 409: "kept" is un-ACKed
         await wire.ack((await wire.receipt("kept")).json["completion_receipt"])
         for cid in ("cp-m", "cp-m2"):
             assert (await wire.prepare(cid)).status == 200
             assert (await wire.commit(cid, tmp_path / cid)).status == 200
             await wire.resume(cid)
-            if cid == "cp-m":                            # kept whole for one interval
+            if cid == "cp-m":  # kept whole for one interval
                 assert core.get(("m0", 0)).receipt is not None
         assert core.get(("m0", 0)) is None and core.get(("m-gone", 0)) is None
         assert core.executions() == []
@@ -151,7 +163,7 @@ async def test_a_commit_drops_settled_keys_from_memory_and_keeps_their_fence(tmp
         assert st["acknowledged_completed"] == 7 and st["active"] == 0
         receipt = await wire.receipt("m3")
         assert receipt.status == 200 and receipt.json["state"] == "acknowledged"
-        if durable:                                      # the full record is still on disk
+        if durable:  # the full record is still on disk
             assert receipt.json["completion_receipt"] == receipts[3]
             tampered = {**receipts[2], "result_identity": "other"}
             assert (await wire.ack(tampered)).code == "completed_execution_acknowledgement_error"

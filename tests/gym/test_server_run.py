@@ -23,7 +23,7 @@ async def test_new_key_runs_the_agent_and_answers_its_reply(wire, agent):
 
 async def test_completed_key_answers_the_stored_reply_and_the_agent_does_not_run(wire, agent):
     first = await wire.run("rD", reward=0.5)
-    again = await wire.run("rD", reward=0.9)          # a different row: still the stored reply
+    again = await wire.run("rD", reward=0.9)  # a different row: still the stored reply
     assert again.status == 200 and again.replayed
     assert again.raw == first.raw
     assert agent.starts[("rD", 0)] == 1
@@ -44,14 +44,16 @@ async def test_tombstoned_key_is_stale_and_never_runs(wire, agent):
     assert agent.starts[("rT", 0)] == 0
 
 
-async def test_running_key_is_a_duplicate_and_a_retired_runs_caller_gets_stale_attempt(wire,
-                                                                                         agent):
+async def test_running_key_is_a_duplicate_and_a_retired_runs_caller_gets_stale_attempt(wire, agent):
     first = asyncio.create_task(wire.run("rR", sleep_s=30))
     await wire.until(lambda st: st["running"] == 1, what="rR running")
     dup = await wire.run("rR")
     assert (dup.status, dup.code) == (409, "duplicate_execution")
-    assert (await wire.retire("rR")).json == {"retired": True, "tombstoned": True,
-                                               "completed_unacknowledged": False}
+    assert (await wire.retire("rR")).json == {
+        "retired": True,
+        "tombstoned": True,
+        "completed_unacknowledged": False,
+    }
     waited = await asyncio.wait_for(first, 10)
     assert (waited.status, waited.code) == (409, "stale_attempt")
     assert agent.starts[("rR", 0)] == 1
@@ -74,7 +76,7 @@ async def test_the_order_of_decisions_during_prepare(wire, agent):
     await wire.ack(acked)
     await wire.retire("rT")
     await wire.complete("rC")
-    assert (await wire.prepare("c1")).status == 409         # rC is un-ACKed
+    assert (await wire.prepare("c1")).status == 409  # rC is un-ACKed
     assert (await wire.run("rA")).code == "stale_attempt"
     assert (await wire.run("rT")).code == "stale_attempt"
     replay = await wire.run("rC")
@@ -124,9 +126,14 @@ async def test_row_fields_reach_the_agent_untouched(wire_for):
         seen.append(row)
         return {"id": "echo", "row": row}
 
-    row = {"_ng_rollout_id": "rE", "_ng_attempt_index": 3, "responses_create_params":
-           {"input": [{"role": "user", "content": "héllo ✓"}]}, "drop_reply": False,
-           "weird key": [1, 2.5, None, True], "unicode": "\u2603"}
+    row = {
+        "_ng_rollout_id": "rE",
+        "_ng_attempt_index": 3,
+        "responses_create_params": {"input": [{"role": "user", "content": "héllo ✓"}]},
+        "drop_reply": False,
+        "weird key": [1, 2.5, None, True],
+        "unicode": "\u2603",
+    }
     with GymServerThread(agent=echo) as server:
         got = await wire_for(server).request("POST", "/run", body=row, token=None)
     assert got.status == 200
@@ -137,9 +144,13 @@ async def test_row_fields_reach_the_agent_untouched(wire_for):
 async def test_receipt_matches_the_reply_the_caller_got(wire):
     got = await wire.run("rD", reward=0.5)
     receipt = (await wire.receipt("rD")).json["completion_receipt"]
-    assert receipt == {"rollout_id": "rD", "attempt_index": 0, "execution_generation": 1,
-                       "result_identity": "r-rD",
-                       "result_digest": hashlib.sha256(canonical_json(got.json)).hexdigest()}
+    assert receipt == {
+        "rollout_id": "rD",
+        "attempt_index": 0,
+        "execution_generation": 1,
+        "result_identity": "r-rD",
+        "result_digest": hashlib.sha256(canonical_json(got.json)).hexdigest(),
+    }
 
 
 async def test_result_identity_falls_back_to_the_digest(wire_for):
@@ -151,8 +162,12 @@ async def test_result_identity_falls_back_to_the_digest(wire_for):
         await w.run("rX")
         receipt = (await w.receipt("rX")).json["completion_receipt"]
     assert receipt["result_identity"] == receipt["result_digest"]
-    assert receipt["result_digest"] == hashlib.sha256(
-        json.dumps({"n": 1, "text": "no id here"}, separators=(",", ":")).encode()).hexdigest()
+    assert (
+        receipt["result_digest"]
+        == hashlib.sha256(
+            json.dumps({"n": 1, "text": "no id here"}, separators=(",", ":")).encode()
+        ).hexdigest()
+    )
 
 
 async def test_the_run_answer_carries_its_receipt_in_a_header(wire):

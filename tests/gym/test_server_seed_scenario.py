@@ -13,16 +13,26 @@ from rl_gym_actors.testing.faults import with_faults
 async def test_seed_scenario(wire, agent):
     # 1. POST /run (rD, 0) finishes on Gym, but its reply never reaches RL
     with pytest.raises(aiohttp.ClientError):
-        await wire.request("POST", "/run", token=None, body=with_faults(
-            {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}, drop_reply=True))
+        await wire.request(
+            "POST",
+            "/run",
+            token=None,
+            body=with_faults(
+                {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}, drop_reply=True
+            ),
+        )
     assert agent.starts[("rD", 0)] == 1
 
     # 2. POST /prepare -> 409, running=0 parked=0 completed_unacknowledged=1, listing (rD, 0)
     refused = await wire.prepare("ckpt-1")
     assert (refused.status, refused.code) == (409, "agent_prepare_incomplete")
     report = refused.json["report"]
-    assert (report["ready_to_commit"], report["running"], report["parked"],
-            report["completed_unacknowledged"]) == (False, 0, 0, 1)
+    assert (
+        report["ready_to_commit"],
+        report["running"],
+        report["parked"],
+        report["completed_unacknowledged"],
+    ) == (False, 0, 0, 1)
     listed = report["completed_unacknowledged_attempts"]
     assert [(a["rollout_id"], a["attempt_index"]) for a in listed] == [("rD", 0)]
 
@@ -41,14 +51,20 @@ async def test_seed_scenario(wire, agent):
     # 5. POST /prepare again -> 200, ready_to_commit=true running=0 parked=0 completed_unack=0
     ready = await wire.prepare("ckpt-1")
     assert ready.status == 200
-    assert (ready.json["ready_to_commit"], ready.json["running"], ready.json["parked"],
-            ready.json["completed_unacknowledged"]) == (True, 0, 0, 0)
+    assert (
+        ready.json["ready_to_commit"],
+        ready.json["running"],
+        ready.json["parked"],
+        ready.json["completed_unacknowledged"],
+    ) == (True, 0, 0, 0)
 
     # 6. the agent ran (rD, 0) exactly once; execution_generation is still 1
     assert agent.starts[("rD", 0)] == 1
     assert receipt["execution_generation"] == 1
-    assert (await wire.receipt("rD", 0)).json == {"state": "acknowledged",
-                                                  "completion_receipt": receipt}
+    assert (await wire.receipt("rD", 0)).json == {
+        "state": "acknowledged",
+        "completion_receipt": receipt,
+    }
 
     # 7. POST /retire (rT, 0) while it still runs -> {"retired": true, "tombstoned": true}
     assert (await wire.resume("ckpt-1")).status == 200
