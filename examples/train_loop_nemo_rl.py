@@ -32,7 +32,7 @@ AGENT = "toy"
 
 def spin_up(args: Any, incarnation: str) -> Any:
     """What a NeMo RL training script does: the one line, then NeMo RL's own spin-up."""
-    from rl_gym_actors.integrations.nemo_rl_select import use_in_nemo_rl
+    from rl_gym_actors.integrations.nemo_rl import use_in_nemo_rl
     from rl_gym_actors.testing import nemo_rl_stand_in as nemo_gym
 
     use_in_nemo_rl(nemo_gym)

@@ -14,8 +14,8 @@ from rl_gym_actors.errors import (
     ConfigError,
     StaleCheckpoint,
 )
-from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
+from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutTransportError
 
 
 class Report:

@@ -20,7 +20,7 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError, RolloutFailure
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nemo_gym_config
 from rl_gym_actors.testing.polling import wait_for

@@ -11,7 +11,7 @@ import pytest
 from rl_gym_actors import GymEndpoint, Orchestrator
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.failures import failure_kind
-from rl_gym_actors.integrations.nemo_rl_feed import FeedClosed, RolloutFeed, check_json
+from rl_gym_actors.integrations.nemo_rl.feed import FeedClosed, RolloutFeed, check_json
 from rl_gym_actors.testing.gym_process import GymServerThread
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -12,12 +12,12 @@ from aiohttp import web
 from test_nemo_rl_dropin import drain, stand_in_tokenizer
 
 from rl_gym_actors.integrations.nemo_rl import NemoGymDropIn
-from rl_gym_actors.integrations.nemo_rl_config import ServerSpec
-from rl_gym_actors.integrations.nemo_rl_servers import PolicyEndpoint, agent_for
+from rl_gym_actors.integrations.nemo_rl.config import ServerSpec
+from rl_gym_actors.integrations.nemo_rl.servers import PolicyEndpoint, agent_for
 from rl_gym_actors.testing.nemo_rl_stand_in import build_nemo_gym_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-AGENT = "rl_gym_actors.integrations.nemo_rl_agent:chat_agent"
+AGENT = "rl_gym_actors.integrations.nemo_rl.agent:chat_agent"
 
 
 class VllmStandIn:

@@ -12,14 +12,14 @@ import pickle
 
 import pytest
 
-from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings
-from rl_gym_actors.integrations.nemo_rl_results import (
+from rl_gym_actors.integrations.nemo_rl.config import NemoRLSettings
+from rl_gym_actors.integrations.nemo_rl.results import (
     MissingGenerationData,
     NanLogprobs,
     detect_flags,
     to_nemo_rl_result,
 )
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutDataError
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer
 
 

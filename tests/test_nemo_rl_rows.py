@@ -8,7 +8,7 @@ import pytest
 
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.integrations.nemo_rl_rows import (
+from rl_gym_actors.integrations.nemo_rl.rows import (
     ClaimAction,
     EntryState,
     RolloutBook,

@@ -10,8 +10,8 @@ import pytest
 from test_nemo_rl_dropin import drain, row, stand_in_tokenizer
 
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
-from rl_gym_actors.integrations.nemo_rl_select import (
+from rl_gym_actors.integrations.nemo_rl.config import DropInConfig
+from rl_gym_actors.integrations.nemo_rl.selection import (
     NemoGymChooser,
     drop_in_options,
     use_in_nemo_rl,

@@ -5,7 +5,7 @@ Written from what NeMo RL's module does, not from its code: ``spinup_nemo_gym_ac
 the detection knobs out of the user's ``env.nemo_gym`` to the top level of a ``NemoGymConfig``
 (everything else stays under ``initial_global_config_dict``), builds a runtime environment for
 NeMo Gym's own venv, then creates the actor through the module-level name ``NemoGym`` (looked up
-at call time: the seam :func:`rl_gym_actors.integrations.nemo_rl_select.use_in_nemo_rl` uses),
+at call time: the seam :func:`rl_gym_actors.integrations.nemo_rl.selection.use_in_nemo_rl` uses),
 spins it up and installs the tokenizer. Its own ``NemoGym`` only records that it was made.
 """
 

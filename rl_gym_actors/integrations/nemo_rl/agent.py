@@ -1,5 +1,5 @@
 """A minimal agent that samples the policy being trained, for the drop-in's own Gym servers
-(``servers: [{agent: "rl_gym_actors.integrations.nemo_rl_agent:chat_agent"}]``).
+(``servers: [{agent: "rl_gym_actors.integrations.nemo_rl.agent:chat_agent"}]``).
 
 One model call per row: ``POST <base_url>/chat/completions`` on the policy's OpenAI-compatible
 server (NeMo RL's vLLM) with the row's ``responses_create_params.input`` as the messages, asking
@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from rl_gym_actors.integrations.nemo_rl_results import input_messages
-from rl_gym_actors.integrations.nemo_rl_servers import PolicyEndpoint
+from rl_gym_actors.integrations.nemo_rl.results import input_messages
+from rl_gym_actors.integrations.nemo_rl.servers import PolicyEndpoint
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.agents import Agent, load_callable, make_agent
-from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings, ServerSpec
+from rl_gym_actors.integrations.nemo_rl.config import NemoRLSettings, ServerSpec
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0

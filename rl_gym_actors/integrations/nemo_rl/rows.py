@@ -10,7 +10,7 @@ Nothing here imports Ray or NeMo RL, and nothing reads a clock it was not handed
   re-dispatch of a row whose earlier try finished is answered with that result (adopted) and
   not rerun, and so that no result is ever handed to RL twice.
 - :class:`StreamTimer` sums a stream's phases into RL's timing metrics. (A reply becomes a
-  result in :mod:`rl_gym_actors.integrations.nemo_rl_results`.)
+  result in :mod:`rl_gym_actors.integrations.nemo_rl.results`.)
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Any
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import CheckpointConflict, CheckpointFailed, ConfigError, GymRejected
 from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutTransportError
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutTransportError
 
 SPENT_MEMORY = 256
 

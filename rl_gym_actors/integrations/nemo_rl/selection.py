@@ -5,10 +5,10 @@ NeMo RL's ``spinup_nemo_gym_actor`` (GRPO, the single-controller setup) builds i
 ``NemoGym`` from its module ``nemo_rl.environments.nemo_gym`` at call time. One line in the
 training script, before NeMo RL sets up::
 
-    from rl_gym_actors.integrations.nemo_rl_select import use_in_nemo_rl; use_in_nemo_rl()
+    from rl_gym_actors.integrations.nemo_rl import use_in_nemo_rl; use_in_nemo_rl()
 
 puts a chooser under that name. A config whose ``env.nemo_gym`` has an ``rl_gym_actors``
-section then gets :class:`~.nemo_rl.NemoGymDropIn` (the section is the switch); any other
+section then gets :class:`~.dropin.NemoGymDropIn` (the section is the switch); any other
 config gets NeMo RL's own ``NemoGym``, untouched. The drop-in runs in the driver's Python (this
 package is installed there): the ``py_executable`` NeMo RL picked for NeMo Gym's venv, and the
 venv variables pointing at it, are left out of its runtime environment; everything else of
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from rl_gym_actors.integrations.nemo_rl_config import section_of
+from rl_gym_actors.integrations.nemo_rl.config import section_of
 
 NEMO_GYM_MODULE = "nemo_rl.environments.nemo_gym"
 VENV_VARIABLES = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
@@ -61,7 +61,7 @@ class _Pending:
 
     def remote(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         if wants_drop_in(cfg):
-            from rl_gym_actors.integrations.nemo_rl import NemoGymDropIn
+            from rl_gym_actors.integrations.nemo_rl.dropin import NemoGymDropIn
 
             self._chooser.created += 1
             return NemoGymDropIn.options(**drop_in_options(self._options)).remote(cfg)

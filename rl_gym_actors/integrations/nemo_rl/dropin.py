@@ -7,10 +7,10 @@ NeMo RL creates its environment actor once, then calls ``_spinup()``, ``set_toke
         rowidx, agent_ref, result, timing = ray.get(ref)    # (rowidx, result, timing) before
 
 Configuration, selection from NeMo RL, the Gym servers it starts and the results it builds:
-:mod:`.nemo_rl_config`, :mod:`.nemo_rl_select`, :mod:`.nemo_rl_servers`, :mod:`.nemo_rl_results`.
+:mod:`.config`, :mod:`.selection`, :mod:`.servers`, :mod:`.results`.
 
 :class:`GymRolloutEnv` answers the same calls (``NemoGymDropIn`` is it as a Ray actor). This
-module imports nothing of NeMo RL; see :mod:`rl_gym_actors.integrations.nemo_rl_rows` for the
+module imports nothing of NeMo RL; see :mod:`rl_gym_actors.integrations.nemo_rl.rows` for the
 row identity, message logs and failure types it uses.
 
 Rollouts
@@ -18,7 +18,7 @@ Rollouts
     actors, which retire a try before giving up on it and adopt it when it had finished. Rows
     are yielded as they end, in any order, each ``_rowidx`` at most once; the stream's timing
     metrics ride on its last yield. A failed row never stops the stream: successful rows keep
-    coming, and the stream raises once at the end (:func:`~.nemo_rl_rows.failure_for`: a
+    coming, and the stream raises once at the end (:func:`~.rows.failure_for`: a
     ``ConnectionError`` or ``TimeoutError`` subclass, which RL re-dispatches, or a data failure).
     The rollouts of a stream RL cancels keep running here; their results are held (up to
     ``hold_s``) for RL's re-dispatch of the same rows, which gets them without a rerun. A
@@ -30,7 +30,7 @@ Checkpoints
     ``commit_checkpoint(id, deadline_ts, dir)``, ``resume_checkpoint``, ``abort_checkpoint``,
     ``restore_checkpoint``, ``discover_checkpoint_capabilities``,
     ``acknowledge_completed_executions``) map onto the ledger's one-shot gate: see
-    :mod:`.nemo_rl_participants`. ``status()`` reports this actor, the ledger, the pool and
+    :mod:`.participants`. ``status()`` reports this actor, the ledger, the pool and
     every Gym server.
 """
 
@@ -52,13 +52,13 @@ import ray
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
-from rl_gym_actors.integrations.nemo_rl_checkpoint_calls import CheckpointCalls
-from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
-from rl_gym_actors.integrations.nemo_rl_config import DropInConfig
-from rl_gym_actors.integrations.nemo_rl_feed import RolloutFeed, check_json
-from rl_gym_actors.integrations.nemo_rl_participants import ReceiptBook
-from rl_gym_actors.integrations.nemo_rl_results import list_tensor, to_nemo_rl_result, torch_tensor
-from rl_gym_actors.integrations.nemo_rl_rows import (
+from rl_gym_actors.integrations.nemo_rl.checkpoint_calls import CheckpointCalls
+from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl.config import DropInConfig
+from rl_gym_actors.integrations.nemo_rl.feed import RolloutFeed, check_json
+from rl_gym_actors.integrations.nemo_rl.participants import ReceiptBook
+from rl_gym_actors.integrations.nemo_rl.results import list_tensor, to_nemo_rl_result, torch_tensor
+from rl_gym_actors.integrations.nemo_rl.rows import (
     ROWIDX_FIELD,
     Claim,
     ClaimAction,
@@ -69,7 +69,7 @@ from rl_gym_actors.integrations.nemo_rl_rows import (
     check_prefix,
     failure_for,
 )
-from rl_gym_actors.integrations.nemo_rl_servers import OwnServers, PolicyEndpoint
+from rl_gym_actors.integrations.nemo_rl.servers import OwnServers, PolicyEndpoint
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.outcome import Outcome
@@ -213,7 +213,7 @@ class GymRolloutEnv(CheckpointCalls):
     ) -> AsyncIterator[tuple[Any, ...]]:
         """Yield ``(rowidx, agent_ref, result, timing_or_None)`` per successful row as rows
         end (``(rowidx, result, timing_or_None)`` with ``stream_tuple: 3``); raise a
-        :class:`~.nemo_rl_rows.RolloutFailure` at the end if any row failed. ``agent_ref`` is
+        :class:`~.rows.RolloutFailure` at the end if any row failed. ``agent_ref`` is
         the row's own, else ``{"name": <agent name>}``. Rows without media ignore
         ``deduplicate_multimodal_data``."""
         self._require_spinup()

@@ -4,7 +4,7 @@ drop-in, with their names, argument order and answer shapes, mapped onto the led
 - ``discover_checkpoint_capabilities(server_names=None)``: each Gym server's capabilities as a
   participant contract; answers the topology ``{"schema_version": 1, "participants": [...]}``.
 - ``prepare_checkpoint(id, deadline_ts)``: closes this actor's admission and drains its
-  rollouts in flight (:class:`~.nemo_rl_checkpoints.CheckpointSteps`); answers
+  rollouts in flight (:class:`~.checkpoints.CheckpointSteps`); answers
   ``{"checkpoint_id", "ready": true, "participants": [{participant, ready, payload}]}``, the
   payload being each Gym server's agent status. Not drained by the deadline: admission reopens,
   the id stays usable, and :class:`CheckpointDeadline` (a ``TimeoutError``) is raised.
@@ -39,7 +39,7 @@ from typing import Any
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutFailure
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutFailure
 
 COMPONENT = "responses_api_agents"
 SCHEMA_VERSION = 1

@@ -32,8 +32,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rl_gym_actors.integrations.nemo_rl_config import NemoRLSettings
-from rl_gym_actors.integrations.nemo_rl_rows import RolloutDataError
+from rl_gym_actors.integrations.nemo_rl.config import NemoRLSettings
+from rl_gym_actors.integrations.nemo_rl.rows import RolloutDataError
 
 INVALID_TOOL_CALL_PATTERNS = ("<tool_call>", "</tool_call>", "<function_call>", "</function_call>")
 THINKING_TAGS = ("<think>", "</think>")

@@ -1,5 +1,5 @@
 """The drop-in's checkpoint calls, as NeMo RL's checkpoint-participant work names them; the
-shapes and their meaning are described in :mod:`.nemo_rl_participants`."""
+shapes and their meaning are described in :mod:`.participants`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import CheckpointFailed, RlGymError
-from rl_gym_actors.integrations import nemo_rl_participants as shapes
-from rl_gym_actors.integrations.nemo_rl_checkpoints import CheckpointSteps
-from rl_gym_actors.integrations.nemo_rl_participants import CheckpointDeadline, ReceiptBook
+from rl_gym_actors.integrations.nemo_rl import participants as shapes
+from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl.participants import CheckpointDeadline, ReceiptBook
 
 
 class CheckpointCalls:
