@@ -62,7 +62,7 @@ ACK_CHUNK = 500
 async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: str) -> dict:
     """The hand-written minimum, per endpoint at once: status, ACK / retire, prepare, commit,
     resume."""
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     async def one(i: int, ep: GymEndpoint) -> dict:
         deadline = time.time() + DEADLINE_S

@@ -96,7 +96,7 @@ def make_rows(prefix: str, path: str, fraction: float, n: int) -> tuple[list[dic
 
 
 def _server_truth(endpoint: Any) -> dict[str, int]:
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     async def go() -> Any:
         async with GymClient(endpoint) as client:
@@ -109,7 +109,7 @@ def _server_truth(endpoint: Any) -> dict[str, int]:
 def _try_states(endpoint: Any, keys: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
     """Each try's state on Gym by its receipt route: acknowledged, completed, running,
     tombstoned or unknown."""
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
     from rl_gym_actors.testing.inspect_gym import key_state
 
     async def go() -> dict[tuple[str, int], str]:

@@ -18,7 +18,7 @@ import common  # noqa: F401  (puts the repository on sys.path)
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import GymUnavailable
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess
 
 

@@ -40,7 +40,7 @@ PATHS = ("fail", "retire", "receipt", "drop")
 async def drive(endpoint: Any, p: dict[str, Any], ckpt_root: Path, sample) -> None:
     """The load: batches of ``checkpoint_every`` rollouts, each ended by a checkpoint."""
     from rl_gym_actors.errors import AgentFailed, ConnectionLost
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     total, every = p["rollouts"], p["checkpoint_every"]
     async with GymClient(endpoint, limit=p["concurrency"]) as client:

@@ -115,7 +115,7 @@ def body(result: Result, args: Any) -> None:
     from metered_agent import METER_ENV, read_meter
 
     from rl_gym_actors.errors import CheckpointFailed
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
     from rl_gym_actors.orchestrator import Orchestrator
     from rl_gym_actors.testing.gym_process import GymServerProcess
     from rl_gym_actors.testing.polling import wait_for

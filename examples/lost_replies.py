@@ -38,7 +38,7 @@ except ImportError:  # run from a checkout that is not installed: use the checko
 
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.errors import ConnectionLost, StaleAttempt
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 

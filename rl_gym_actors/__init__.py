@@ -20,7 +20,7 @@ _LAZY = {
     "Orchestrator": "rl_gym_actors.orchestrator",
     "IndexedOutcome": "rl_gym_actors.orchestrator",
     "Outcome": "rl_gym_actors.outcome",
-    "GymClient": "rl_gym_actors.gym.client",
+    "GymClient": "rl_gym_actors.gym.agent_checkpoint.client",
 }
 
 

@@ -142,8 +142,8 @@ def participant_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def gym_serve(args: argparse.Namespace) -> int:
+    from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agents import make_agent
-    from rl_gym_actors.gym.participant import Participant
     from rl_gym_actors.gym.server import GymServer, resolve_token, run_event_loop
     from rl_gym_actors.gym.store import open_store
 
@@ -199,7 +199,7 @@ def gym_abort(args: argparse.Namespace) -> int:
 
     from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
     from rl_gym_actors.errors import RlGymError
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     token = args.token or os.environ.get(TOKEN_ENV)
     if not token:

@@ -180,7 +180,7 @@ async def fetch_status(
     endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *, timeout_s: float = 10.0
 ) -> StatusReport:
     """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost)."""
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     async with GymClient(endpoint) as client:
         return await client.status(checkpoint_id, deadline_ts=time.time() + timeout_s)

@@ -72,7 +72,7 @@ from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.probe import probe_endpoints
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (
@@ -468,9 +468,7 @@ class Orchestrator:
             await stream.stop(())
         return outcomes  # type: ignore[return-value]
 
-    async def _open_stream(
-        self, rows: list[Mapping[str, Any]] | None, fail_fast: bool
-    ) -> _Stream:
+    async def _open_stream(self, rows: list[Mapping[str, Any]] | None, fail_fast: bool) -> _Stream:
         """A stream of ``rows`` (all checked before any is dispatched), or an open one (None)
         that :meth:`_Stream.add` feeds."""
         pool = await self._ready()

@@ -12,7 +12,7 @@ import pytest
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.core.ledger import Book, PrepareAction, plan_endpoint
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until

@@ -10,7 +10,7 @@ import pytest
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointConflict, CheckpointFailed
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 

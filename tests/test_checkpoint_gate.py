@@ -18,7 +18,7 @@ import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.errors import CheckpointFailed, StaleAttempt
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.observe import status_command
 from rl_gym_actors.protocol import StatusReport
 

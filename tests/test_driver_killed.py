@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.chaos import server_has_leases
 from rl_gym_actors.testing.driver import DriverProcess, alive
 from rl_gym_actors.testing.gym_process import GymServerThread

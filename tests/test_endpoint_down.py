@@ -13,7 +13,7 @@ import pytest
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointFailed, ConnectionLost, EndpointDown
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 from rl_gym_actors.testing.polling import until
 

@@ -10,7 +10,7 @@ from rl_gym_actors.actors.checkpoint_gate import CheckpointGate, OwnerAnswer
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.ledger import Book
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 
 class NoOwners:

@@ -18,7 +18,7 @@ from rl_gym_actors.errors import (
     ConnectionLost,
     StaleCheckpoint,
 )
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl.rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.inspect_gym import key_state

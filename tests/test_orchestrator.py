@@ -17,7 +17,7 @@ import pytest
 
 from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state

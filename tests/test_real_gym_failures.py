@@ -14,7 +14,7 @@ import pytest
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.errors import AgentFailed
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.real_gym import RealGymStandIn

@@ -17,7 +17,7 @@ from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import until

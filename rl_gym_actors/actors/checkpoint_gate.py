@@ -57,7 +57,7 @@ from rl_gym_actors.errors import (
     RlGymError,
     StaleAttempt,
 )
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
 from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
 

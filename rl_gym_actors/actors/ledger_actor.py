@@ -49,7 +49,7 @@ from rl_gym_actors.config import (
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 logger = logging.getLogger(__name__)
 

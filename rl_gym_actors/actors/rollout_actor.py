@@ -2,8 +2,8 @@
 
 One actor is created once by the warm pool and kept; it owns up to ``rollouts_per_actor``
 rollouts at a time, one :class:`~rl_gym_actors.core.rollout.RolloutMachine` each, with one
-:class:`~rl_gym_actors.gym.client.GymClient` per endpoint shared by its rollouts. Every attempt
-transition goes to the ledger as an
+:class:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient` per endpoint shared by its
+rollouts. Every attempt transition goes to the ledger as an
 :class:`~rl_gym_actors.core.attempt_reports.AttemptReport`, batched.
 
 One writer per rollout: only the rollout's own driver coroutine feeds its machine. ``abandon``
@@ -47,7 +47,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
 )
 from rl_gym_actors.failures import FailureKind, failure_kind
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,

@@ -1,1 +1,13 @@
-"""Both sides of the Gym checkpoint participant wire: client, participant state, store, server, agents."""
+"""Both sides of the Gym wire: what the trainer's client and our Gym server share, and one folder
+per checkpoint protocol.
+
+Shared here: :mod:`.retry` (retry as policy data, one decider), :mod:`.health` (an endpoint marked
+down and probed back up), :mod:`.probe` (is each endpoint there before any row runs),
+:mod:`.fence` (the checkpoint phase machine), :mod:`.store` (the durable store of executions),
+:mod:`.agents` (agent adapters) and :mod:`.server` (the HTTP app and its serving).
+
+Per protocol: :mod:`.agent_checkpoint` (``/ng-control/v1/agent-checkpoint/*`` beside ``/run``):
+its client calls, its server participant and its routes. A second protocol is one more folder.
+
+Nothing here imports :mod:`rl_gym_actors.core`, nor the reverse.
+"""

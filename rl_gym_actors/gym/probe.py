@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import EndpointCheckFailed, RlGymError
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 PROBE_S = 10.0
 

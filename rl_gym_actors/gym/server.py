@@ -1,6 +1,7 @@
 """The Gym server's HTTP app: routes, auth and error mapping, and nothing else (docs/PROTOCOL.md).
 
-:func:`create_app` builds the FastAPI app around a :class:`~rl_gym_actors.gym.participant.Participant`;
+:func:`create_app` builds the FastAPI app around a
+:class:`~rl_gym_actors.gym.agent_checkpoint.participant.Participant`;
 :class:`GymServer` serves it with uvicorn on a socket it binds itself (port 0: a free port, known
 before serving starts), from the CLI (``rl-gym-actors gym serve``) or in-process.
 
@@ -39,7 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
-from rl_gym_actors.gym.participant import Participant, StoreUnavailable
+from rl_gym_actors.gym.agent_checkpoint.participant import Participant, StoreUnavailable
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,

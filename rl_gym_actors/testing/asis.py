@@ -7,8 +7,9 @@ Gym keeps running the old try and keeps its reply, completed and un-ACKed, forev
 prepare answers 409 until someone ACKs it. Its checkpoint just prepares with a short deadline and,
 on a 409, resumes and reports the checkpoint as blocked.
 
-This is a plain asyncio loop over :class:`~rl_gym_actors.gym.client.GymClient` (no Ray), shared by
-the benchmarks (``benchmarks/fault_storm.py``) and the tests. It is a foil: never train with it.
+This is a plain asyncio loop over
+:class:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient` (no Ray), shared by the benchmarks
+(``benchmarks/fault_storm.py``) and the tests. It is a foil: never train with it.
 
 ``transient_faults=True`` (the default) sends the fault-injection fields of the simulated agent
 (``drop_reply``, ``receipt_delay_s``) with a rollout's first try only, so that a lost reply is a
@@ -40,7 +41,7 @@ from rl_gym_actors.errors import (
     RlGymError,
 )
 from rl_gym_actors.failures import FailureKind, failure_kind
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.outcome import Outcome, reward_of
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, CompletionReceipt, StatusReport
 from rl_gym_actors.testing.faults import without_faults

@@ -34,7 +34,7 @@ from typing import Any
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointFailed
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.testing.driver import DriverProcess
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread

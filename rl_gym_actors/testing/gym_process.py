@@ -260,8 +260,8 @@ class GymServerThread(_Base):
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser, participant_options
+        from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
-        from rl_gym_actors.gym.participant import Participant
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
         from rl_gym_actors.testing.faults import FaultInjector

@@ -7,7 +7,7 @@ import time
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import NotCompleted, StaleAttempt, UnknownExecution
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 
 async def key_state(

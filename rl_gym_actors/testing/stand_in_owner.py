@@ -21,7 +21,7 @@ from ray.actor import ActorHandle
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.errors import GymUnavailable, ProtocolViolation, StaleAttempt
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 logger = logging.getLogger(__name__)
 

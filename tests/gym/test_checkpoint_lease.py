@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rl_gym_actors.errors import CheckpointConflict
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
@@ -27,7 +27,7 @@ async def _until_idle(wire, timeout_s: float) -> dict:
 async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_id(
     wire_for, caplog
 ):
-    caplog.set_level(logging.WARNING, logger="rl_gym_actors.gym.participant")
+    caplog.set_level(logging.WARNING, logger="rl_gym_actors.gym.agent_checkpoint.participant")
     with GymServerThread(args=["--checkpoint-lease-s", "0.3"]) as srv:
         wire = wire_for(srv)
         assert (await wire.prepare("cp-lost", deadline_s=0.2)).status == 200

@@ -36,7 +36,7 @@ from rl_gym_actors.errors import (
     Unauthorized,
     UnknownExecution,
 )
-from rl_gym_actors.gym.client import GymClient, error_for_response
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient, error_for_response
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
 from rl_gym_actors.testing.counting_agent import CountingAgent

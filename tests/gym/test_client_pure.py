@@ -39,7 +39,12 @@ from rl_gym_actors.errors import (
     Unauthorized,
     gym_error,
 )
-from rl_gym_actors.gym.client import GymClient, RunResult, error_for_response, run_failure
+from rl_gym_actors.gym.agent_checkpoint.client import (
+    GymClient,
+    RunResult,
+    error_for_response,
+    run_failure,
+)
 from rl_gym_actors.gym.retry import (
     RetryOn,
     RetryPolicy,

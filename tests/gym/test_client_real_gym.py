@@ -24,7 +24,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
     Unauthorized,
 )
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread

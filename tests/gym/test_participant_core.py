@@ -15,14 +15,14 @@ from rl_gym_actors.errors import (
     StaleCheckpoint,
     UnknownExecution,
 )
-from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
-from rl_gym_actors.gym.participant import (
+from rl_gym_actors.gym.agent_checkpoint.participant import (
     ParticipantCore,
     PrepareIncomplete,
     Replay,
     Start,
     encode_reply,
 )
+from rl_gym_actors.gym.fence import CheckpointFence, CheckpointPhase
 from rl_gym_actors.gym.store import Execution, FenceRecord, SpentCheckpoint
 from rl_gym_actors.protocol import CompletionReceipt, ResumeAnswer
 from rl_gym_actors.protocol import ExecutionState as S

@@ -25,7 +25,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
     StaleCheckpoint,
 )
-from rl_gym_actors.gym.participant import (
+from rl_gym_actors.gym.agent_checkpoint.participant import (
     ParticipantCore,
     PrepareIncomplete,
     Replay,

@@ -36,7 +36,7 @@ class CheckpointCalls:
         self, server_names: list[str] | None = None
     ) -> dict[str, Any]:
         """Every (or each named) Gym server's capabilities as the participant topology."""
-        from rl_gym_actors.gym.client import GymClient
+        from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
         self._require_spinup()
         chosen = [

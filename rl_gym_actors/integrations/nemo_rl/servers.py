@@ -85,7 +85,7 @@ class _ServerThread:
         self._error: BaseException | None = None
 
     def start(self, timeout_s: float) -> GymEndpoint:
-        from rl_gym_actors.gym.participant import Participant
+        from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
 

@@ -10,10 +10,10 @@ states of :class:`~rl_gym_actors.protocol.ExecutionState`:
 A key starts at most once (every state after ``running`` refuses a new start), so its
 ``execution_generation`` is 1. Parked states exist in the model and the counts, but nothing
 parks in this server. The records of settled keys (ACKed or tombstoned) leave memory for the
-compact :class:`~rl_gym_actors.gym.settled.SettledKeys` at the second committed checkpoint
-after they settled (so a key stays fully answerable for at least one checkpoint interval), and
-at once when loaded from a store; their full records stay in a durable store, which answers
-for them when asked.
+compact :class:`~rl_gym_actors.gym.agent_checkpoint.settled.SettledKeys` at the second committed
+checkpoint after they settled (so a key stays fully answerable for at least one checkpoint
+interval), and at once when loaded from a store; their full records stay in a durable store,
+which answers for them when asked.
 
 Decide, then do: :class:`ParticipantCore` is synchronous and pure (no clock, no I/O, no asyncio).
 Each call validates, makes its transition at once, queues the records the transition needs
@@ -49,9 +49,9 @@ from rl_gym_actors.errors import (
     StaleAttempt,
     UnknownExecution,
 )
+from rl_gym_actors.gym.agent_checkpoint.settled import SETTLED, SettledKeys
 from rl_gym_actors.gym.agents import LineagedReply
 from rl_gym_actors.gym.fence import RESUMED, CheckpointFence, Expired, FenceState
-from rl_gym_actors.gym.settled import SETTLED, SettledKeys
 from rl_gym_actors.gym.store import (
     Execution,
     FenceRecord,
