@@ -27,6 +27,7 @@
     ├── ProtocolViolation           an answer that breaks the contract (digest mismatch, bad body)
     ├── CheckpointFailed            the checkpoint gate gave up; ``blockers`` says on what
     ├── LedgerLost                  the ledger actor is gone and Ray could not bring it back
+    ├── IllegalTransition           a state machine got an event its table has no entry for (a bug)
     ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
     └── PoolClosed                  the orchestrator or its pool was shut down
 
@@ -105,7 +106,8 @@ class UnknownExecution(GymRejected):
 
 class CheckpointConflict(GymRejected):
     """Another checkpoint id holds the server. ``active_checkpoint_id`` names it when the server
-    said (None when it did not): resume it (``Orchestrator.abort_checkpoint``) to free the server."""
+    said (None when it did not): resume it (``Orchestrator.abort_checkpoint``) to free the
+    server."""
 
     code = "checkpoint_conflict"
 
@@ -218,6 +220,21 @@ class LedgerLost(RlGymError):
     def __init__(self, message: str, *, cause: str = "") -> None:
         self.cause = cause
         super().__init__(message)
+
+
+class IllegalTransition(RlGymError):
+    """A state machine got an event that its transition table has no entry for: a bug in the
+    caller, never worth repeating. ``state`` and ``event`` name the pair (``phase`` is
+    ``state`` for the machines whose states are called phases)."""
+
+    def __init__(self, message: str, *, state: str = "", event: str = "") -> None:
+        self.state = state
+        self.event = event
+        super().__init__(message)
+
+    @property
+    def phase(self) -> str:
+        return self.state
 
 
 class EndpointCheckFailed(RlGymError):
