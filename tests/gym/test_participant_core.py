@@ -15,7 +15,7 @@ from rl_gym_actors.errors import (
     StaleCheckpoint,
     UnknownExecution,
 )
-from rl_gym_actors.gym.agent_checkpoint.participant import (
+from rl_gym_actors.gym.agent_checkpoint.core import (
     ParticipantCore,
     PrepareIncomplete,
     Replay,

@@ -25,7 +25,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
     StaleCheckpoint,
 )
-from rl_gym_actors.gym.agent_checkpoint.participant import (
+from rl_gym_actors.gym.agent_checkpoint.core import (
     ParticipantCore,
     PrepareIncomplete,
     Replay,

@@ -1,7 +1,9 @@
 """The agent-checkpoint protocol (``/ng-control/v1/agent-checkpoint/*``, ``/run``), both sides.
 
 - :mod:`.client`: :class:`~.client.GymClient`, the trainer side's calls of this protocol.
-- :mod:`.participant`: the server side's participant (the async shell around its pure core).
+- :mod:`.machine`: the lifecycle of one execution key as one table (state x event -> state).
+- :mod:`.core`: :class:`~.core.ParticipantCore`, every decision of the server side, pure.
+- :mod:`.participant`: :class:`~.participant.Participant`, the async shell around the core.
 - :mod:`.settled`: the compact record of keys that were ACKed or tombstoned.
 
 What both protocols share (keys, typed errors, retry, endpoint health, the fence, the store, the
