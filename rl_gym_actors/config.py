@@ -1,4 +1,5 @@
-"""Settings: Gym endpoints, the try policy, the actor pool and the ledger. Every knob has a default."""
+"""Settings: Gym endpoints, the try policy, the actor pool and the ledger. Every knob has a
+default."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tenacity import RetryCallState, wait_exponential
 from tenacity.wait import wait_base
 
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.protocol import is_valid_checkpoint_id
+from rl_gym_actors.protocol import is_valid_checkpoint_id, is_valid_rollout_id
 
 TOKEN_ENV = "RL_GYM_CONTROL_TOKEN"
 
@@ -28,6 +29,14 @@ def checkpoint_id_arg(value: object) -> str:
     if not is_valid_checkpoint_id(value):
         raise ConfigError(f"invalid checkpoint_id {value!r}")
     return value  # type: ignore[return-value]
+
+
+def run_id_arg(value: object, what: str = "run_id") -> str:
+    """A run (or orchestrator) id from a caller: a valid rollout id of at most 200 characters,
+    so that minted ids ``<run_id>-<hex>`` stay valid; :class:`ConfigError` otherwise."""
+    if not (isinstance(value, str) and is_valid_rollout_id(value) and len(value) <= 200):
+        raise ConfigError(f"invalid {what} {value!r}")
+    return value
 
 
 def deadline_s_arg(value: object) -> float:
@@ -167,6 +176,16 @@ class TryPolicy(_Settings):
     ack: Literal["at_checkpoint", "on_seal"] = "at_checkpoint"
 
 
+def policy_with_ack(policy: TryPolicy, ack: str | None) -> TryPolicy:
+    """``policy`` with its ``ack`` replaced (when given); ConfigError for an unknown one."""
+    if ack is None:
+        return policy
+    try:
+        return TryPolicy.model_validate({**policy.model_dump(), "ack": ack})
+    except ValueError as exc:
+        raise ConfigError(f"ack must be 'at_checkpoint' or 'on_seal', got {ack!r}") from exc
+
+
 class PoolConfig(_Settings):
     """The warm pool of rollout actors. ``size * rollouts_per_actor`` caps rollouts in flight."""
 
@@ -174,6 +193,21 @@ class PoolConfig(_Settings):
     rollouts_per_actor: Annotated[int, Field(ge=1)] = 1
     num_cpus: Annotated[float, Field(ge=0)] = 0.0
     spread: bool = True  # SPREAD scheduling across nodes
+
+
+def pool_with(pool: PoolConfig, size: int | None, rollouts_per_actor: int | None) -> PoolConfig:
+    """``pool`` with ``size`` / ``rollouts_per_actor`` replaced (when given), checked again."""
+    updates = {
+        k: v
+        for k, v in (("size", size), ("rollouts_per_actor", rollouts_per_actor))
+        if v is not None
+    }
+    try:
+        out = pool.model_copy(update=updates)
+        PoolConfig.model_validate(out.model_dump())
+    except ValueError as exc:
+        raise ConfigError(f"invalid pool settings: {exc}") from exc
+    return out
 
 
 class LedgerConfig(_Settings):

@@ -119,3 +119,11 @@ class ProgressBar:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def bar_for(total: int, enabled: bool | None) -> ProgressBar | None:
+    """A bar for a batch of ``total`` rows, or None when it would not draw."""
+    if enabled is False or total == 0:
+        return None
+    bar = ProgressBar(total, enabled=enabled)
+    return bar if bar.enabled else None

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from rl_gym_actors import metrics
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_reports import AttemptState
@@ -545,66 +543,6 @@ class CheckpointGate:
 
 
 # ---------------------------------------------------------------------- abort
-
-
-class EndpointAbort(BaseModel):
-    """What a resume of the aborted id did on one endpoint. ``active_checkpoint_id`` names
-    another id that holds the endpoint (the aborted one did not)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    endpoint: str
-    resumed: bool
-    released: int = 0
-    error: str | None = None
-    active_checkpoint_id: str | None = None
-
-
-class AbortReport(BaseModel):
-    """:func:`abort_everywhere`'s answer, one entry per endpoint in the order given."""
-
-    model_config = ConfigDict(frozen=True)
-
-    checkpoint_id: str
-    endpoints: list[EndpointAbort]
-
-    @property
-    def aborted(self) -> bool:
-        """Every endpoint resumed the id (or had it spent already)."""
-        return all(e.resumed for e in self.endpoints)
-
-
-async def abort_everywhere(
-    clients: Sequence[GymClient], checkpoint_id: str, deadline_ts: float
-) -> AbortReport:
-    """Resume ``checkpoint_id`` on every endpoint at once: on a Gym server resume is the abort
-    (admission reopens, the id is spent); a repeated resume answers as the first did."""
-
-    async def one(client: GymClient) -> EndpointAbort:
-        url = client.endpoint.url
-        try:
-            answer = await client.resume(checkpoint_id, deadline_ts=deadline_ts)
-        except CheckpointConflict as exc:
-            return EndpointAbort(
-                endpoint=url,
-                resumed=False,
-                error=f"{type(exc).__name__}: {exc}",
-                active_checkpoint_id=exc.active_checkpoint_id,
-            )
-        except RlGymError as exc:
-            return EndpointAbort(endpoint=url, resumed=False, error=f"{type(exc).__name__}: {exc}")
-        return EndpointAbort(endpoint=url, resumed=True, released=answer.released)
-
-    report = AbortReport(
-        checkpoint_id=checkpoint_id,
-        endpoints=list(await asyncio.gather(*(one(c) for c in clients))),
-    )
-    for e in report.endpoints:
-        if not e.resumed:
-            logger.warning(
-                "abort of checkpoint %s on %s failed: %s", checkpoint_id, e.endpoint, e.error
-            )
-    return report
 
 
 def _subdir(checkpoint_dir: str, label: str) -> str:

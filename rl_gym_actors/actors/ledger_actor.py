@@ -4,7 +4,8 @@ Created by the orchestrator as ``LedgerActor.options(name=ledger_name(oid),
 namespace=RAY_NAMESPACE).remote(endpoints, policy, config)``. Rollout actors send their
 :class:`~rl_gym_actors.core.attempt_reports.AttemptReport` batches to
 :meth:`LedgerActor.report`; the pool registers them with :meth:`LedgerActor.register_owners`;
-the trainer's checkpoint comes through :meth:`LedgerActor.checkpoint` (see :mod:`rl_gym_actors.actors.checkpoint_gate`).
+the trainer's checkpoint comes through :meth:`LedgerActor.checkpoint` (see
+:mod:`rl_gym_actors.actors.checkpoint_gate`).
 
 Restarts: the orchestrator creates the ledger with Ray's own ``max_restarts`` and
 ``max_task_retries``, so a ledger that dies comes back in a new process with the same arguments
@@ -31,13 +32,8 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_gate import (
-    CONCURRENCY,
-    AbortReport,
-    CheckpointGate,
-    OwnerAnswer,
-    abort_everywhere,
-)
+from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_everywhere
+from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import (
     GymEndpoint,

@@ -1,0 +1,92 @@
+"""Aborting a checkpoint: resume its id on every Gym endpoint (:func:`abort_everywhere`).
+
+On a Gym server resume is the abort: admission reopens and the id is spent. The ledger aborts
+with its own clients; an orchestrator whose ledger is lost aborts with clients of its own
+(:func:`abort_with_own_clients`), since freeing Gym needs no book.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.errors import CheckpointConflict, RlGymError
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+
+logger = logging.getLogger(__name__)
+
+
+class EndpointAbort(BaseModel):
+    """What a resume of the aborted id did on one endpoint. ``active_checkpoint_id`` names
+    another id that holds the endpoint (the aborted one did not)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    resumed: bool
+    released: int = 0
+    error: str | None = None
+    active_checkpoint_id: str | None = None
+
+
+class AbortReport(BaseModel):
+    """:func:`abort_everywhere`'s answer, one entry per endpoint in the order given."""
+
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint_id: str
+    endpoints: list[EndpointAbort]
+
+    @property
+    def aborted(self) -> bool:
+        """Every endpoint resumed the id (or had it spent already)."""
+        return all(e.resumed for e in self.endpoints)
+
+
+async def abort_everywhere(
+    clients: Sequence[GymClient], checkpoint_id: str, deadline_ts: float
+) -> AbortReport:
+    """Resume ``checkpoint_id`` on every endpoint at once: on a Gym server resume is the abort
+    (admission reopens, the id is spent); a repeated resume answers as the first did."""
+
+    async def one(client: GymClient) -> EndpointAbort:
+        url = client.endpoint.url
+        try:
+            answer = await client.resume(checkpoint_id, deadline_ts=deadline_ts)
+        except CheckpointConflict as exc:
+            return EndpointAbort(
+                endpoint=url,
+                resumed=False,
+                error=f"{type(exc).__name__}: {exc}",
+                active_checkpoint_id=exc.active_checkpoint_id,
+            )
+        except RlGymError as exc:
+            return EndpointAbort(endpoint=url, resumed=False, error=f"{type(exc).__name__}: {exc}")
+        return EndpointAbort(endpoint=url, resumed=True, released=answer.released)
+
+    report = AbortReport(
+        checkpoint_id=checkpoint_id,
+        endpoints=list(await asyncio.gather(*(one(c) for c in clients))),
+    )
+    for e in report.endpoints:
+        if not e.resumed:
+            logger.warning(
+                "abort of checkpoint %s on %s failed: %s", checkpoint_id, e.endpoint, e.error
+            )
+    return report
+
+
+async def abort_with_own_clients(
+    endpoints: Sequence[GymEndpoint], checkpoint_id: str, deadline_ts: float
+) -> AbortReport:
+    """:func:`abort_everywhere` with clients made for the call (and closed after it)."""
+    clients = [GymClient(ep) for ep in endpoints]
+    try:
+        return await abort_everywhere(clients, checkpoint_id, deadline_ts)
+    finally:
+        for client in clients:
+            await client.close()
