@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 from collections.abc import Callable, Sequence
 
 from rl_gym_actors.errors import ConfigError
@@ -103,6 +104,18 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         help="confine commit's checkpoint_dir to this directory (relative paths "
         "resolve inside it; anything else is refused with 422)",
     )
+    serve.add_argument(
+        "--protocol",
+        default="agent",
+        choices=["agent", "v2"],
+        help="checkpoint protocol: agent (/ng-control/v1/agent-checkpoint, ACK and receipts) or "
+        "v2 (NeMo Gym's /ng-control/v1/checkpoint: episodes, leases, retire/forget, restore)",
+    )
+    serve.add_argument(
+        "--restart-only",
+        action="store_true",
+        help="(v2) an agent that cannot be checkpointed: its runs are reported as restarts",
+    )
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument(
         "--http",
@@ -153,6 +166,11 @@ def gym_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     token, source = resolve_token(args.token)
+    if args.protocol == "v2":
+        from rl_gym_actors.gym.v2.routes import v2_server_from_args
+
+        server = v2_server_from_args(args, token)
+        return _serve_until_stopped(server, token, source, args.loop)
     faults = None
     if args.allow_faults:
         from rl_gym_actors.testing.faults import FaultInjector
@@ -184,13 +202,19 @@ def gym_serve(args: argparse.Namespace) -> int:
         )
         return 2
 
+    return _serve_until_stopped(server, token, source, args.loop)
+
+
+def _serve_until_stopped(server: Any, token: str, source: str, loop: str) -> int:
+    from rl_gym_actors.gym.server import run_event_loop
+
     def ready() -> None:
         line = {"url": server.url, "pid": os.getpid(), "token_source": source}
         if source == "generated":
             line["token"] = token
         print(json.dumps(line), flush=True)
 
-    run_event_loop(server.serve(on_ready=ready), args.loop)
+    run_event_loop(server.serve(on_ready=ready), loop)
     return 0
 
 

@@ -16,9 +16,16 @@
     │   │   ├── CheckpointNotReady      a commit before a ready prepare
     │   │   ├── Unauthorized            unauthorized
     │   │   ├── InvalidRequest          invalid_request (422) or any other 4xx
+    │   │   │   └── RolloutIdRequired       (v2) rollout_id_required (400)
+    │   │   ├── InvalidPhase            (v2) invalid_phase: not allowed in the phase
+    │   │   ├── RestartInScope          (v2) restart_in_scope: a commit named a restart
+    │   │   ├── CheckpointDeadlinePassed (v2) deadline_exceeded: the server saw deadline_ts pass
+    │   │   ├── CheckpointStateInvalid  (v2) invalid_checkpoint_state (422): files bad or foreign
+    │   │   ├── CheckpointRejected      (v2) checkpoint_error: the base code
     │   │   └── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
     │   │                               failed (status and the body's text kept)
-    │   ├── AdmissionClosed         agent_admission_closed: wait for resume, then try again
+    │   ├── AdmissionClosed         agent_admission_closed, (v2) admission_closed: wait for
+    │   │                           resume, then try again
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
     ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
     │   ├── ConnectionLost              refused, reset, closed without a response, plain 5xx
@@ -161,6 +168,42 @@ class AdmissionClosed(GymError):
     code = "agent_admission_closed"
 
 
+class RolloutIdRequired(InvalidRequest):
+    """(v2) Agent work without a rollout id, which a checkpoint could not record or retire."""
+
+    code = "rollout_id_required"
+
+
+class InvalidPhase(GymRejected):
+    """(v2) The operation is not allowed in the participant's phase (resume first, or prepare)."""
+
+    code = "invalid_phase"
+
+
+class RestartInScope(GymRejected):
+    """(v2) A commit's scope named an episode the participant reported as a restart."""
+
+    code = "restart_in_scope"
+
+
+class CheckpointDeadlinePassed(GymRejected):
+    """(v2) The server found the request's ``deadline_ts`` passed (before or during its I/O)."""
+
+    code = "deadline_exceeded"
+
+
+class CheckpointStateInvalid(GymRejected):
+    """(v2) A participant's checkpoint files are missing, corrupt, or another checkpoint's."""
+
+    code = "invalid_checkpoint_state"
+
+
+class CheckpointRejected(GymRejected):
+    """(v2) A checkpoint rejection with the base code ``checkpoint_error``."""
+
+    code = "checkpoint_error"
+
+
 class GymServerError(GymError):
     """The server failed (5xx) and said so in a JSON error body with a code that is no known
     rejection. Like a lost answer: an idempotent call may be repeated."""
@@ -267,8 +310,15 @@ ERROR_BY_CODE: dict[str, type[GymError]] = {
         InvalidRequest,
         AgentFailed,
         AdmissionClosed,
+        RolloutIdRequired,
+        InvalidPhase,
+        RestartInScope,
+        CheckpointDeadlinePassed,
+        CheckpointStateInvalid,
+        CheckpointRejected,
     )
 }
+ERROR_BY_CODE["admission_closed"] = AdmissionClosed  # v2's name for agent_admission_closed
 
 
 def gym_error(

@@ -60,7 +60,13 @@ class FailureKind(str, Enum):
     ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)  # not sent at all
     LEDGER_LOST = ("ledger_lost", True, Repeat.NO, errors.LedgerLost)
     ADMISSION_CLOSED = ("agent_admission_closed", True, Repeat.LATER, errors.AdmissionClosed)
-    CONFLICT = ("checkpoint_conflict", True, Repeat.LATER, errors.CheckpointConflict)
+    CONFLICT = (
+        "checkpoint_conflict",
+        True,
+        Repeat.LATER,
+        errors.CheckpointConflict,
+        errors.InvalidPhase,
+    )
     NOT_COMPLETED = ("not_completed", True, Repeat.LATER, errors.NotCompleted)
     STALE = ("stale_attempt", True, Repeat.NO, errors.StaleAttempt)
     DUPLICATE = ("duplicate_execution", True, Repeat.NO, errors.DuplicateExecution)

@@ -1,0 +1,98 @@
+"""A v2 Gym server (``gym serve --protocol v2``) in a background thread, for tests.
+
+Same interface as :class:`~rl_gym_actors.testing.gym_process.GymServerThread`: ``start()``,
+``url``, ``token``, ``endpoint``, ``stop()``, ``kill()``, ``restart()`` (same port when free),
+context manager; ``participant`` is the live :class:`~rl_gym_actors.gym.v2.participant.V2Participant`.
+``agent`` is a ``--agent`` value or an async callable (``row -> reply`` or ``(row, steps) -> reply``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from rl_gym_actors.testing.gym_process import (
+    HOST,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    GymServerError,
+    _Base,
+)
+
+
+class V2ServerThread(_Base):
+    def __init__(
+        self,
+        agent: Any = "simulated",
+        token: str = "test-token",
+        args: Sequence[str] = (),
+        lease_grace_s: float | None = None,
+    ) -> None:
+        self.agent = agent
+        self.token = token
+        self.args = list(args)
+        self.lease_grace_s = lease_grace_s
+        self.url: str | None = None
+        self.server: Any = None
+        self._port = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def participant(self) -> Any:
+        return None if self.server is None else self.server.participant
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> V2ServerThread:
+        if self.running:
+            raise GymServerError("already running")
+        try:
+            self._build(self._port)
+        except OSError:
+            self._build(0)
+        try:
+            self._thread = self.server.serve_in_thread(timeout_s)
+        except RuntimeError as exc:
+            raise GymServerError(str(exc)) from exc
+        return self
+
+    def _build(self, port: int) -> None:
+        from rl_gym_actors.cli import build_parser
+        from rl_gym_actors.gym.v2.participant import V2Participant
+        from rl_gym_actors.gym.v2.routes import V2Server
+        from rl_gym_actors.gym.v2.stepped import make_step_agent
+
+        cli = build_parser().parse_args(["gym", "serve", "--protocol", "v2", *self.args])
+        participant = V2Participant(
+            make_step_agent(self.agent),
+            lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
+            restart_only=cli.restart_only,
+        )
+        self.server = V2Server(participant, token=self.token, host=HOST, port=port, graceful_s=2.0)
+        self.url = self.server.url
+        self._port = self.server.port
+
+    def _join(self, timeout_s: float) -> None:
+        if self._thread is None:
+            return
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise GymServerError(f"server thread did not stop within {timeout_s}s")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        if self.server is not None and self.running:
+            self.server.stop()
+            self._join(timeout_s)
+
+    def kill(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """As a crash: a v2 participant keeps nothing, so this is a stop without grace."""
+        if self.server is not None and self.running:
+            self.server.kill()
+            self._join(timeout_s)
+
+    def restart(self, timeout_s: float = START_TIMEOUT_S) -> V2ServerThread:
+        self.kill()
+        return self.start(timeout_s)
