@@ -25,8 +25,8 @@ import json
 import logging
 import os
 import sys
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rl_gym_actors.errors import ConfigError
 
@@ -157,7 +157,7 @@ def participant_options(args: argparse.Namespace) -> dict[str, object]:
 def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agents import make_agent
-    from rl_gym_actors.gym.server import GymServer, resolve_token, run_event_loop
+    from rl_gym_actors.gym.server import GymServer, resolve_token
     from rl_gym_actors.gym.store import open_store
 
     logging.basicConfig(

@@ -7,7 +7,8 @@ down and probed back up), :mod:`.probe` (is each endpoint there before any row r
 :mod:`.agents` (agent adapters) and :mod:`.server` (the HTTP app and its serving).
 
 Per protocol: :mod:`.agent_checkpoint` (``/ng-control/v1/agent-checkpoint/*`` beside ``/run``):
-its client calls, its server participant and its routes. A second protocol is one more folder.
+its client calls, its server participant and its routes. :mod:`.v2` (NeMo Gym's v2,
+``/ng-control/v1/checkpoint/*``): its wire models, client, discovery, participant and routes.
 
 Nothing here imports :mod:`rl_gym_actors.core`, nor the reverse.
 """

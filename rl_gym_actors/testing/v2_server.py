@@ -2,8 +2,9 @@
 
 Same interface as :class:`~rl_gym_actors.testing.gym_process.GymServerThread`: ``start()``,
 ``url``, ``token``, ``endpoint``, ``stop()``, ``kill()``, ``restart()`` (same port when free),
-context manager; ``participant`` is the live :class:`~rl_gym_actors.gym.v2.participant.V2Participant`.
-``agent`` is a ``--agent`` value or an async callable (``row -> reply`` or ``(row, steps) -> reply``).
+context manager; ``participant`` is the live
+:class:`~rl_gym_actors.gym.v2.participant.V2Participant`. ``agent`` is a ``--agent`` value or an
+async callable (``row -> reply`` or ``(row, steps) -> reply``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
     StaleCheckpoint,
 )
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.machine import ALLOWED, Machine
 from rl_gym_actors.gym.v2.wire import EpisodeId, Phase

@@ -1,9 +1,10 @@
 """Async client of one participant's v2 checkpoint routes (``/ng-control/v1/checkpoint/*``).
 
-:class:`V2Client` rides on a :class:`~rl_gym_actors.gym.client.GymClient`: its control pool, its
-bearer token, its dead-endpoint health and its retry policy; the data plane (``/run``) stays the
-GymClient's. Every method takes an absolute ``deadline_ts``; the body carries it less a margin so
-the server answers before our timeout fires.
+:class:`V2Client` rides on a
+:class:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient`: its control pool, its bearer
+token, its dead-endpoint health and its retry policy; the data plane (``/run``) stays the
+GymClient's. Every method takes an absolute ``deadline_ts``; the body carries it less a margin
+so the server answers before our timeout fires.
 
 Errors are typed by code (:mod:`rl_gym_actors.errors`): ``stale_checkpoint`` -> StaleCheckpoint,
 ``checkpoint_conflict`` -> CheckpointConflict, ``invalid_phase`` -> InvalidPhase,
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.client import GymClient, _encode, _model, _ok
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient, _encode, _model, _ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
 from rl_gym_actors.gym.v2.wire import (
     ROUTE_PREFIX,

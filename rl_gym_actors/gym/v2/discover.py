@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rl_gym_actors.errors import GymError
-from rl_gym_actors.gym.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.wire import StatusAnswer
 
