@@ -1,9 +1,12 @@
 """Starting a local Ray the way this library needs it: loopback only, no usage stats, quiet.
 
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take 127.0.0.1 as the node address instead of
-the machine's outward address. Ray reads it when it is first imported, so this module sets it at
-import time, before anything here imports Ray; :func:`ensure_ray` also passes the address
-explicitly, for a process that imported Ray earlier.
+the machine's outward address. Ray reads it once, when it is first imported (into
+``ray._private.ray_constants.ENABLE_RAY_CLUSTER``), so this module sets it at import time, before
+anything here imports Ray. A process that imported Ray before this package has read it unset:
+Ray 2.60 then turns even an explicit ``_node_ip_address="127.0.0.1"`` into the outward address
+(``services.resolve_ip_for_localhost``) and every Ray process listens on it. :func:`ensure_ray`
+therefore also sets the constant Ray read, before it starts a local Ray of its own.
 """
 
 from __future__ import annotations
@@ -49,10 +52,20 @@ def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bo
     if address is not None:
         ray.init(address=address, **kwargs)
     else:
+        _loopback_constant()
         # "local": a new Ray of our own, never some other process's cluster found in /tmp/ray
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, **kwargs)
     logger.info("ray started in %.2fs", time.perf_counter() - started)
     return True
+
+
+def _loopback_constant() -> None:
+    """Make an already imported Ray resolve "this node" to 127.0.0.1, as it does when the
+    environment variable was set before its import (``services.get_node_ip_address`` reads the
+    module constant at each call)."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 class LoopThread:
