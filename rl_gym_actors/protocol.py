@@ -43,14 +43,53 @@ Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 ExecutionKey = tuple[str, int]  # (rollout_id, attempt_index): one execution on a Gym server
 
 
+MAX_JSON_DEPTH = 64  # nesting of a body or row: deeper is refused (422 / ConfigError)
+
+
 def is_valid_rollout_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= ROLLOUT_ID_MAX and bool(_ID_RE.match(value))
+    # fullmatch: Python's ``$`` also matches before a final newline ("x\n" is not an id)
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= ROLLOUT_ID_MAX
+        and _ID_RE.fullmatch(value) is not None
+    )
 
 
 def is_valid_checkpoint_id(value: object) -> bool:
     return (
-        isinstance(value, str) and 0 < len(value) <= CHECKPOINT_ID_MAX and bool(_ID_RE.match(value))
+        isinstance(value, str)
+        and 0 < len(value) <= CHECKPOINT_ID_MAX
+        and _ID_RE.fullmatch(value) is not None
     )
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str | bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (0 for a scalar, 1 for ``{}``);
+    strings are skipped. Linear, no recursion: safe on any input, well formed or not."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for char in brackets:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than ``limit`` (a cheap count first)."""
+    if isinstance(text, bytes):
+        opened = text.count(b"[") + text.count(b"{")
+    else:
+        opened = text.count("[") + text.count("{")
+    return opened > limit and json_depth(text) > limit
 
 
 def is_valid_attempt_index(value: object) -> bool:

@@ -28,10 +28,12 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
+    MAX_JSON_DEPTH,
     ROLLOUT_ID_FIELD,
     WIRE_INT_MAX,
     is_valid_attempt_index,
     is_valid_rollout_id,
+    too_deep,
 )
 
 ENDPOINT_FIELD = "_ng_endpoint"
@@ -109,9 +111,11 @@ class RowPlanner:
             if k not in (ENDPOINT_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD)
         }
         try:
-            json.dumps(gym_row, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"row {i} ({rid}) is not JSON: {exc}") from exc
+            text = json.dumps(gym_row, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"row {i} ({rid}) is not JSON: {exc!r}"[:500]) from exc
+        if too_deep(text):
+            raise ConfigError(f"row {i} ({rid}) nests deeper than {MAX_JSON_DEPTH} levels")
         plan = self._memory.plan(rid, first)
         return RowItem(
             i,

@@ -46,6 +46,7 @@ from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
     CONTROL_PREFIX,
+    MAX_JSON_DEPTH,
     RECEIPT_HEADER,
     REPLAYED_HEADER,
     ROLLOUT_ID_FIELD,
@@ -60,6 +61,7 @@ from rl_gym_actors.protocol import (
     is_valid_attempt_index,
     is_valid_checkpoint_id,
     is_valid_rollout_id,
+    too_deep,
 )
 
 logger = logging.getLogger(__name__)
@@ -255,7 +257,10 @@ def create_app(
             raise Unauthorized("missing or wrong bearer token", status=401)
 
     async def body(request: Request) -> bytes:
-        return await _read_body(request, max_body_bytes)
+        raw = await _read_body(request, max_body_bytes)
+        if too_deep(raw):  # refused before parsing: never a RecursionError, never a run
+            raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels", status=422)
+        return raw
 
     # ------------------------------------------------------------ errors
 
