@@ -79,7 +79,7 @@ class CheckpointDeadline(RolloutFailure, TimeoutError):
 
 def server_name(endpoint: GymEndpoint, index: int) -> str:
     name = endpoint.name or ""
-    return name if _NAME.match(name) else f"gym-{index}"
+    return name if _NAME.fullmatch(name) else f"gym-{index}"
 
 
 def identities(endpoints: list[GymEndpoint], names: dict[str, str]) -> list[dict[str, str]]:
