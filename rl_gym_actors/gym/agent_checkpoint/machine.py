@@ -9,7 +9,7 @@ Per key (rollout_id, attempt_index), with ``None`` for a key never seen::
 A pair maps to the state the key is in afterwards (the same state: the event moves nothing, as a
 replay, a repeated ACK or a receipt), or to a :class:`Refuse`: the typed rejection to answer, with
 its wire status and detail. A pair not in the table cannot happen (the agent cannot return for a
-key that never ran); :func:`step` raises :class:`UndefinedTransition` for it.
+key that never ran); :func:`step` raises :class:`IllegalTransition` for it.
 
 ``PARKED`` exists in the wire model and is kept in the table as running's twin, but nothing parks
 in this server. ``RESTART`` is what :class:`~rl_gym_actors.gym.store.SqliteStore` does to every key
@@ -28,6 +28,7 @@ from rl_gym_actors.errors import (
     AckRejected,
     DuplicateExecution,
     GymRejected,
+    IllegalTransition,
     NotCompleted,
     StaleAttempt,
     UnknownExecution,
@@ -61,15 +62,6 @@ class Refuse:
         label = f"({key[0]!r}, {key[1]})"
         text = self.detail.format(key=label, state="unknown" if state is None else state.value)
         return self.error(text, status=self.status)
-
-
-class UndefinedTransition(RuntimeError):
-    """A (state, event) pair the table does not define: a bug in the caller, never an answer."""
-
-    def __init__(self, state: State, event: Event) -> None:
-        self.state, self.event = state, event
-        name = "unknown" if state is None else state.value
-        super().__init__(f"no transition for event {event.value!r} in state {name!r}")
 
 
 _IS = "execution {key} is {state}"
@@ -125,16 +117,21 @@ TRANSITIONS: dict[tuple[State, Event], ExecutionState | Refuse] = {
 
 
 def step(state: State, event: Event) -> ExecutionState | Refuse:
-    """The table's entry for (state, event); raises :class:`UndefinedTransition` if it has none."""
+    """The table's entry for (state, event); raises :class:`IllegalTransition` if it has none."""
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise UndefinedTransition(state, event) from None
+        name = "unknown" if state is None else state.value
+        raise IllegalTransition(
+            f"no transition for event {event.value!r} in execution state {name!r}",
+            state=name,
+            event=event.value,
+        ) from None
 
 
 def next_state(key: ExecutionKey, state: State, event: Event) -> ExecutionState:
     """The state after ``event``; raises the table's typed rejection (or
-    :class:`UndefinedTransition`)."""
+    :class:`IllegalTransition`)."""
     after = step(state, event)
     if isinstance(after, Refuse):
         raise after.raised(key, state)
