@@ -1,8 +1,11 @@
 """Both sides of the Gym wire: what the trainer's client and our Gym server share, and one folder
 per checkpoint protocol.
 
-Shared here: :mod:`.retry` (retry as policy data, one decider), :mod:`.health` (an endpoint marked
-down and probed back up), :mod:`.probe` (is each endpoint there before any row runs),
+Shared here, client side: :mod:`.transport` (pools, deadlines, one HTTP exchange; the base of
+each protocol's client), :mod:`.transport_errors` (the one table from aiohttp's exceptions to
+ours), :mod:`.answers` (HTTP answers to values or typed errors), :mod:`.retry` (retry as policy
+data, one decider), :mod:`.health` (an endpoint marked down and probed back up), :mod:`.probe`
+(is each endpoint there before any row runs). Server side:
 :mod:`.fence` (the checkpoint phase machine), :mod:`.store` (the durable store of executions),
 :mod:`.agents` (agent adapters) and :mod:`.server` (the HTTP app and its serving).
 

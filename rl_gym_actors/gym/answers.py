@@ -1,0 +1,144 @@
+"""Gym's HTTP answers -> values or typed errors, and request bodies -> bytes (pure; both protocols).
+
+Coping with a real Gym server (docs/PROTOCOL.md, section 7): FastAPI's default 422 body
+``{"detail": [...]}`` -> ``InvalidRequest``; a 401 with ``{"detail": "..."}`` -> ``Unauthorized``;
+a 5xx whose body is not a JSON object -> ``ConnectionLost`` carrying the text; on ``/run`` any
+5xx is the agent or its server failing (:func:`run_failure`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from rl_gym_actors.errors import (
+    AgentFailed,
+    ConfigError,
+    ConnectionLost,
+    ProtocolViolation,
+    RlGymError,
+    gym_error,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+TEXT_LIMIT = 2000  # characters of a non-JSON body kept in an error
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One HTTP exchange's answer, whatever its status."""
+
+    status: int
+    raw: bytes
+    url: str
+    headers: Mapping[str, str]  # case-insensitive (aiohttp's own)
+
+
+def body_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")[:TEXT_LIMIT]
+
+
+def _validation_summary(items: list[Any]) -> str:
+    parts = []
+    for item in items:
+        if isinstance(item, Mapping):
+            loc = ".".join(str(p) for p in item.get("loc", ()) or ())
+            parts.append(f"{loc}: {item.get('msg', '')}" if loc else str(item.get("msg", item)))
+        else:
+            parts.append(str(item))
+    return "; ".join(parts)
+
+
+def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
+    """The typed error for a non-2xx answer (pure).
+
+    ``{"error": {"code", "detail"}}`` maps by code; FastAPI's ``{"detail": "..."}`` and
+    ``{"detail": [...]}`` map by status (401 -> Unauthorized, 422 -> InvalidRequest); a 5xx whose
+    body is not a JSON object is ``ConnectionLost`` (see the module docstring).
+    """
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        if status >= 500:
+            return ConnectionLost(
+                f"HTTP {status} without a JSON error body: {body_text(raw)!r}", url=url
+            )
+        return gym_error(status, None, body_text(raw), url=url, body=None)
+    err = body.get("error")
+    if isinstance(err, Mapping):
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+        return gym_error(status, code, str(err.get("detail", "")), url=url, body=body)
+    detail = body.get("detail")
+    if isinstance(detail, list):
+        return gym_error(
+            status,
+            "invalid_request" if status == 422 else None,
+            _validation_summary(detail),
+            url=url,
+            body=body,
+        )
+    return gym_error(status, None, "" if detail is None else str(detail), url=url, body=body)
+
+
+def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed:
+    """A 5xx answer to ``/run`` (pure): the agent or its server failed. The text is the error
+    body's ``detail``, a JSON string body itself (a real Gym's exception repr), or the plain
+    text."""
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, Mapping) and isinstance(err.get("detail"), str):
+        text = err["detail"]
+    elif isinstance(body, str):
+        text = body
+    else:
+        text = body_text(raw)
+    return AgentFailed(
+        text[:TEXT_LIMIT], status=status, url=url, body=body if isinstance(body, dict) else None
+    )
+
+
+def json_of(answer: Answer) -> Any:
+    try:
+        return json.loads(answer.raw)
+    except ValueError as exc:
+        raise ProtocolViolation(
+            f"{answer.url}: HTTP {answer.status} body is not JSON: {body_text(answer.raw)!r}"
+        ) from exc
+
+
+def as_model(model: type[M], data: Any, url: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolViolation(f"{url}: answer is no {model.__name__}: {exc}") from exc
+
+
+def ok(answer: Answer) -> Any:
+    """The JSON of a 2xx answer; the typed error of any other."""
+    if not 200 <= answer.status < 300:
+        raise error_for_response(answer.status, answer.raw, url=answer.url)
+    return json_of(answer)
+
+
+def build_request(model: type[M], **fields: Any) -> M:
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid {model.__name__}: {exc}") from exc
+
+
+def encode(body: Any) -> bytes:
+    try:
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"request body is not JSON-serializable: {exc}") from exc
