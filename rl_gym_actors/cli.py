@@ -166,6 +166,14 @@ def gym_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     token, source = resolve_token(args.token)
+    if args.state_dir is not None:
+        from rl_gym_actors.gym.state_lock import lock_state_dir
+
+        try:  # one server per state dir; held until this process exits
+            args.state_lock = lock_state_dir(args.state_dir)
+        except (ConfigError, OSError) as exc:
+            print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
+            return 2
     if args.protocol == "v2":
         from rl_gym_actors.gym.v2.routes import v2_server_from_args
 
