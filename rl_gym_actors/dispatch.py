@@ -3,7 +3,8 @@
 A row leases a slot of the warm pool, travels to its rollout actor in the next chunk
 (:class:`~rl_gym_actors.actors.chunks.ChunkSender`), and comes back as an
 :class:`~rl_gym_actors.outcome.Outcome`; a rollout actor that dies or raises becomes a failed
-outcome, never an exception. The rollout memory learns how each dispatch ended. A
+outcome, never an exception. The item carries how its dispatch ended (``news``, ``lost``) to
+the stream, which tells the rollout memory. A
 :class:`Batch` is the rows of one stream: with ``fail_fast`` its first failed row stops it
 (:meth:`RowRunner.stop`): every running rollout is abandoned, rows still waiting for a slot are
 never dispatched.
@@ -21,9 +22,9 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
+from rl_gym_actors.actors.messages import RolloutTask
 from rl_gym_actors.actors.pool import WarmPool
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import LedgerLost, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.outcome import Outcome
@@ -80,19 +81,15 @@ class RowRunner:
         self,
         pool: WarmPool,
         chunks: ChunkSender,
-        memory: RolloutMemory,
         ledger: LedgerClient,
         unacked: UnackedCount,
         endpoints: Sequence[GymEndpoint],
-        max_tries: int,
     ) -> None:
         self.pool = pool
         self._chunks = chunks
-        self._memory = memory
         self._ledger = ledger
         self._unacked = unacked
         self._endpoints = endpoints
-        self._max_tries = max_tries
 
     async def run(self, item: RowItem, batch: Batch, bar: Any) -> Outcome:
         """The row's outcome (its ready one, or its rollout's); ticks ``bar`` if any."""
@@ -126,20 +123,20 @@ class RowRunner:
                 return not_dispatched(item, self._endpoints)
             batch.running[rid] = (slot.handle, item.first_attempt)
             try:
-                if self._memory.unsure(rid):
+                if item.plan.lost_from is not None:
                     item.previous_attempt = await self._learn_current(item)
-                outcome = await self._chunks.run(
-                    slot.handle,
-                    (item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt),
+                task = RolloutTask(
+                    item.row, rid, item.endpoint_index, item.first_attempt, item.previous_attempt
                 )
+                outcome = await self._chunks.run(slot.handle, task)
             except asyncio.CancelledError:
                 # the caller gave up on the batch: the rollout retires its try on its own
                 slot.handle.abandon.remote(rid, item.first_attempt)
-                self._memory.lose(rid, item.first_attempt, self._max_tries)
+                item.lost = True
                 raise
             except RayActorError as exc:
+                item.lost = True
                 await self.pool.actor_failed(slot, exc)
-                self._memory.lose(rid, item.first_attempt, self._max_tries)
                 outcome = self._failed(
                     item,
                     f"rollout actor {slot.name} died: {type(exc).__name__}",
@@ -155,7 +152,7 @@ class RowRunner:
                     item, f"rollout actor {slot.name} raised: {cause!r}", failure_kind(cause)
                 )
             else:
-                self._memory.finish_outcome(rid, item.first_attempt, outcome)
+                item.news = outcome
                 if outcome.has_result and not outcome.acked:
                     self._unacked.add(1)
             finally:
@@ -165,7 +162,7 @@ class RowRunner:
         return outcome
 
     async def _learn_current(self, item: RowItem) -> int | None:
-        """A rollout whose actor died: the ledger knows which try was current (the dead
+        """A rollout whose actor died (LOST): the ledger knows which try was current (the dead
         actor's reports reached it); that try is the one to retire, and adopt if it finished."""
         rid = item.rollout_id
         try:
@@ -178,8 +175,7 @@ class RowRunner:
                 item.previous_attempt,
             )
             return item.previous_attempt
-        self._memory.learn_current(rid, current)
-        return self._memory.plan(rid, item.first_attempt).previous_attempt
+        return item.plan.retire_given(current)
 
     def _failed(self, item: RowItem, reason: str, failure: FailureKind) -> Outcome:
         return Outcome(

@@ -159,7 +159,8 @@ class Orchestrator:
         self._ledger: LedgerClient | None = None
         self._pool: WarmPool | None = None
         self._runner: RowRunner | None = None
-        self._memory = RolloutMemory(MEMORY)  # what is known of every rollout id
+        # what is known of every rollout id
+        self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._unacked = UnackedCount(self.warn_unacked, self.policy.ack)
         self._chunks = ChunkSender()
@@ -391,13 +392,7 @@ class Orchestrator:
                 raise
             self._ledger = ledger
             self._runner = RowRunner(
-                pool,
-                self._chunks,
-                self._memory,
-                self._ledger,
-                self._unacked,
-                self.endpoints,
-                self.policy.max_tries,
+                pool, self._chunks, self._ledger, self._unacked, self.endpoints
             )
             self._pool = pool
 

@@ -10,7 +10,8 @@ How a rollout is dispatched is the rollout memory's answer
 ending without a sealed result starts by retiring its current try (and adopts it if it finished),
 as does a row that names try k > 0 of a rollout it has not seen (try k-1 is retired first); one
 whose abandoned rollout had adopted a result gets that result back without running the agent
-again (:attr:`RowItem.ready`).
+again (:attr:`RowItem.ready`). A planned row changes nothing until its stream takes it
+(:meth:`~rl_gym_actors.core.rollout_memory.RolloutMemory.take`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.rollout_memory import RolloutMemory
+from rl_gym_actors.core.rollout_memory import Dispatch, RolloutMemory
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (
@@ -41,15 +42,29 @@ ENDPOINT_FIELD = "_ng_endpoint"
 
 @dataclass
 class RowItem:
-    """One checked row, ready to dispatch (or answered already: ``ready``)."""
+    """One checked row and its plan from the rollout memory (answered already when the plan is
+    ``ready``), then what came of its dispatch."""
 
     index: int
     rollout_id: str
     row: dict[str, Any]
     endpoint_index: int
-    first_attempt: int
-    previous_attempt: int | None
-    ready: Outcome | None = None  # answered without dispatch
+    plan: Dispatch
+    previous_attempt: int | None = None  # the plan's, or the ledger's answer for a lost rollout
+    news: Outcome | None = None  # what its rollout actor answered (None: nothing new)
+    lost: bool = False  # its rollout actor died, or the row was given up while it ran
+
+    def __post_init__(self) -> None:
+        self.previous_attempt = self.plan.previous_attempt
+
+    @property
+    def first_attempt(self) -> int:
+        return self.plan.first_attempt
+
+    @property
+    def ready(self) -> Outcome | None:
+        """A result that answers the row without a dispatch."""
+        return self.plan.ready
 
 
 class RowPlanner:
@@ -71,20 +86,13 @@ class RowPlanner:
         self._claims = claims
 
     def plan(self, rows: list[Mapping[str, Any]]) -> list[RowItem]:
-        """Every row checked (ConfigError names the first bad one) before any is handed out."""
+        """Every row checked (ConfigError names the first bad one) before any is taken."""
         seen: set[str] = set()
-        items = [self.plan_row(i, row, seen) for i, row in enumerate(rows)]
-        for item in items:  # every row is valid: hand out the kept results
-            if item.ready is not None:
-                self._memory.hand_out(item.rollout_id)
-        return items
+        return [self.plan_row(i, row, seen) for i, row in enumerate(rows)]
 
     def plan_one(self, i: int, row: Any) -> RowItem:
-        """One row of an open stream, checked and (when already answered) handed out."""
-        item = self.plan_row(i, row, set())
-        if item.ready is not None:
-            self._memory.hand_out(item.rollout_id)
-        return item
+        """One row of an open stream, checked."""
+        return self.plan_row(i, row, set())
 
     def plan_row(self, i: int, row: Any, seen: set[str]) -> RowItem:
         if not isinstance(row, Mapping):
@@ -116,15 +124,8 @@ class RowPlanner:
             raise ConfigError(f"row {i} ({rid}) is not JSON: {exc!r}"[:500]) from exc
         if too_deep(text):
             raise ConfigError(f"row {i} ({rid}) nests deeper than {MAX_JSON_DEPTH} levels")
-        plan = self._memory.plan(rid, first)
         return RowItem(
-            i,
-            rid,
-            gym_row,
-            self._endpoint_for(row, rid, i),
-            plan.first_attempt,
-            plan.previous_attempt,
-            plan.ready,
+            i, rid, gym_row, self._endpoint_for(row, rid, i), self._memory.plan(rid, first)
         )
 
     def _endpoint_for(self, row: Mapping[str, Any], rid: str, i: int) -> int:

@@ -57,11 +57,11 @@ class Stream:
         self.fed = 0
 
     def dispatch(self, item: RowItem) -> None:
+        self._memory.take(item.rollout_id, item.plan)  # answered from a result, or running
         task = asyncio.ensure_future(self._runner.run(item, self._batch, self._bar))
         self._tasks.add(task)
         if item.ready is None:
             self._batch.waiting[item.rollout_id] = task
-            self._memory.begin(item.rollout_id)
         task.add_done_callback(lambda t, item=item: self._on_end(item, t))
         self.fed += 1
 
@@ -84,7 +84,8 @@ class Stream:
         self._tasks.discard(task)
         self._batch.waiting.pop(item.rollout_id, None)
         if item.ready is None:
-            self._memory.end(item.rollout_id)
+            # the one end of the dispatch, also when its task was cancelled before it began
+            self._memory.end(item.rollout_id, item.plan, item.news, lost=item.lost)
         if task.cancelled():
             pass
         elif task.exception() is not None:

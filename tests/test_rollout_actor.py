@@ -253,7 +253,7 @@ async def test_the_ledger_asking_to_adopt_a_finished_try_gets_it_sealed_and_acke
 async def test_a_real_gym_without_the_receipt_route_still_seals_and_adopts(agent, caplog):
     from rl_gym_actors.testing.real_gym import RealGymStandIn
 
-    caplog.set_level(logging.INFO, logger="rl_gym_actors.actors.rollout_actor")
+    caplog.set_level(logging.INFO, logger="rl_gym_actors.actors.gym_calls")
 
     with GymServerThread(agent=agent) as server, RealGymStandIn(server.endpoint) as real:
         w = RolloutWorker("w-real", [real.endpoint], QUICK, slots=4)

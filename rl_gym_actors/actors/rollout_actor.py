@@ -23,15 +23,15 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors import metrics
+from rl_gym_actors.actors.gym_calls import GymCalls, LiveRollout
+from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
 from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.actors.runtime import watch_driver
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
@@ -41,24 +41,18 @@ from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.errors import (
     ConfigError,
     DeadlineExceeded,
-    InvalidRequest,
-    NotCompleted,
     PoolClosed,
-    StaleAttempt,
 )
-from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     ROLLOUT_ID_FIELD,
-    CompletionReceipt,
     is_valid_rollout_id,
 )
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_GRACE_S = 0.5  # our own timeout trails the client's deadline by this much
 CHUNK_LINGER_S = 0.002  # run_chunk bunches outcomes that end within this of each other
 # finished rollouts an actor remembers for adopt() and late abandons (they come within seconds
 # of the end); bounded so that an actor's memory stays flat over a long run
@@ -95,36 +89,6 @@ class RolloutActorSnapshot(RolloutCounters):
     reports_pending: int = 0
 
 
-@dataclass
-class _Live:
-    """One rollout in flight: its machine and the signals waiting for its driver."""
-
-    machine: core.RolloutMachine
-    row: dict[str, Any]
-    client: GymClient
-    first_attempt: int
-    endpoint_index: int
-    signals: list[core.Event] = field(default_factory=list)
-    waiter: asyncio.Future | None = None  # the driver's wait on its call or a signal
-    task: asyncio.Task | None = None
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # the machine moved
-    reports: dict[int, Any] = field(default_factory=dict)  # attempt -> its last report
-    receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
-
-    def signal(self, event: core.Event) -> None:
-        self.signals.append(event)
-        self.wake()
-
-    def wake(self, *_: object) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def notify(self) -> None:
-        """Wake whoever waits for this rollout's machine to move (an adopt call)."""
-        async with self.changed:
-            self.changed.notify_all()
-
-
 class RolloutWorker:
     """Runs rollouts on Gym endpoints; see the module docstring. ``send`` delivers a batch of
     reports to the ledger (None: reports are kept and counted, never sent)."""
@@ -152,31 +116,15 @@ class RolloutWorker:
         self._slots = slots
         self._clock = clock
         self._clients: dict[int, GymClient] = {}
-        self._receipts_from_status: set[int] = set()  # endpoints without the receipt route
-        # retire needs a checkpoint id; one that no checkpoint ever uses is never spent
-        self._retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
-        self._live: dict[str, _Live] = {}
-        # what this actor knows of the rollouts it ran: settled results for adopt(), abandons
-        # that came before their dispatch
-        self._memory = RolloutMemory(FINISHED_MEMORY)
-        self._counts: dict[str, int] = dict.fromkeys(
-            (
-                "started",
-                "sealed",
-                "failed",
-                "abandoned",
-                "tries",
-                "seals",
-                "adoptions",
-                "acks",
-                "cancelled",
-                "handed_over",
-                "adopt_requests",
-                "receipts_with_run",
-                "receipts_fetched",
-            ),
-            0,
+        self._live: dict[str, LiveRollout] = {}
+        # this actor's view of the rollouts it ran: released results for adopt(), abandons that
+        # came before their dispatch
+        self._memory = RolloutMemory(FINISHED_MEMORY, view=True)
+        # every counter of RolloutCounters but in_flight (which is len(self._live))
+        self._counts = dict.fromkeys(
+            (f for f in RolloutCounters.model_fields if f != "in_flight"), 0
         )
+        self._calls = GymCalls(clock, self._counts)
         self._closed = False
         self._chunk_linger_s = CHUNK_LINGER_S
         self.driver_gone = False
@@ -196,9 +144,17 @@ class RolloutWorker:
     ) -> Outcome:
         """Play one rollout to its end: sealed, failed or abandoned. Never raises for what Gym
         does; raises ConfigError for bad arguments and PoolClosed after ``close``."""
+        return await self.run(
+            RolloutTask(row, rollout_id, endpoint_index, first_attempt, previous_attempt)
+        )
+
+    async def run(self, task: RolloutTask) -> Outcome:
+        """:meth:`run_rollout` for one :class:`RolloutTask` (the message across Ray)."""
+        rollout_id, endpoint_index = task.rollout_id, task.endpoint_index
+        first_attempt, previous_attempt = task.first_attempt, task.previous_attempt
         if self._closed:
             raise PoolClosed(f"rollout actor {self.name} is closed")
-        row = self._check(row, rollout_id, endpoint_index, first_attempt, previous_attempt)
+        row = self._check(task)
         if len(self._live) >= self._slots:
             # the pool leases slots; only a batch cancelled mid-flight can overlap briefly
             logger.warning(
@@ -216,46 +172,52 @@ class RolloutWorker:
             first_attempt=first_attempt,
             previous_attempt=previous_attempt,
         )
-        live = _Live(machine, row, self._client(endpoint_index), first_attempt, endpoint_index)
+        live = LiveRollout(
+            machine, row, self._client(endpoint_index), first_attempt, endpoint_index
+        )
         if self._memory.take_abandon(rollout_id, first_attempt):
             live.signal(core.AbandonRequested(self._clock()))
         live.task = asyncio.current_task()
         self._live[rollout_id] = live
         self._counts["started"] += 1
+        self._memory.begin(rollout_id)
         try:
             return await self._drive(live)
         finally:
             del self._live[rollout_id]
-            await live.notify()
             m = machine
-            self._memory.finish(
+            self._memory.end_run(
                 rollout_id,
                 first_attempt,
                 m.sealed.attempt_index if m.sealed else m.attempt,
-                result=m.sealed is not None,
+                sealed=m.sealed is not None,
                 acked=m.acked,
             )
+            await live.notify()
 
-    async def run_chunk(self, items: Sequence[tuple]) -> AsyncIterator[list[tuple[int, Any]]]:
-        """Several rollouts in one call: each item is :meth:`run_rollout`'s arguments. Yields
-        ``[(position, outcome or the exception it raised), ...]`` as they end, bunching those
-        that ended together (a Ray streaming generator: one call carries many rollouts, each
-        outcome comes back as soon as its rollout ends). Each rollout is its own, as with
-        ``run_rollout``: its tries, its abandon and adopt."""
-        ended: list[tuple[int, Any]] = []
+    async def run_chunk(self, tasks: Sequence[RolloutTask]) -> AsyncIterator[list[ChunkResult]]:
+        """Several rollouts in one call. Yields a :class:`ChunkResult` per task (its position,
+        its outcome or the exception it raised) as they end, bunching those that ended together
+        (a Ray streaming generator: one call carries many rollouts, each outcome comes back as
+        soon as its rollout ends). Each rollout is its own, as with :meth:`run`: its tries, its
+        abandon and adopt."""
+        ended: list[ChunkResult] = []
         wake = asyncio.Event()
 
-        def on_end(pos: int, task: asyncio.Task) -> None:
-            if task.cancelled():
-                ended.append((pos, PoolClosed(f"rollout actor {self.name}: rollout cancelled")))
+        def on_end(pos: int, done: asyncio.Task[Outcome]) -> None:
+            if done.cancelled():
+                error = PoolClosed(f"rollout actor {self.name}: rollout cancelled")
+                ended.append(ChunkResult(pos, error=error))
+            elif done.exception() is not None:
+                ended.append(ChunkResult(pos, error=done.exception()))
             else:
-                ended.append((pos, task.exception() or task.result()))
+                ended.append(ChunkResult(pos, outcome=done.result()))
             wake.set()
 
-        for pos, args in enumerate(items):
-            task = asyncio.ensure_future(self.run_rollout(*args))
-            task.add_done_callback(functools.partial(on_end, pos))
-        left = len(items)
+        for pos, task in enumerate(tasks):
+            running = asyncio.ensure_future(self.run(task))
+            running.add_done_callback(functools.partial(on_end, pos))
+        left = len(tasks)
         while left:
             await wake.wait()
             if self._chunk_linger_s and len(ended) < left:
@@ -354,7 +316,7 @@ class RolloutWorker:
 
     # ------------------------------------------------------------ driving one machine
 
-    async def _drive(self, live: _Live) -> Outcome:
+    async def _drive(self, live: LiveRollout) -> Outcome:
         m = live.machine
         self._feed_signals(live)  # an abandon may have come first
         effects = m.handle(core.Start(self._clock()))
@@ -365,29 +327,14 @@ class RolloutWorker:
                 assert m.outcome is not None
                 return m.outcome
             # a signal that arrived meanwhile may make this step obsolete before it starts
+            at_hand = self._calls.receipt_at_hand(live, step)
             effects = (
                 self._feed_signals(live)
-                or self._receipt_at_hand(live, step)
+                or (m.handle(at_hand) if at_hand is not None else [])
                 or await self._perform(live, step)
             )
 
-    def _receipt_at_hand(self, live: _Live, step: core.Effect | None) -> list[core.Effect]:
-        """A receipt fetch that the /run (or replay) answer already answered: fed at once."""
-        if not isinstance(step, core.FetchReceipt):
-            return []
-        receipt = live.receipts.pop(step.attempt_index, None)
-        if receipt is None:
-            return []
-        return live.machine.handle(self._receipt_event(live, receipt, step.attempt_index))
-
-    def _receipt_event(self, live: _Live, receipt: CompletionReceipt, att: int) -> core.Event:
-        m = live.machine
-        problem = core.receipt_problem(receipt, m.rollout_id, att, m.reply)
-        if problem:
-            return core.DigestMismatch(self._clock(), receipt, problem)
-        return core.ReceiptReceived(self._clock(), receipt)
-
-    def _apply(self, live: _Live, effects: list[core.Effect]) -> core.Effect | None:
+    def _apply(self, live: LiveRollout, effects: list[core.Effect]) -> core.Effect | None:
         """Do the immediate effects; return the one that waits (None once finished)."""
         step = None
         for e in effects:
@@ -418,7 +365,7 @@ class RolloutWorker:
         elif state is AttemptState.TOMBSTONED:
             self._counts["cancelled"] += 1
 
-    def _feed_signals(self, live: _Live) -> list[core.Effect]:
+    def _feed_signals(self, live: LiveRollout) -> list[core.Effect]:
         """Feed queued signals until one makes the machine act; return what it wants done."""
         while live.signals and not live.machine.done:
             effects = live.machine.handle(live.signals.pop(0))
@@ -426,8 +373,8 @@ class RolloutWorker:
                 return effects
         return []
 
-    async def _perform(self, live: _Live, step: core.Effect) -> list[core.Effect]:
-        io = asyncio.ensure_future(self._call(live, step))
+    async def _perform(self, live: LiveRollout, step: core.Effect) -> list[core.Effect]:
+        io = asyncio.ensure_future(self._calls.perform(live, step))
         io.add_done_callback(live.wake)
         loop = asyncio.get_running_loop()
         try:
@@ -450,97 +397,12 @@ class RolloutWorker:
             if not io.done():
                 io.cancel()
 
-    async def _call(self, live: _Live, step: core.Effect) -> core.Event:
-        """Perform one waiting effect; every outcome comes back as an event, never raised."""
-        m, client, clock = live.machine, live.client, self._clock
-        rid = m.rollout_id
-        if isinstance(step, core.WaitUntil):
-            await asyncio.sleep(max(0.0, step.wake_ts - clock()))
-            return core.Woke(clock())
-        if isinstance(step, core.StartRun):
-            try:
-                async with asyncio.timeout(max(0.0, step.deadline_ts - clock())):
-                    result = await client.run(
-                        live.row,
-                        rollout_id=rid,
-                        attempt_index=step.attempt_index,
-                        deadline_ts=step.deadline_ts,
-                    )
-            except TimeoutError:  # ours or the client's DeadlineExceeded
-                return core.DeadlineFired(clock())
-            except Exception as exc:
-                failure = failure_kind(exc)
-                if failure is FailureKind.ADMISSION_CLOSED:
-                    return core.RunAdmissionClosed(clock())
-                return core.RunFailed(clock(), failure, _detail(exc))
-            self._keep_receipt(live, step.attempt_index, result)
-            return core.RunReplied(clock(), result.reply, result.replayed)
-        deadline = step.deadline_ts
-        try:
-            async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
-                if isinstance(step, core.FetchReceipt):
-                    receipt = await self._receipt(live, step.attempt_index, deadline)
-                    return self._receipt_event(live, receipt, step.attempt_index)
-                if isinstance(step, core.Retire):
-                    answer = await client.retire(
-                        rid, step.attempt_index, checkpoint_id=self._retire_id, deadline_ts=deadline
-                    )
-                    return core.RetireAnswered(clock(), answer)
-                if isinstance(step, core.Replay):
-                    result = await client.replay(
-                        live.row,
-                        rollout_id=rid,
-                        attempt_index=step.attempt_index,
-                        deadline_ts=deadline,
-                    )
-                    self._keep_receipt(live, step.attempt_index, result)
-                    return core.ReplayReplied(clock(), result.reply)
-                if isinstance(step, core.Ack):
-                    await client.acknowledge(step.receipt, deadline_ts=deadline)
-                    return core.AckAnswered(clock())
-        except Exception as exc:
-            return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
-        raise AssertionError(f"not a waiting effect: {step!r}")
-
-    def _keep_receipt(self, live: _Live, att: int, result: Any) -> None:
-        """Keep the (ext) receipt a /run answer carried, for the fetch the machine asks next."""
-        if result.receipt is not None:
-            live.receipts[att] = result.receipt
-            self._counts["receipts_with_run"] += 1
-        else:
-            live.receipts.pop(att, None)
-
-    async def _receipt(self, live: _Live, att: int, deadline: float) -> CompletionReceipt:
-        """The key's completion receipt: from the (ext) receipt route, or, on a server without
-        it (a real Gym), from the status lists."""
-        client, rid = live.client, live.machine.rollout_id
-        self._counts["receipts_fetched"] += 1
-        if live.endpoint_index not in self._receipts_from_status:
-            try:
-                return (await client.receipt(rid, att, deadline_ts=deadline)).completion_receipt
-            except InvalidRequest as exc:
-                if exc.status not in (404, 405):
-                    raise
-                self._receipts_from_status.add(live.endpoint_index)
-                logger.info(
-                    "%s has no receipt route: receipts come from its status", client.endpoint.label
-                )
-        status = await client.status(self._retire_id, deadline_ts=deadline)
-        for info in (*status.completed_unacknowledged_attempts, *status.executions):
-            if info.key == (rid, att):
-                if info.completion_receipt is not None:
-                    return info.completion_receipt
-                raise NotCompleted(f"({rid}, {att}) is {info.state}", status=409)
-        raise StaleAttempt(
-            f"({rid}, {att}) is no longer completed (released or tombstoned)", status=409
-        )
-
     # ------------------------------------------------------------ helpers
 
     def _client(self, endpoint_index: int) -> GymClient:
         client = self._clients.get(endpoint_index)
         if client is None:
-            # one /run connection per slot at least, so no try queues for a socket inside its deadline
+            # a /run connection per slot at least: no try waits for a socket inside its deadline
             client = self._clients[endpoint_index] = GymClient(
                 self._endpoints[endpoint_index],
                 limit=max(100, self._slots),
@@ -548,21 +410,15 @@ class RolloutWorker:
             )
         return client
 
-    def _check(
-        self,
-        row: Mapping[str, Any],
-        rollout_id: str,
-        endpoint_index: int,
-        first_attempt: int,
-        previous_attempt: int | None,
-    ) -> dict[str, Any]:
+    def _check(self, task: RolloutTask) -> dict[str, Any]:
+        row, rollout_id, endpoint_index = task.row, task.rollout_id, task.endpoint_index
         if not isinstance(row, Mapping):
             raise ConfigError(f"row must be a mapping, got {type(row).__name__}")
         if not is_valid_rollout_id(rollout_id):
             raise ConfigError(f"invalid rollout_id {rollout_id!r}")
         if not (isinstance(endpoint_index, int) and 0 <= endpoint_index < len(self._endpoints)):
             raise ConfigError(f"endpoint_index {endpoint_index!r} out of range")
-        for value in (first_attempt, previous_attempt):
+        for value in (task.first_attempt, task.previous_attempt):
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0
             ):
@@ -590,12 +446,6 @@ class RolloutWorker:
             and m.attempt_state(att) is AttemptState.ACKED
             and att not in m.handed_over
         )
-
-
-def _detail(exc: BaseException) -> str:
-    detail = getattr(exc, "detail", None)  # a Gym error says what happened itself
-    text = detail if isinstance(detail, str) and detail else f"{type(exc).__name__}: {exc}"
-    return text[:500]
 
 
 async def _discard(batch: list) -> None:

@@ -27,7 +27,7 @@ next checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from rl_gym_actors import errors
@@ -64,21 +64,13 @@ from rl_gym_actors.core.rollout_events import (  # noqa: F401
     Woke,
     receipt_problem,
 )
+from rl_gym_actors.errors import IllegalTransition
 from rl_gym_actors.failures import FailureKind, Repeat
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
 from rl_gym_actors.protocol import CompletionReceipt
 
 
-class IllegalTransition(errors.RlGymError):
-    """An event arrived in a phase whose transition table has no entry for it (a bug)."""
-
-    def __init__(self, message: str, *, phase: str = "", event: str = "") -> None:
-        self.phase = phase
-        self.event = event
-        super().__init__(message)
-
-
-class RolloutPhase(str, Enum):
+class RolloutPhase(StrEnum):
     """Where one rollout stands. Every phase but NEW and DONE waits on exactly one effect."""
 
     NEW = "new"
@@ -171,14 +163,14 @@ class RolloutMachine:
         if name is None:
             raise IllegalTransition(
                 f"rollout {self.rollout_id}: {type(event).__name__} in phase {self.phase.value}",
-                phase=self.phase.value,
+                state=self.phase.value,
                 event=type(event).__name__,
             )
         if isinstance(event, Woke):
             if not self._asleep:
                 raise IllegalTransition(
                     f"rollout {self.rollout_id}: Woke while not waiting",
-                    phase=self.phase.value,
+                    state=self.phase.value,
                     event="Woke",
                 )
             self._asleep = False
@@ -389,7 +381,7 @@ class RolloutMachine:
     def _seal(self, receipt: CompletionReceipt, adopted: bool, out: list[Effect]) -> None:
         if self.sealed is not None:
             raise IllegalTransition(
-                f"rollout {self.rollout_id}: a second seal", phase=self.phase.value, event="seal"
+                f"rollout {self.rollout_id}: a second seal", state=self.phase.value, event="seal"
             )
         self.sealed = Seal(self._attempt, self._reply, receipt, adopted)
         out.append(self.sealed)

@@ -1,16 +1,17 @@
 """What is known about each rollout, kept in one place: :class:`RolloutMemory`.
 
-Pure and synchronous: no Ray, no sockets, no clock. Per rollout id it holds the try last known to
-be current, whether that try settled (ended with a result: nothing left to retire), whether its
-result was released on Gym, the lowest attempt index never used, a result kept for the
-rollout's next row, whether a dispatch of it is in flight, and dispatches abandoned before they
-started. The orchestrator asks it how to dispatch a row (:meth:`RolloutMemory.plan`), the rollout
-actor whether a finished try is its settled result (:meth:`RolloutMemory.holds_result`) and
+Pure and synchronous: no Ray, no sockets, no clock. Per rollout id it holds one record
+(:mod:`rl_gym_actors.core.rollout_record`), whose state moves only through that module's table.
+The orchestrator plans a row (:meth:`RolloutMemory.plan`, which changes nothing), takes it
+(:meth:`RolloutMemory.take`: answered from a result, or dispatched) and ends its dispatch
+(:meth:`RolloutMemory.end`); a rollout actor keeps the smaller view (``RolloutMemory(view=True)``)
+and asks whether a finished try is its released result (:meth:`RolloutMemory.holds_result`) and
 whether an abandon came first (:meth:`RolloutMemory.take_abandon`).
 
-A dispatch whose rollout actor died leaves the current try unknown (:meth:`RolloutMemory.lose`):
-every try of it lies within ``[first, first + max_tries)``. Until the ledger's answer is learned
-(:meth:`RolloutMemory.learn_current`), the dispatch's first try stands in for the current one.
+A dispatch whose rollout actor died leaves the rollout LOST: every try of it lies within
+``[first, first + max_tries)`` and which one is current is unknown. The next dispatch's plan
+says so (:attr:`Dispatch.lost_from`) and picks the try to retire once the ledger named the
+current one (:meth:`Dispatch.retire_given`); until then the lost dispatch's first try stands in.
 """
 
 from __future__ import annotations
@@ -18,240 +19,266 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from rl_gym_actors.core.rollout_record import (
+    WITH_RESULT,
+    RolloutEvent,
+    RolloutRecord,
+    RolloutState,
+    RolloutView,
+)
 from rl_gym_actors.outcome import Outcome
 
-
-@dataclass(slots=True)
-class RolloutFacts:
-    """What is known of one rollout id."""
-
-    current: int | None = None  # the try last known current (None: no try made)
-    settled: bool = False  # ``current`` ended with a result: nothing to retire
-    acked: bool = False  # ... and whoever sealed it released it on Gym
-    next_fresh: int = 0  # the lowest attempt index never used
-    dispatched_from: int | None = None  # first try of the latest dispatch that ended
-    current_known: bool = True  # False while a dead actor's last try is unknown
-    kept: Outcome | None = None  # a result nobody took; the rollout's next row gets it
-    result: Outcome | None = None  # its sealed result, handed out: a row sent again gets
-    # it back (repeated), until a checkpoint forgets it
-    running: bool = False  # a dispatch is in flight
-    abandons: frozenset[int] = frozenset()  # dispatches (by first try) abandoned early
+_AS_READY = dict(status="sealed", reason=None, failure=None, tries=0)
 
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """How to dispatch a rollout: its first fresh try, the earlier try to retire first (and
-    adopt if it finished), or a kept result that answers the row without a dispatch."""
+    """How to take a row of a rollout: its first fresh try, the earlier try to retire first (and
+    adopt if it finished), or a result that answers the row without a dispatch (``ready``).
+    ``lost_from`` (a LOST rollout) is the first try of the dispatch whose actor died:
+    ``previous_attempt`` is then a guess that the ledger may correct."""
 
     first_attempt: int
     previous_attempt: int | None
     ready: Outcome | None = None
+    lost_from: int | None = None
+
+    def retire_given(self, ledger_current: int | None) -> int | None:
+        """The try to retire once the ledger named the highest try any owner reported: that
+        one when it belongs to the lost dispatch (or a later one); a try before it (an earlier,
+        settled dispatch) or none tells nothing new, and the guess stands."""
+        if (
+            self.lost_from is not None
+            and ledger_current is not None
+            and ledger_current >= self.lost_from
+        ):
+            return ledger_current
+        return self.previous_attempt
 
 
 class RolloutMemory:
-    """Facts per rollout id, at most ``capacity`` of them (the least recently touched go)."""
+    """One record per rollout id, at most ``capacity`` of them (the least recently touched that
+    are not running go first). ``view``: keep the rollout actor's :class:`RolloutView` only;
+    ``max_tries`` bounds the tries of a lost dispatch."""
 
-    def __init__(self, capacity: int = 1_000_000) -> None:
+    def __init__(self, capacity: int = 1_000_000, *, view: bool = False, max_tries: int = 1):
         self.capacity = capacity
-        self._facts: OrderedDict[str, RolloutFacts] = OrderedDict()
+        self.max_tries = max_tries
+        self._record: type[RolloutView] = RolloutView if view else RolloutRecord
+        self._records: OrderedDict[str, RolloutView] = OrderedDict()
         self._running = 0
 
     def __len__(self) -> int:
-        return len(self._facts)
+        return len(self._records)
 
     @property
     def in_flight(self) -> int:
         """How many rollouts have a dispatch in flight."""
         return self._running
 
-    def facts(self, rollout_id: str) -> RolloutFacts | None:
-        return self._facts.get(rollout_id)
+    def record(self, rollout_id: str) -> RolloutView | None:
+        return self._records.get(rollout_id)
+
+    def state(self, rollout_id: str) -> RolloutState:
+        rec = self._records.get(rollout_id)
+        return RolloutState.NEW if rec is None else rec.state
 
     def running(self, rollout_id: str) -> bool:
-        facts = self._facts.get(rollout_id)
-        return facts is not None and facts.running
+        return self.state(rollout_id) is RolloutState.RUNNING
 
-    # ------------------------------------------------------------ dispatching
+    # ------------------------------------------------------------ the orchestrator's rows
 
     def plan(self, rollout_id: str, named_attempt: int = 0) -> Dispatch:
-        """How to dispatch a row of this rollout that names ``named_attempt`` as its first try
+        """How to take a row of this rollout that names ``named_attempt`` as its first try
         (changes nothing). A rollout never tried before that is named at try k > 0 retires try
         k-1 first: it may have finished on Gym before a restart."""
-        facts = self._facts.get(rollout_id)
-        if facts is None or facts.current is None:
-            first = max(named_attempt, facts.next_fresh if facts else 0)
+        rec = self._full(rollout_id)
+        first = max(named_attempt, rec.next_fresh if rec else 0)
+        if rec is None or rec.current is None:
             return Dispatch(first, named_attempt - 1 if named_attempt > 0 else None)
-        ready = None
-        if facts.kept is not None:
-            ready = facts.kept.model_copy(
-                update=dict(status="sealed", adopted=True, reason=None, failure=None, tries=0)
-            )
-        elif facts.settled and facts.result is not None:
+        if rec.state is RolloutState.KEPT:
+            assert rec.kept is not None
+            ready = rec.kept.model_copy(update=dict(_AS_READY, adopted=True))
+            return Dispatch(first, None, ready)
+        if rec.state is RolloutState.SEALED:
             # sealed before: never played again; the same result, not a new one
-            ready = facts.result.model_copy(
-                update=dict(status="sealed", reason=None, failure=None, tries=0, repeated=True)
+            assert rec.result is not None
+            return Dispatch(
+                first, None, rec.result.model_copy(update=dict(_AS_READY, repeated=True))
             )
-        return Dispatch(
-            max(named_attempt, facts.next_fresh), None if facts.settled else facts.current, ready
-        )
+        lost = rec.dispatched_from if rec.state is RolloutState.LOST else None
+        return Dispatch(first, rec.current, lost_from=lost)
 
-    def hand_out(self, rollout_id: str) -> None:
-        """The kept result went to a row: it is not kept any more."""
-        facts = self._facts.get(rollout_id)
-        if facts is not None and facts.kept is not None:
-            facts.result, facts.kept = (
-                facts.kept.model_copy(
-                    update=dict(status="sealed", adopted=True, reason=None, failure=None)
-                ),
-                None,
-            )
-
-    def begin(self, rollout_id: str) -> None:
-        """A dispatch of the rollout is in flight."""
-        facts = self._touch(rollout_id)
-        if not facts.running:
-            facts.running = True
-            self._running += 1
-
-    def end(self, rollout_id: str) -> None:
-        """The rollout's dispatch is over (whatever came of it)."""
-        facts = self._facts.get(rollout_id)
-        if facts is not None and facts.running:
-            facts.running = False
-            self._running -= 1
-
-    # ------------------------------------------------------------ what came of a dispatch
-
-    def finish(
-        self,
-        rollout_id: str,
-        first_attempt: int,
-        attempt: int | None,
-        *,
-        result: bool,
-        acked: bool = False,
-        kept: Outcome | None = None,
-        sealed: Outcome | None = None,
-    ) -> None:
-        """A dispatch that began at ``first_attempt`` ended at try ``attempt`` (None: it made no
-        try, and what was known still holds), with a result or without one; ``sealed`` is the
-        result handed out (remembered for a row that sends the rollout again)."""
-        facts = self._touch(rollout_id)
-        facts.dispatched_from = first_attempt
-        if facts.abandons:
-            facts.abandons = frozenset(f for f in facts.abandons if f > first_attempt)
-        if attempt is None:
+    def take(self, rollout_id: str, plan: Dispatch) -> None:
+        """A planned row goes ahead: answered by its ready result (a kept result is handed out
+        and from now on repeated), or dispatched (running until :meth:`end`)."""
+        if plan.ready is None:
+            self.begin(rollout_id)
             return
-        facts.current, facts.current_known = attempt, True
-        facts.settled, facts.acked = result, result and acked
-        facts.next_fresh = max(facts.next_fresh, attempt + 1, first_attempt)
-        facts.kept = kept if result else None
-        facts.result = sealed if result else None
+        rec = self._full(rollout_id)
+        assert rec is not None, "a ready result comes from a record"
+        kept = rec.kept
+        rec.move(RolloutEvent.HAND_OUT, rollout_id)
+        if kept is not None:
+            rec.kept = None
+            rec.result = kept.model_copy(
+                update=dict(status="sealed", adopted=True, reason=None, failure=None)
+            )
 
-    def finish_outcome(self, rollout_id: str, first_attempt: int, outcome: Outcome) -> None:
-        """:meth:`finish` from the dispatch's outcome; an abandoned result is kept."""
-        self.finish(
-            rollout_id,
-            first_attempt,
-            outcome.attempt_index,
-            result=outcome.has_result,
-            acked=outcome.acked,
-            kept=outcome if outcome.status == "abandoned" else None,
-            sealed=outcome if outcome.status == "sealed" else None,
-        )
+    def end(
+        self, rollout_id: str, plan: Dispatch, outcome: Outcome | None = None, *, lost: bool = False
+    ) -> None:
+        """The dispatch taken with ``plan`` is over: its actor died or was given up on
+        (``lost``), it came back with ``outcome``, or it ended with neither (not dispatched, or
+        the actor refused it): then what was known before it holds again."""
+        rec = self._running_record(rollout_id)
+        first = plan.first_attempt
+        if lost:
+            self._lose(rec, rollout_id, first)
+        elif outcome is None or outcome.attempt_index is None:
+            if plan.lost_from is not None:
+                self._lose(rec, rollout_id, plan.lost_from)
+            else:
+                self._ended(rec, rollout_id, first, None, None)
+        elif not outcome.has_result:
+            self._ended(rec, rollout_id, first, outcome.attempt_index, RolloutEvent.NO_RESULT)
+        else:
+            if outcome.status == "sealed":
+                event = RolloutEvent.RESULT_OUT
+            else:  # abandoned with an adopted result: kept for the rollout's next row
+                event = RolloutEvent.RESULT_KEPT
+            self._ended(rec, rollout_id, first, outcome.attempt_index, event, outcome.acked)
+            if isinstance(rec, RolloutRecord):
+                rec.kept = outcome if event is RolloutEvent.RESULT_KEPT else None
+                rec.result = outcome if event is RolloutEvent.RESULT_OUT else None
 
     def keep(self, outcome: Outcome) -> None:
         """An outcome with a result the trainer never took: the rollout's next row gets it."""
-        facts = self._facts.get(outcome.rollout_id)
-        if outcome.has_result and facts is not None and facts.settled:
-            facts.kept, facts.result = outcome, None
+        rec = self._full(outcome.rollout_id)
+        if outcome.has_result and rec is not None and rec.state in WITH_RESULT:
+            rec.move(RolloutEvent.UNTAKEN, outcome.rollout_id)
+            rec.kept, rec.result = outcome, None
 
-    def lose(self, rollout_id: str, first_attempt: int, max_tries: int) -> None:
-        """The dispatch's rollout actor died (or the caller gave up on it): its tries lie within
-        ``[first_attempt, first_attempt + max_tries)`` and which one is current is unknown."""
-        facts = self._touch(rollout_id)
-        facts.dispatched_from = first_attempt
-        facts.current, facts.current_known = first_attempt, False
-        facts.settled = facts.acked = False
-        facts.next_fresh = max(facts.next_fresh, first_attempt + max_tries)
-        facts.kept = None
-
-    def unsure(self, rollout_id: str) -> bool:
-        """Whether the current try is a guess (see :meth:`lose`) that the ledger may correct."""
-        facts = self._facts.get(rollout_id)
-        return facts is not None and not facts.current_known
-
-    def learn_current(self, rollout_id: str, current: int | None) -> None:
-        """The ledger's answer for an unsure rollout: the highest try any owner reported. A try
-        before the lost dispatch's first (an earlier, settled dispatch) tells nothing new."""
-        facts = self._facts.get(rollout_id)
-        if facts is None or facts.current_known:
-            return
-        if (
-            current is not None
-            and facts.dispatched_from is not None
-            and current >= facts.dispatched_from
-        ):
-            facts.current = current
-            facts.next_fresh = max(facts.next_fresh, current + 1)
-        facts.current_known = True
+    def forget_settled(self) -> int:
+        """Forget every rollout whose sealed result was handed out (a committed checkpoint holds
+        it now) and that waits for no abandon. Rollouts that failed stay (their current try and
+        next fresh index matter to their next row). Returns how many went."""
+        keep = OrderedDict(
+            (rid, rec)
+            for rid, rec in self._records.items()
+            if rec.state is not RolloutState.SEALED or rec.abandons
+        )
+        gone = len(self._records) - len(keep)
+        self._records = keep  # rebuilt: a dict never shrinks its table on deletes
+        return gone
 
     # ------------------------------------------------------------ a rollout actor's questions
 
+    def begin(self, rollout_id: str) -> None:
+        """A dispatch of the rollout starts."""
+        self._touch(rollout_id).move(RolloutEvent.DISPATCH, rollout_id)
+        self._running += 1
+
+    def end_run(
+        self, rollout_id: str, first_attempt: int, attempt: int | None, *, sealed: bool, acked: bool
+    ) -> None:
+        """A rollout actor's dispatch that began at ``first_attempt`` ended at try ``attempt``
+        (None: it made no try), sealed (its result went back with its outcome) or not."""
+        rec = self._running_record(rollout_id)
+        event = (
+            None
+            if attempt is None
+            else (RolloutEvent.RESULT_OUT if sealed else RolloutEvent.NO_RESULT)
+        )
+        self._ended(rec, rollout_id, first_attempt, attempt, event, acked)
+
     def holds_result(self, rollout_id: str, attempt: int) -> bool:
-        """Whether ``attempt`` is the rollout's settled try, sealed and released on Gym."""
-        facts = self._facts.get(rollout_id)
-        return facts is not None and facts.current == attempt and facts.acked
+        """Whether ``attempt`` is the rollout's sealed try, released on Gym."""
+        rec = self._records.get(rollout_id)
+        return rec is not None and rec.state in WITH_RESULT and rec.current == attempt and rec.acked
 
     def request_abandon(self, rollout_id: str, first_attempt: int) -> None:
         """An abandon for the dispatch that begins at ``first_attempt``, which is not running:
         remembered for when it starts, unless that dispatch (or a later one) already ended."""
-        facts = self._facts.get(rollout_id)
+        rec = self._records.get(rollout_id)
         if (
-            facts is not None
-            and facts.dispatched_from is not None
-            and facts.dispatched_from >= first_attempt
+            rec is not None
+            and rec.dispatched_from is not None
+            and rec.dispatched_from >= first_attempt
         ):
             return
-        facts = self._touch(rollout_id)
-        facts.abandons = facts.abandons | {first_attempt}
+        rec = self._touch(rollout_id)
+        rec.abandons = rec.abandons | {first_attempt}
 
     def take_abandon(self, rollout_id: str, first_attempt: int) -> bool:
         """Whether the dispatch starting now at ``first_attempt`` was abandoned before it
         started; abandons of earlier dispatches are dropped."""
-        facts = self._facts.get(rollout_id)
-        if facts is None or not facts.abandons:
+        rec = self._records.get(rollout_id)
+        if rec is None or not rec.abandons:
             return False
-        hit = first_attempt in facts.abandons
-        facts.abandons = frozenset(f for f in facts.abandons if f > first_attempt)
+        hit = first_attempt in rec.abandons
+        rec.abandons = frozenset(f for f in rec.abandons if f > first_attempt)
         return hit
 
-    # ------------------------------------------------------------ bounds
+    # ------------------------------------------------------------ transitions
 
-    def forget_settled(self) -> int:
-        """Forget every rollout that sealed and whose result was handed out (a committed
-        checkpoint holds it now): not in flight, nothing kept. Rollouts that failed stay (their
-        current try and next fresh index matter to their next row). Returns how many went."""
-        keep = OrderedDict(
-            (rid, f)
-            for rid, f in self._facts.items()
-            if f.running
-            or f.kept is not None
-            or f.abandons
-            or not (f.settled and f.result is not None)
-        )
-        gone = len(self._facts) - len(keep)
-        self._facts = keep  # rebuilt: a dict never shrinks its table on deletes
-        return gone
-
-    def _touch(self, rollout_id: str) -> RolloutFacts:
-        facts = self._facts.get(rollout_id)
-        if facts is None:
-            facts = self._facts[rollout_id] = RolloutFacts()
-            while len(self._facts) > self.capacity:
-                _, old = self._facts.popitem(last=False)
-                if old.running:
-                    self._running -= 1
+    def _ended(
+        self,
+        rec: RolloutView,
+        rollout_id: str,
+        first_attempt: int,
+        attempt: int | None,
+        event: RolloutEvent | None,
+        acked: bool = False,
+    ) -> None:
+        """RUNNING -> the state ``event`` leads to; None: no try made, and what was known
+        holds (a known current try stays UNSETTLED, none known is NEW again)."""
+        if event is None:
+            event = RolloutEvent.NO_TRY if rec.current is None else RolloutEvent.NO_RESULT
         else:
-            self._facts.move_to_end(rollout_id)
-        return facts
+            rec.current = attempt
+        rec.move(event, rollout_id)
+        self._running -= 1
+        rec.dispatched_from = first_attempt
+        rec.acked = acked and event in (RolloutEvent.RESULT_OUT, RolloutEvent.RESULT_KEPT)
+        if rec.abandons:
+            rec.abandons = frozenset(f for f in rec.abandons if f > first_attempt)
+        if isinstance(rec, RolloutRecord):
+            if attempt is not None:
+                rec.next_fresh = max(rec.next_fresh, attempt + 1, first_attempt)
+            rec.kept = rec.result = None
+
+    def _lose(self, rec: RolloutView, rollout_id: str, first_attempt: int) -> None:
+        rec.move(RolloutEvent.LOSE, rollout_id)
+        self._running -= 1
+        rec.dispatched_from = rec.current = first_attempt
+        rec.acked = False
+        if isinstance(rec, RolloutRecord):
+            rec.next_fresh = max(rec.next_fresh, first_attempt + self.max_tries)
+            rec.kept = rec.result = None
+
+    def _full(self, rollout_id: str) -> RolloutRecord | None:
+        rec = self._records.get(rollout_id)
+        assert rec is None or isinstance(rec, RolloutRecord), "a view keeps no results"
+        return rec
+
+    def _running_record(self, rollout_id: str) -> RolloutView:
+        rec = self._records.get(rollout_id)
+        if rec is None:
+            return self._record()  # NEW: the table refuses the end of a dispatch never begun
+        self._records.move_to_end(rollout_id)
+        return rec
+
+    def _touch(self, rollout_id: str) -> RolloutView:
+        rec = self._records.get(rollout_id)
+        if rec is not None:
+            self._records.move_to_end(rollout_id)
+            return rec
+        rec = self._records[rollout_id] = self._record()
+        skipped = 0
+        while len(self._records) > self.capacity and skipped < len(self._records):
+            rid, old = self._records.popitem(last=False)
+            if old.state is RolloutState.RUNNING:  # in flight: its end comes; keep it
+                self._records[rid] = old
+                skipped += 1
+        return rec

@@ -1,0 +1,176 @@
+"""One rollout in flight on a rollout actor, and the Gym calls that perform its machine's effects.
+
+:class:`LiveRollout` holds a rollout's machine and the signals (abandon, adopt) waiting for its
+driver. :class:`GymCalls` performs one waiting effect of a machine (``/run``, a receipt fetch,
+retire, replay, ACK, or a wait) on the rollout's Gym client and turns whatever came of it into
+the machine's next event: a call's failure comes back as an event with its
+:class:`~rl_gym_actors.failures.FailureKind`, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_gym_actors.core import rollout as core
+from rl_gym_actors.errors import InvalidRequest, NotCompleted, StaleAttempt
+from rl_gym_actors.failures import FailureKind, failure_kind
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.protocol import CompletionReceipt
+
+logger = logging.getLogger(__name__)
+
+DEADLINE_GRACE_S = 0.5  # our own timeout trails the client's deadline by this much
+
+
+@dataclass
+class LiveRollout:
+    """One rollout in flight: its machine and the signals waiting for its driver."""
+
+    machine: core.RolloutMachine
+    row: dict[str, Any]
+    client: GymClient
+    first_attempt: int
+    endpoint_index: int
+    signals: list[core.Event] = field(default_factory=list)
+    waiter: asyncio.Future | None = None  # the driver's wait on its call or a signal
+    task: asyncio.Task | None = None
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # the machine moved
+    reports: dict[int, Any] = field(default_factory=dict)  # attempt -> its last report
+    receipts: dict[int, CompletionReceipt] = field(default_factory=dict)  # sent with /run
+
+    def signal(self, event: core.Event) -> None:
+        self.signals.append(event)
+        self.wake()
+
+    def wake(self, *_: object) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def notify(self) -> None:
+        """Wake whoever waits for this rollout's machine to move (an adopt call)."""
+        async with self.changed:
+            self.changed.notify_all()
+
+
+class GymCalls:
+    """Performs the waiting effects of one actor's rollouts. Shared by them: the retire id (a
+    checkpoint id no checkpoint ever uses, so never spent), which endpoints lack the receipt
+    route, and the actor's receipt counters (``counts``)."""
+
+    def __init__(self, clock: Callable[[], float], counts: dict[str, int]) -> None:
+        self.clock = clock
+        self.retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
+        self._counts = counts
+        self._receipts_from_status: set[int] = set()  # endpoints without the receipt route
+
+    def receipt_at_hand(self, live: LiveRollout, step: core.Effect | None) -> core.Event | None:
+        """The event for a receipt fetch that the /run (or replay) answer already answered."""
+        if not isinstance(step, core.FetchReceipt):
+            return None
+        receipt = live.receipts.pop(step.attempt_index, None)
+        if receipt is None:
+            return None
+        return self._receipt_event(live, receipt, step.attempt_index)
+
+    def _receipt_event(self, live: LiveRollout, receipt: CompletionReceipt, att: int) -> core.Event:
+        m = live.machine
+        problem = core.receipt_problem(receipt, m.rollout_id, att, m.reply)
+        if problem:
+            return core.DigestMismatch(self.clock(), receipt, problem)
+        return core.ReceiptReceived(self.clock(), receipt)
+
+    async def perform(self, live: LiveRollout, step: core.Effect) -> core.Event:
+        """Perform one waiting effect; every outcome comes back as an event, never raised."""
+        m, client, clock = live.machine, live.client, self.clock
+        rid = m.rollout_id
+        if isinstance(step, core.WaitUntil):
+            await asyncio.sleep(max(0.0, step.wake_ts - clock()))
+            return core.Woke(clock())
+        if isinstance(step, core.StartRun):
+            try:
+                async with asyncio.timeout(max(0.0, step.deadline_ts - clock())):
+                    result = await client.run(
+                        live.row,
+                        rollout_id=rid,
+                        attempt_index=step.attempt_index,
+                        deadline_ts=step.deadline_ts,
+                    )
+            except TimeoutError:  # ours or the client's DeadlineExceeded
+                return core.DeadlineFired(clock())
+            except Exception as exc:
+                failure = failure_kind(exc)
+                if failure is FailureKind.ADMISSION_CLOSED:
+                    return core.RunAdmissionClosed(clock())
+                return core.RunFailed(clock(), failure, _detail(exc))
+            self._keep_receipt(live, step.attempt_index, result)
+            return core.RunReplied(clock(), result.reply, result.replayed)
+        deadline = step.deadline_ts
+        try:
+            async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
+                if isinstance(step, core.FetchReceipt):
+                    receipt = await self._receipt(live, step.attempt_index, deadline)
+                    return self._receipt_event(live, receipt, step.attempt_index)
+                if isinstance(step, core.Retire):
+                    answer = await client.retire(
+                        rid, step.attempt_index, checkpoint_id=self.retire_id, deadline_ts=deadline
+                    )
+                    return core.RetireAnswered(clock(), answer)
+                if isinstance(step, core.Replay):
+                    result = await client.replay(
+                        live.row,
+                        rollout_id=rid,
+                        attempt_index=step.attempt_index,
+                        deadline_ts=deadline,
+                    )
+                    self._keep_receipt(live, step.attempt_index, result)
+                    return core.ReplayReplied(clock(), result.reply)
+                if isinstance(step, core.Ack):
+                    await client.acknowledge(step.receipt, deadline_ts=deadline)
+                    return core.AckAnswered(clock())
+        except Exception as exc:
+            return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
+        raise AssertionError(f"not a waiting effect: {step!r}")
+
+    def _keep_receipt(self, live: LiveRollout, att: int, result: Any) -> None:
+        """Keep the (ext) receipt a /run answer carried, for the fetch the machine asks next."""
+        if result.receipt is not None:
+            live.receipts[att] = result.receipt
+            self._counts["receipts_with_run"] += 1
+        else:
+            live.receipts.pop(att, None)
+
+    async def _receipt(self, live: LiveRollout, att: int, deadline: float) -> CompletionReceipt:
+        """The key's completion receipt: from the (ext) receipt route, or, on a server without
+        it (a real Gym), from the status lists."""
+        client, rid = live.client, live.machine.rollout_id
+        self._counts["receipts_fetched"] += 1
+        if live.endpoint_index not in self._receipts_from_status:
+            try:
+                return (await client.receipt(rid, att, deadline_ts=deadline)).completion_receipt
+            except InvalidRequest as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._receipts_from_status.add(live.endpoint_index)
+                logger.info(
+                    "%s has no receipt route: receipts come from its status", client.endpoint.label
+                )
+        status = await client.status(self.retire_id, deadline_ts=deadline)
+        for info in (*status.completed_unacknowledged_attempts, *status.executions):
+            if info.key == (rid, att):
+                if info.completion_receipt is not None:
+                    return info.completion_receipt
+                raise NotCompleted(f"({rid}, {att}) is {info.state}", status=409)
+        raise StaleAttempt(
+            f"({rid}, {att}) is no longer completed (released or tombstoned)", status=409
+        )
+
+
+def _detail(exc: BaseException) -> str:
+    detail = getattr(exc, "detail", None)  # a Gym error says what happened itself
+    text = detail if isinstance(detail, str) and detail else f"{type(exc).__name__}: {exc}"
+    return text[:500]
