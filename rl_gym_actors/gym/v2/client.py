@@ -29,7 +29,10 @@ from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient, _encode, _model, _ok
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.answers import as_model as _model
+from rl_gym_actors.gym.answers import encode as _encode
+from rl_gym_actors.gym.answers import ok as _ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
 from rl_gym_actors.gym.v2.wire import (
     ROUTE_PREFIX,
