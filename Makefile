@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast test-lowest bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -30,9 +30,27 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+# every dependency at the floor pyproject.toml allows (uv's lowest-direct resolution, in a venv
+# of its own), then the fast tests: the floors are versions that were tried, not guesses
+LOWEST ?= .venv-lowest
+test-lowest:
+	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
+	rm -rf $(LOWEST)
+	$(PY) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install -q uv
+	$(LOWEST)/bin/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct -e '.[dev,examples]'
+	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|hypothesis|numpy|psutil)=='
+	$(LOWEST)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests
+
+# quick mode of every benchmark, regenerating benchmarks/RESULTS.md (under 8 minutes when quiet)
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/run_all.py --quick
+
+# the same, plus the "before" column: the benchmarks run again against commit e581378
+bench-compare: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .hypothesis
