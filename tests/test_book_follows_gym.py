@@ -5,7 +5,6 @@ stay as they are. Foreign attempts (another run's) are waited for, never acted o
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from rl_gym_actors.core.ledger import Book, PrepareAction, plan_endpoint
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import soon, until
 
 EP = "http://gym"
 RUNNING = AttemptState.RUNNING
@@ -94,7 +93,7 @@ async def test_attempts_a_gym_restart_tombstoned_leave_running_at_the_next_check
             async with GymClient(endpoint) as client:
 
                 async def both_running() -> bool:
-                    status = await client.status("probe", deadline_ts=time.time() + 5)
+                    status = await client.status("probe", deadline_ts=soon(5))
                     return status.running >= 2
 
                 await until(both_running, timeout_s=15, what="both runs to start")

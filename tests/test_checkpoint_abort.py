@@ -12,7 +12,7 @@ from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointConflict, CheckpointFailed
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import scaled, until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -20,7 +20,7 @@ POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=3.0)
 
 
 def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
+    return time.time() + scaled(seconds)  # stretched by the machine's load
 
 
 async def hold_server(client: GymClient, checkpoint_id: str) -> asyncio.Future:

@@ -21,7 +21,7 @@ from rl_gym_actors.errors import CheckpointFailed, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import scaled, until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ LONG_S = 30.0  # an agent run that no test waits for
 
 
 def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
+    return time.time() + scaled(seconds)  # stretched by the machine's load
 
 
 @contextlib.asynccontextmanager

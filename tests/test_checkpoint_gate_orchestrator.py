@@ -4,14 +4,13 @@ waits for the live owners' tries (never retires them), and commits once they are
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import soon, until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -41,7 +40,7 @@ async def test_a_checkpoint_during_a_batch_waits_for_live_tries_and_commits(ray_
             batch = asyncio.ensure_future(orch.arun_batch(rows))
 
             async def both_running() -> bool:
-                status = await client.status("probe-live", deadline_ts=time.time() + 5)
+                status = await client.status("probe-live", deadline_ts=soon(5))
                 return status.running >= 2
 
             await until(both_running, timeout_s=15.0, what="the batch to start")
@@ -57,7 +56,7 @@ async def test_a_checkpoint_during_a_batch_waits_for_live_tries_and_commits(ray_
             assert [o.reward for o in outcomes] == [0.1, 0.2, 0.3, 0.4]
             for o in outcomes:  # the agent ran every row once
                 assert o.receipt.execution_generation == 1 and o.attempt_index == 0
-            status = await client.status("probe-live-after", deadline_ts=time.time() + 5)
+            status = await client.status("probe-live-after", deadline_ts=soon(5))
             assert status.state == "accepting"
             assert status.running == 0 and status.completed_unacknowledged == 0
 

@@ -16,13 +16,14 @@ import pytest
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.observe import status_command
 from rl_gym_actors.protocol import StatusReport
+from rl_gym_actors.testing.polling import soon
 
 
 @pytest.fixture(scope="module")
 async def one_unacked(gym):
     """One completed, un-ACKed run (rS, 0) and one completed and ACKed run (rA, 0)."""
     async with GymClient(gym.endpoint) as client:
-        deadline = time.time() + 10
+        deadline = soon(10)
         await client.run({"reward": 0.5}, rollout_id="rS", attempt_index=0, deadline_ts=deadline)
         await client.run({"reward": 1.0}, rollout_id="rA", attempt_index=0, deadline_ts=deadline)
         answer = await client.receipt("rA", 0, deadline_ts=deadline)

@@ -3,14 +3,13 @@ against the real Gym server, move the shared Ray metric wrappers (their local ta
 
 from __future__ import annotations
 
-import time
-
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate, OwnerAnswer
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.ledger import Book
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.testing.polling import soon
 
 
 class NoOwners:
@@ -42,7 +41,7 @@ async def test_a_rollout_worker_counts_tries_seals_and_adoptions(gym):
 async def test_the_gate_counts_orphans_acked_and_times_prepare(gym, tmp_path):
     async with GymClient(gym.endpoint) as client:  # a run no rollout actor reported
         await client.run(
-            {"reward": 0.5}, rollout_id="mg-orphan", attempt_index=0, deadline_ts=time.time() + 10
+            {"reward": 0.5}, rollout_id="mg-orphan", attempt_index=0, deadline_ts=soon(10)
         )
     orphans, prepares = (
         metrics.ORPHANS_ACKED.local_total,
@@ -51,7 +50,7 @@ async def test_the_gate_counts_orphans_acked_and_times_prepare(gym, tmp_path):
     client = GymClient(gym.endpoint)
     try:
         gate = CheckpointGate(Book([gym.url]), [gym.endpoint], [client], NoOwners(), LedgerConfig())
-        report = await gate.run("metrics-ck", str(tmp_path), time.time() + 20)
+        report = await gate.run("metrics-ck", str(tmp_path), soon(20))
     finally:
         await client.close()
     assert report.orphans_acked >= 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
@@ -11,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rl_gym_actors.errors import ConnectionLost
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import soon, until
 
 Samples = dict[tuple[str, frozenset], float]
 RUN_200 = (
@@ -37,7 +36,7 @@ async def scrape(url: str) -> Samples:
 
 async def test_counters_move_as_runs_happen(gym):
     before = await scrape(gym.url)
-    deadline = time.time() + 10
+    deadline = soon(10)
     async with GymClient(gym.endpoint) as client:
         for i in range(3):
             await client.run(
@@ -79,9 +78,7 @@ async def test_counters_move_as_runs_happen(gym):
 async def test_running_gauge_sees_a_run_in_flight(gym):
     async with GymClient(gym.endpoint) as client:
         task = asyncio.create_task(
-            client.run(
-                {"sleep_s": 0.5}, rollout_id="mS", attempt_index=0, deadline_ts=time.time() + 10
-            )
+            client.run({"sleep_s": 0.5}, rollout_id="mS", attempt_index=0, deadline_ts=soon(10))
         )
 
         async def running() -> bool:

@@ -16,6 +16,7 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl.rows import RolloutTransportError
+from rl_gym_actors.testing.polling import soon
 
 
 class Report:
@@ -51,7 +52,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
 
     task = asyncio.create_task(rollout())
     await asyncio.sleep(0)
-    prepare = asyncio.create_task(s.prepare("ck", time.time() + 5))
+    prepare = asyncio.create_task(s.prepare("ck", soon(5)))
     await asyncio.sleep(0.05)
     assert not prepare.done() and s.snapshot()["admission"] == "closed"
     late = asyncio.create_task(s.admitted())
@@ -60,7 +61,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
     assert answer["ready_to_commit"] and answer["drained_s"] > 0.03
     await task
     assert not late.done()  # admission is closed until resume
-    assert await s.prepare("ck", time.time() + 5) is answer  # a repeat: the recorded answer
+    assert await s.prepare("ck", soon(5)) is answer  # a repeat: the recorded answer
     committed = await s.commit("ck", "/ckpt/a", Gate())
     assert committed["orphans_acked"] == 2 and s.snapshot()["checkpoint"]["phase"] == "committed"
     assert not late.done()
@@ -70,7 +71,7 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
     assert s.end("ck") == resumed  # resume again: same answer
     assert await s.commit("ck", "/ckpt/a", Gate()) == committed
     with pytest.raises(StaleCheckpoint):
-        await s.prepare("ck", time.time() + 5)
+        await s.prepare("ck", soon(5))
     with pytest.raises(StaleCheckpoint):
         await s.commit("ck", "/ckpt/other", Gate())
 
@@ -113,7 +114,7 @@ async def test_a_failed_gate_spends_the_id_and_reopens_admission():
 
 async def test_concurrent_commits_run_the_gate_once_and_a_dir_change_is_refused():
     s = steps()
-    await s.prepare("ck", time.time() + 5)
+    await s.prepare("ck", soon(5))
     gate = Gate(delay_s=0.05)
     a, b = await asyncio.gather(s.commit("ck", "/ckpt", gate), s.commit("ck", "/ckpt", gate))
     assert a is b and len(gate.calls) == 1 and s.committed == 1
@@ -123,7 +124,7 @@ async def test_concurrent_commits_run_the_gate_once_and_a_dir_change_is_refused(
 
 async def test_resume_during_a_commit_is_refused():
     s = steps()
-    await s.prepare("ck", time.time() + 5)
+    await s.prepare("ck", soon(5))
     commit = asyncio.create_task(s.commit("ck", "/ckpt", Gate(delay_s=0.05)))
     await asyncio.sleep(0.01)
     with pytest.raises(CheckpointConflict):

@@ -23,7 +23,7 @@ from rl_gym_actors.integrations.nemo_rl import DropInConfig, NemoGymDropIn
 from rl_gym_actors.integrations.nemo_rl.rows import RolloutDataError, RolloutFailure
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.nemo_rl_stand_in import CodePointTokenizer, build_nemo_gym_config
-from rl_gym_actors.testing.polling import wait_for
+from rl_gym_actors.testing.polling import scaled, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -217,7 +217,7 @@ async def test_a_redispatched_try_that_finished_on_gym_is_adopted_not_rerun(ray_
                 {"reward": 0.9, "drop_reply": True},
                 rollout_id="rX",
                 attempt_index=0,
-                deadline_ts=time.time() + 10,
+                deadline_ts=soon(10),
             )
     before = starts(gym)
     rows = [
@@ -248,13 +248,13 @@ def aborts(ray_session, env):
     yield ids
     for cid in ids:
         try:
-            ray_session.get(env.abort_checkpoint.remote(cid, time.time() + 10))
+            ray_session.get(env.abort_checkpoint.remote(cid, soon(10)))
         except Exception:  # spent or never active: nothing to reopen
             pass
 
 
 def soon(s=20.0):
-    return time.time() + s
+    return time.time() + scaled(s)  # stretched by the machine's load
 
 
 def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(

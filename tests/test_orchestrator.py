@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,7 +20,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
-from rl_gym_actors.testing.polling import wait_for
+from rl_gym_actors.testing.polling import soon, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -63,7 +62,7 @@ def gym_call(endpoint: GymEndpoint, method: str, *args, **kwargs):
 
     async def go():
         async with GymClient(endpoint) as client:
-            return await getattr(client, method)(*args, deadline_ts=time.time() + 10, **kwargs)
+            return await getattr(client, method)(*args, deadline_ts=soon(10), **kwargs)
 
     return asyncio.run(go())
 

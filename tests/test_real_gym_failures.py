@@ -17,6 +17,7 @@ from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import soon
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 pytestmark = pytest.mark.slow  # Ray end to end: `make test` runs it
@@ -46,7 +47,7 @@ async def test_a_raising_agent_is_agent_failed_with_its_text_never_connection_lo
                     {"fail": True},
                     rollout_id=f"raise-{mode}",
                     attempt_index=0,
-                    deadline_ts=time.time() + 10,
+                    deadline_ts=soon(10),
                 )
             assert info.value.status == 500 and real.agent_failures == 1
             if mode == "repr":
@@ -55,7 +56,7 @@ async def test_a_raising_agent_is_agent_failed_with_its_text_never_connection_lo
                 assert info.value.detail == "Internal Server Error"
             # retire confirms it did not complete (a real Gym stored nothing for it)
             answer = await client.retire(
-                f"raise-{mode}", 0, checkpoint_id="probe-raise", deadline_ts=time.time() + 10
+                f"raise-{mode}", 0, checkpoint_id="probe-raise", deadline_ts=soon(10)
             )
             assert not answer.completed_unacknowledged
     assert agent.starts[(f"raise-{mode}", 0)] == 1

@@ -20,7 +20,7 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import soon, until
 
 QUICK = TryPolicy(
     rollout_s=0.5, receipt_s=0.5, max_tries=3, control_s=3.0, admission_wait_s=5.0, ack="on_seal"
@@ -59,7 +59,7 @@ def worker(gym, policy=QUICK, sink=None, slots=4) -> RolloutWorker:
 
 
 async def assert_nothing_left(ctl: GymClient) -> None:
-    status = await ctl.status("rlga-test-probe", deadline_ts=time.time() + 5)
+    status = await ctl.status("rlga-test-probe", deadline_ts=soon(5))
     assert status.running == 0 and status.completed_unacknowledged == 0, status.summary()
 
 
@@ -158,16 +158,14 @@ async def test_admission_closed_waits_for_resume_and_sends_the_same_key(gym, ctl
         await asyncio.sleep(0.3)
         assert not task.done() and agent.runs_of("rC-w") == 0
     finally:
-        await ctl.resume("ck-admission-w", deadline_ts=time.time() + 5)
+        await ctl.resume("ck-admission-w", deadline_ts=soon(5))
     out = await asyncio.wait_for(task, 5)
     assert (out.status, out.attempt_index, out.tries) == ("sealed", 0, 1)
     await w.close()
 
 
 async def test_a_try_retired_by_someone_else_moves_to_the_next(gym, ctl, agent):
-    answer = await ctl.retire(
-        "rS-w", 0, checkpoint_id="rlga-test-probe", deadline_ts=time.time() + 5
-    )
+    answer = await ctl.retire("rS-w", 0, checkpoint_id="rlga-test-probe", deadline_ts=soon(5))
     assert answer.tombstoned
     w = worker(gym)
     out = await w.run_rollout({"reward": 0.5}, "rS-w")
@@ -188,7 +186,7 @@ async def test_agent_failing_every_try_fails_with_the_reason(gym, ctl, agent):
 
 async def test_redispatch_adopts_a_finished_previous_attempt(gym, ctl, agent):
     # an earlier owner ran (rP, 0) and lost it: completed, never ACKed
-    await ctl.run({"reward": 0.5}, rollout_id="rP-w", attempt_index=0, deadline_ts=time.time() + 5)
+    await ctl.run({"reward": 0.5}, rollout_id="rP-w", attempt_index=0, deadline_ts=soon(5))
     w = worker(gym)
     out = await w.run_rollout({"reward": 0.5}, "rP-w", 0, 1, 0)
     assert (out.status, out.attempt_index, out.adopted, out.tries) == ("sealed", 0, True, 0)

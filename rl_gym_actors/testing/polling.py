@@ -5,12 +5,20 @@ Poll only what gives no signal of its own (a server's status, another process's 
 actor's snapshot). Both helpers call ``probe`` until it returns something truthy and return that
 value, so a test can wait for a status and then assert on the status it got. At the deadline they
 raise :class:`TimeoutError` naming ``what`` and the last value seen.
+
+Every deadline a test waits on comes from here, scaled by the machine's load: :func:`scaled`
+multiplies a deadline by :func:`load_factor` (the 1-minute load average per CPU, at least 1, at
+most :data:`MAX_LOAD_FACTOR`; ``$RLGA_TEST_TIME_SCALE`` sets it outright), and :func:`soon` is
+``time.time() + scaled(seconds)`` for the wire's ``deadline_ts``. ``wait_for`` and ``until`` scale
+their own ``timeout_s``. A deadline a test *expects to pass* (the failure under test) is never
+scaled: only the happy path's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +27,31 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_INTERVAL_S = 0.01
+MAX_LOAD_FACTOR = 8.0
+SCALE_ENV = "RLGA_TEST_TIME_SCALE"
+
+
+def load_factor() -> float:
+    """How much slower than a quiet machine this one runs now: ``$RLGA_TEST_TIME_SCALE`` when
+    set, else the 1-minute load average per CPU, clamped to [1, MAX_LOAD_FACTOR]."""
+    forced = os.environ.get(SCALE_ENV)
+    if forced:
+        return max(float(forced), 0.01)
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return 1.0
+    return min(max(1.0, per_cpu), MAX_LOAD_FACTOR)
+
+
+def scaled(seconds: float) -> float:
+    """A happy-path deadline of ``seconds`` on a quiet machine, stretched by the load."""
+    return seconds * load_factor()
+
+
+def soon(seconds: float = DEFAULT_TIMEOUT_S) -> float:
+    """An absolute ``deadline_ts`` (epoch seconds) ``scaled(seconds)`` from now."""
+    return time.time() + scaled(seconds)
 
 
 def wait_for(
@@ -29,6 +62,7 @@ def wait_for(
     what: str = "condition",
 ) -> T:
     """Blocking: call ``probe`` until its result is truthy; return that result."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
@@ -47,6 +81,7 @@ async def until(
     what: str = "condition",
 ) -> T:
     """In a coroutine: call ``probe`` (plain or async) until its result is truthy; return it."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()

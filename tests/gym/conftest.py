@@ -22,7 +22,7 @@ from rl_gym_actors.protocol import (
 )
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import soon, until
 
 _DEFAULT = object()
 
@@ -119,7 +119,7 @@ class Wire:
             CONTROL_PREFIX + "/retire",
             body={
                 "checkpoint_id": checkpoint_id,
-                "deadline_ts": time.time() + 10,
+                "deadline_ts": soon(10),
                 "rollout_id": rollout_id,
                 "attempt_index": attempt,
             },
@@ -144,7 +144,7 @@ class Wire:
             CONTROL_PREFIX + "/commit",
             body={
                 "checkpoint_id": checkpoint_id,
-                "deadline_ts": time.time() + 10,
+                "deadline_ts": soon(10),
                 "checkpoint_dir": str(checkpoint_dir),
             },
             **kw,
@@ -154,7 +154,7 @@ class Wire:
         return await self.request(
             "POST",
             CONTROL_PREFIX + "/resume",
-            body={"checkpoint_id": checkpoint_id, "deadline_ts": time.time() + 10},
+            body={"checkpoint_id": checkpoint_id, "deadline_ts": soon(10)},
             **kw,
         )
 

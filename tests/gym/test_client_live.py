@@ -42,7 +42,7 @@ from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import scaled, until
 
 aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
 
@@ -52,7 +52,7 @@ def rid(prefix: str = "r") -> str:
 
 
 def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
+    return time.time() + scaled(seconds)  # stretched by the machine's load
 
 
 async def expect(cls: type[RlGymError], call) -> RlGymError:

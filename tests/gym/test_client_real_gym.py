@@ -28,7 +28,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
-from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.polling import scaled, until
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
@@ -39,7 +39,7 @@ def rid() -> str:
 
 
 def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
+    return time.time() + scaled(seconds)  # stretched by the machine's load
 
 
 @pytest.fixture

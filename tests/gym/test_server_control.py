@@ -12,6 +12,7 @@ import pytest
 
 from rl_gym_actors.gym.store import MANIFEST_NAME, RECORDS_NAME
 from rl_gym_actors.protocol import CAPABILITIES_PATH, CONTROL_PREFIX
+from rl_gym_actors.testing.polling import soon
 
 # ---------------------------------------------------------------- acknowledge
 
@@ -401,7 +402,7 @@ CONTROL_ROUTES = [
 @pytest.mark.parametrize("method,path", CONTROL_ROUTES)
 @pytest.mark.parametrize("token", [None, "wrong-token", ""], ids=["missing", "wrong", "empty"])
 async def test_every_control_route_needs_the_token(wire, method, path, token):
-    body = {"checkpoint_id": "c1", "deadline_ts": time.time() + 10} if method == "POST" else None
+    body = {"checkpoint_id": "c1", "deadline_ts": soon(10)} if method == "POST" else None
     got = await wire.request(method, path, body=body, token=token)
     assert (got.status, got.code) == (401, "unauthorized")
     assert (await wire.status()).json["state"] == "accepting"  # the prepare did nothing
