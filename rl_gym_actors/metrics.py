@@ -8,9 +8,9 @@
   server needs one line for it. Route labels are the app's own routes (``other`` for a path that
   matched none), read from the app the request reached: no route list is kept here.
 - :class:`RayMetric` wraps ``ray.util.metrics`` for the rollout and ledger actors (tries, seals,
-  adoptions, orphans ACKed, checkpoint prepare time). Outside a Ray worker or driver it records
-  only a local tally and never imports Ray; a failure to record is logged and swallowed, so a
-  metric can never break the code it measures.
+  adoptions, orphans ACKed, checkpoints by result, checkpoint prepare time). Outside a Ray
+  worker or driver it records only a local tally and never imports Ray; a failure to record is
+  logged and swallowed, so a metric can never break the code it measures.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class _ParticipantCounts:
     def __init__(self, prefix: str, snapshot_fn: Callable[[], Mapping[str, Any]]) -> None:
         self._prefix = prefix
         self._snapshot_fn = snapshot_fn
+        self._created = time.time()
 
     def _families(self, snap: Mapping[str, Any] | None) -> list[Metric]:
         p = self._prefix
@@ -77,13 +78,13 @@ class _ParticipantCounts:
                 CounterMetricFamily,
                 "runs_completed",
                 "Agent runs that finished with a stored reply.",
-                ("completed_unacknowledged", "acknowledged"),
+                ("completions",),
             ),
             (
                 CounterMetricFamily,
                 "attempts_acked",
                 "Completed attempts released by an ACK.",
-                ("acknowledged",),
+                ("acknowledgements",),
             ),
             (GaugeMetricFamily, "running", "Agent runs in progress.", ("running",)),
             (
@@ -93,10 +94,13 @@ class _ParticipantCounts:
                 ("completed_unacknowledged",),
             ),
         ):
+            # counters carry the server's start as their _created sample, as the
+            # prometheus_client counters beside them do
+            created = {"created": self._created} if kind is CounterMetricFamily else {}
             if value is None:
-                families.append(kind(f"{p}_{name}", text))
+                families.append(kind(f"{p}_{name}", text, **created))
             else:
-                families.append(kind(f"{p}_{name}", text, value=sum(map(value, fields))))
+                families.append(kind(f"{p}_{name}", text, value=sum(map(value, fields)), **created))
         return families
 
     def describe(self) -> list[Metric]:
@@ -116,8 +120,10 @@ class GymServerMetrics:
 
     Counts that the participant keeps are read from ``snapshot_fn`` at scrape time, so they are
     exact whoever caused them (a run whose caller went away still counts): ``agent_starts``
-    (runs started), ``completed_unacknowledged`` + ``acknowledged`` (runs completed),
-    ``acknowledged`` (attempts ACKed), ``running`` and ``completed_unacknowledged`` (gauges).
+    (runs started), ``completions`` (runs completed), ``acknowledgements`` (attempts ACKed),
+    each counted by this server process since it started (a restart on a durable state dir
+    starts them at 0 together, so completed never exceeds started), and the gauges ``running``
+    and ``completed_unacknowledged`` (what the store holds now).
     What only the HTTP answers show is counted by :class:`MetricsMiddleware`: ``/run`` answers
     replayed from the store, retires that tombstoned an attempt, and request latency.
     """
@@ -367,6 +373,12 @@ ORPHANS_ACKED = RayMetric(
     "rlga_orphans_acked_total",
     "Completed attempts with no owner that the ledger ACKed.",
     ("endpoint",),
+)
+CHECKPOINTS = RayMetric(
+    "counter",
+    "rlga_checkpoints_total",
+    "Checkpoints through the ledger's gate, by result (committed or failed).",
+    ("result",),
 )
 CHECKPOINT_PREPARE_SECONDS = RayMetric(
     "histogram",

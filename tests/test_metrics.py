@@ -25,13 +25,29 @@ def value(metrics: GymServerMetrics, name: str, **labels: str) -> float | None:
 
 
 def test_gym_metrics_read_the_participant_snapshot_at_scrape_time():
-    snap = {"running": 2, "completed_unacknowledged": 5, "acknowledged": 3, "agent_starts": 10}
+    snap = {
+        "running": 2,
+        "completed_unacknowledged": 5,
+        "acknowledged": 3,  # what the store holds, from any process: not a counter
+        "agent_starts": 10,
+        "completions": 8,
+        "acknowledgements": 3,
+    }
     m = GymServerMetrics(lambda: snap)
     assert value(m, "gym_running") == 2 and value(m, "gym_runs_completed_total") == 8
     assert value(m, "gym_runs_started_total") == 10 and value(m, "gym_attempts_acked_total") == 3
-    snap.update(running=0, acknowledged=8, completed_unacknowledged=0)
+    snap.update(running=0, acknowledged=9, acknowledgements=8, completed_unacknowledged=0)
     assert value(m, "gym_running") == 0 and value(m, "gym_completed_unacknowledged") == 0
     assert value(m, "gym_attempts_acked_total") == 8
+
+
+def test_every_gym_counter_has_a_created_sample():
+    m = GymServerMetrics(lambda: {"agent_starts": 1})
+    m.observe("/run", "POST", 200, 0.01, replayed=True)
+    counters = [f.name for f in m.registry.collect() if f.type == "counter"]
+    assert set(counters) >= {"gym_runs_started", "gym_runs_completed", "gym_runs_replayed"}
+    for name in counters:
+        assert value(m, f"{name}_created") is not None, name
 
 
 def test_gym_metrics_without_a_snapshot_read_zero_and_a_broken_one_is_skipped():

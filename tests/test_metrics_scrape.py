@@ -87,3 +87,26 @@ async def test_running_gauge_sees_a_run_in_flight(gym):
         await until(running, timeout_s=5, what="the run to show as running")
         await task
     assert (await scrape(gym.url))["gym_running"] == 0
+
+
+async def test_counters_stay_consistent_across_a_restart_on_a_durable_state_dir(tmp_path):
+    """A restarted server counts from 0 again, all of its counters together: a reply completed
+    (and ACKed) before the restart is in the store, not in this process's counts."""
+    from rl_gym_actors.testing.gym_process import GymServerThread
+
+    with GymServerThread(token="t", state_dir=tmp_path / "state") as server:
+        async with GymClient(server.endpoint) as client:
+            await client.run({"reward": 1.0}, rollout_id="mR", attempt_index=0, deadline_ts=soon())
+            receipt = (await client.receipt("mR", 0, deadline_ts=soon())).completion_receipt
+            await client.acknowledge(receipt, deadline_ts=soon())
+            await client.run({"reward": 1.0}, rollout_id="mU", attempt_index=0, deadline_ts=soon())
+        first = await scrape(server.url)
+        assert (first["gym_runs_started_total"], first["gym_runs_completed_total"]) == (2, 2)
+        server.restart()
+        after = await scrape(server.url)
+    assert after["gym_runs_started_total"] == 0
+    assert after["gym_runs_completed_total"] <= after["gym_runs_started_total"]
+    assert after["gym_attempts_acked_total"] == 0
+    assert after["gym_completed_unacknowledged"] == 1  # the store still holds mU
+    for name in ("gym_runs_started", "gym_runs_completed", "gym_attempts_acked"):
+        assert after[f"{name}_created"] > first[f"{name}_created"]

@@ -122,6 +122,9 @@ class ParticipantCore:
         if fence is not None:
             self.fence.restore(fence)
         self.agent_starts = 0
+        # states entered by this process's decisions (restored records do not count): counters
+        # that never go back and never count what a previous process did
+        self.entered: Counter[ExecutionState] = Counter()
         for e in executions:
             self._put(e, durable=False)
         self.compact(list(self._all))
@@ -143,6 +146,8 @@ class ParticipantCore:
             self._active.pop(e.key, None)
         if durable:
             self._records.append(e)
+            if old is None or old.state is not e.state:
+                self.entered[e.state] += 1
 
     def _fence_changed(self) -> None:
         self._records.append(FenceRecord(self.fence.state()))

@@ -398,6 +398,8 @@ class Participant:
             "acknowledged": c.count(S.ACKNOWLEDGED),
             "tombstoned": c.count(S.TOMBSTONED),
             "agent_starts": c.agent_starts,
+            "completions": c.entered[S.COMPLETED],  # this process's, like agent_starts
+            "acknowledgements": c.entered[S.ACKNOWLEDGED],
             "phase": c.fence.phase.value,
             "recovered": self.recovered,
         }
