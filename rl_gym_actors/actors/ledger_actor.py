@@ -32,6 +32,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
+from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_everywhere
 from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
@@ -249,6 +250,7 @@ class LedgerActor:
         try:
             await asyncio.wait_for(self._gate_lock.acquire(), max(deadline_ts - time.time(), 0))
         except TimeoutError:
+            metrics.CHECKPOINTS.inc(tags={"result": "failed"})
             raise CheckpointFailed(
                 f"checkpoint {checkpoint_id}: another checkpoint held the gate until the deadline",
                 checkpoint_id=checkpoint_id,
@@ -268,10 +270,12 @@ class LedgerActor:
             report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)
+            metrics.CHECKPOINTS.inc(tags={"result": "failed"})
             raise
         finally:
             self._gate_lock.release()
         self._book.record_checkpoint(checkpoint_id, committed=True)
+        metrics.CHECKPOINTS.inc(tags={"result": "committed"})
         return report
 
     async def close(self) -> None:
