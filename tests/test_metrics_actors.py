@@ -4,7 +4,8 @@ against the real Gym server, move the shared Ray metric wrappers (their local ta
 from __future__ import annotations
 
 from rl_gym_actors import metrics
-from rl_gym_actors.actors.checkpoint_gate import CheckpointGate, OwnerAnswer
+from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
+from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.ledger import Book
@@ -35,7 +36,7 @@ async def test_a_rollout_worker_counts_tries_seals_and_adoptions(gym):
         await worker.close()
     assert plain.status == lost.status == "sealed" and lost.adopted
     after = (metrics.TRIES.local_total, metrics.SEALS.local_total, metrics.ADOPTIONS.local_total)
-    assert [a - b for a, b in zip(after, before)] == [2, 2, 1]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2, 1]
 
 
 async def test_the_gate_counts_orphans_acked_and_times_prepare(gym, tmp_path):

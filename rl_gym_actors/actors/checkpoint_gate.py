@@ -24,118 +24,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Protocol
 
 from rl_gym_actors import metrics
+from rl_gym_actors.actors.gate_endpoint import (
+    EndpointTally,
+    Owners,
+    dir_labels,
+    endpoint_dir,
+)
+from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
-from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.ledger import (
     Book,
     CheckpointReport,
     EndpointCheckpoint,
     PrepareAction,
-    Step,
-    blockers,
-    orphan_step,
     plan_endpoint,
 )
 from rl_gym_actors.core.prepare_plan import gym_attempts
 from rl_gym_actors.errors import (
-    AckRejected,
     CheckpointConflict,
     CheckpointFailed,
     DeadlineExceeded,
-    GymError,
-    GymUnavailable,
     RlGymError,
-    StaleAttempt,
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
-from rl_gym_actors.protocol import CommitAnswer, CompletionReceipt, StatusReport
+from rl_gym_actors.protocol import StatusReport
 
 logger = logging.getLogger(__name__)
 
+
 RESUME_SLACK_S = 0.4  # a failed checkpoint still resumes every endpoint within this slack
 FIRST_SLICE_S = 0.5  # the prepare that closes admission while unknown runs are deferred
-ACK_CHUNK = 500  # receipts per acknowledge-completed request
-CONCURRENCY = 32  # per endpoint: concurrent retire / receipt / adopt calls
-
-
-class OwnerAnswer(str, Enum):
-    ADOPTED = "adopted"  # the owner says the attempt is now sealed and ACKed
-    REFUSED = "refused"  # the owner does not own it: an orphan
-    GONE = "gone"  # the owner is dead or unknown: an orphan
-    UNSURE = "unsure"  # no answer in time, or the owner may still be alive: ask again
-
-
-class Owners(Protocol):
-    """The rollout actors, as the gate sees them."""
-
-    def live(self) -> frozenset[str]:
-        """Names of the registered owners not known to be dead."""
-
-    async def adopt(
-        self, owner: str, rollout_id: str, attempt_index: int, deadline_ts: float
-    ) -> OwnerAnswer:
-        """Ask ``owner`` to make sure the attempt ends sealed and ACKed."""
-
-    async def flush(self, deadline_ts: float) -> int:
-        """Ask every live owner to send its pending reports; how many confirmed in time."""
-
-
-@dataclass
-class _Tally:
-    endpoint: GymEndpoint
-    label: str
-    adopted: int = 0
-    orphans_acked: int = 0
-    sealed_acked: int = 0
-    retired: int = 0
-    rounds: int = 0
-    last: StatusReport | None = None
-    ready: bool = False
-    error: str | None = None
-    commit: CommitAnswer | None = None
-    resumed: bool = False
-    may_hold: bool = False  # a prepare was sent that the server did not refuse
-    conflict: str | None = None  # the checkpoint id that held the server at our last prepare
-
-    def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
-        """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on
-        the same server are marked ``"foreign": True``."""
-        out: dict[str, Any] = {"endpoint": self.endpoint.url, "prepare_rounds": self.rounds}
-        if self.conflict is not None:
-            out["active_checkpoint_id"] = self.conflict
-        if self.last is not None:
-            out["summary"] = self.last.summary()
-            out["attempts"] = [
-                {**b, "foreign": True} if foreign(str(b["rollout_id"])) else b
-                for b in blockers(self.last)
-            ]
-        if self.error:
-            out["error"] = self.error
-        if not self.resumed:
-            out["resumed"] = False
-        return out
-
-
-def dir_labels(endpoints: Sequence[GymEndpoint]) -> list[str]:
-    """Sub-folder names for a checkpoint of several endpoints: the endpoint's name when it is a
-    plain, unique folder name, else its index."""
-    names = [e.name or "" for e in endpoints]
-    safe = [
-        n
-        if n and n not in (".", "..") and os.sep not in n and "/" not in n and names.count(n) == 1
-        else ""
-        for n in names
-    ]
-    return [n or str(i) for i, n in enumerate(safe)]
 
 
 class CheckpointGate:
@@ -168,7 +91,9 @@ class CheckpointGate:
         self._config = config
         self._clock = clock
         labels = dir_labels(endpoints) if len(endpoints) > 1 else [""]
-        self._tallies = [_Tally(ep, label) for ep, label in zip(endpoints, labels)]
+        self._tallies = [
+            EndpointTally(ep, label) for ep, label in zip(endpoints, labels, strict=True)
+        ]
         self._flush_task: asyncio.Task[int] | None = None
         self._flush_started = 0.0
 
@@ -186,7 +111,7 @@ class CheckpointGate:
                 deadline_ts,
                 [
                     self._make_ready(t, c, checkpoint_id, prepare_deadline)
-                    for t, c in zip(self._tallies, self._clients)
+                    for t, c in zip(self._tallies, self._clients, strict=True)
                 ],
             )
             if all(t.ready for t in self._tallies):
@@ -195,7 +120,7 @@ class CheckpointGate:
                     deadline_ts,
                     [
                         self._commit(t, c, checkpoint_id, checkpoint_dir, deadline_ts)
-                        for t, c in zip(self._tallies, self._clients)
+                        for t, c in zip(self._tallies, self._clients, strict=True)
                     ],
                 )
         finally:
@@ -205,7 +130,7 @@ class CheckpointGate:
                 resume_by,
                 [
                     self._resume(t, c, checkpoint_id, resume_by)
-                    for t, c in zip(self._tallies, self._clients)
+                    for t, c in zip(self._tallies, self._clients, strict=True)
                 ],
             )
         if not all(t.ready and t.commit is not None and t.resumed for t in self._tallies):
@@ -226,7 +151,7 @@ class CheckpointGate:
                 EndpointCheckpoint(
                     endpoint=t.endpoint.url,
                     label=t.endpoint.label,
-                    checkpoint_dir=_subdir(checkpoint_dir, t.label),
+                    checkpoint_dir=endpoint_dir(checkpoint_dir, t.label),
                     adopted=t.adopted,
                     orphans_acked=t.orphans_acked,
                     sealed_acked=t.sealed_acked,
@@ -277,7 +202,7 @@ class CheckpointGate:
     # ------------------------------------------------------------------ one endpoint
 
     async def _make_ready(
-        self, tally: _Tally, client: GymClient, cid: str, deadline_ts: float
+        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float
     ) -> None:
         try:
             await self._prepare_loop(tally, client, cid, deadline_ts)
@@ -291,7 +216,7 @@ class CheckpointGate:
             tally.error = f"{type(exc).__name__}: {exc}"
 
     async def _prepare_loop(
-        self, tally: _Tally, client: GymClient, cid: str, deadline_ts: float
+        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float
     ) -> None:
         url = tally.endpoint.url
         status = await client.status(cid, deadline_ts=deadline_ts)
@@ -311,7 +236,9 @@ class CheckpointGate:
             deferred = any(
                 s.action is PrepareAction.WAIT and s.owner is None and not s.foreign for s in steps
             )
-            await self._act(tally, client, cid, steps, deadline_ts)
+            await StepPerformer(self._book, self._owners, tally, client, cid).perform(
+                steps, deadline_ts
+            )
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
             try:
@@ -351,7 +278,7 @@ class CheckpointGate:
                 )
 
     async def _prepare(
-        self, tally: _Tally, client: GymClient, cid: str, slice_s: float, deadline_ts: float
+        self, tally: EndpointTally, client: GymClient, cid: str, slice_s: float, deadline_ts: float
     ) -> StatusReport:
         """One prepare of at most ``slice_s``; while another checkpoint id holds the server, wait
         for it (the retry decider backs off by the client's policy) until the deadline, then
@@ -361,7 +288,9 @@ class CheckpointGate:
             return client.prepare(cid, deadline_ts=min(try_deadline, self._clock() + slice_s))
 
         def held(exc: BaseException) -> None:
-            holder = getattr(exc, "active_checkpoint_id", None) or "unknown"
+            holder = (
+                exc.active_checkpoint_id if isinstance(exc, CheckpointConflict) else None
+            ) or "unknown"
             if tally.conflict is None and tally.rounds == 1:
                 logger.warning(
                     "checkpoint %s on %s waits for checkpoint %s to resume",
@@ -402,135 +331,26 @@ class CheckpointGate:
             )
         await asyncio.shield(self._flush_task)
 
-    async def _act(
-        self, tally: _Tally, client: GymClient, cid: str, steps: list[Step], deadline_ts: float
-    ) -> None:
-        limit = asyncio.Semaphore(CONCURRENCY)
-        orphans = [s for s in steps if s.action is PrepareAction.ORPHAN_ACK]
-
-        async def adopt(step: Step) -> None:
-            async with limit:
-                answer = await self._owners.adopt(
-                    step.owner or "", step.rollout_id, step.attempt_index, deadline_ts
-                )
-            if answer is OwnerAnswer.ADOPTED:
-                tally.adopted += 1
-                self._book.record_adopted(tally.endpoint.url, step.rollout_id, step.attempt_index)
-            elif answer in (OwnerAnswer.REFUSED, OwnerAnswer.GONE):
-                orphans.append(orphan_step(step))
-
-        async def retire(step: Step) -> None:
-            async with limit:
-                try:
-                    answer = await client.retire(
-                        step.rollout_id,
-                        step.attempt_index,
-                        checkpoint_id=cid,
-                        deadline_ts=deadline_ts,
-                    )
-                except (GymError, GymUnavailable) as exc:
-                    # checkpoint_conflict / admission closed from a real Gym: the next round
-                    logger.debug("retire %s on %s: %r", step.key, tally.endpoint.label, exc)
-                    return
-            if answer.completed_unacknowledged:
-                orphans.append(orphan_step(step))
-            elif answer.tombstoned:
-                tally.retired += 1
-                self._book.record_retired(tally.endpoint.url, step.rollout_id, step.attempt_index)
-
-        await asyncio.gather(
-            *(adopt(s) for s in steps if s.action is PrepareAction.ADOPT),
-            *(retire(s) for s in steps if s.action is PrepareAction.RETIRE),
-        )
-        if orphans:
-            await self._ack_orphans(tally, client, orphans, deadline_ts, limit)
-
-    async def _ack_orphans(
-        self,
-        tally: _Tally,
-        client: GymClient,
-        steps: list[Step],
-        deadline_ts: float,
-        limit: asyncio.Semaphore,
-    ) -> None:
-        url = tally.endpoint.url
-        receipts: list[CompletionReceipt] = [s.receipt for s in steps if s.receipt is not None]
-
-        async def fetch(step: Step) -> None:
-            async with limit:
-                try:
-                    answer = await client.receipt(
-                        step.rollout_id, step.attempt_index, deadline_ts=deadline_ts
-                    )
-                except StaleAttempt:
-                    self._book.record(
-                        url, step.rollout_id, step.attempt_index, AttemptState.TOMBSTONED
-                    )
-                    return
-                except (GymError, GymUnavailable) as exc:  # not completed, unknown, ...
-                    logger.debug("receipt %s on %s: %r", step.key, tally.endpoint.label, exc)
-                    return
-            if answer.state == "completed":
-                receipts.append(answer.completion_receipt)
-            else:  # ACKed meanwhile (by its owner)
-                self._book.record(url, step.rollout_id, step.attempt_index, AttemptState.ACKED)
-
-        await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
-        unique = list({r.key: r for r in receipts}.values())
-        for i in range(0, len(unique), ACK_CHUNK):
-            chunk = unique[i : i + ACK_CHUNK]
-            try:
-                await client.acknowledge_completed(chunk, deadline_ts=deadline_ts)
-                acked = chunk
-            except AckRejected:
-                # all or nothing: one stale receipt spoils the batch; ACK them one by one
-                acked = [
-                    r
-                    for r, ok in zip(
-                        chunk,
-                        await asyncio.gather(
-                            *(self._ack_one(client, r, deadline_ts, limit) for r in chunk)
-                        ),
-                    )
-                    if ok
-                ]
-            except (GymError, GymUnavailable) as exc:
-                logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
-                continue
-            # an owner may have ACKed one since the status was read: the book does not count it
-            kinds = [
-                self._book.record_gate_acked(url, r.rollout_id, r.attempt_index) for r in acked
-            ]
-            counted = kinds.count("orphan")
-            tally.orphans_acked += counted
-            tally.sealed_acked += kinds.count("sealed")
-            metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
-
-    @staticmethod
-    async def _ack_one(
-        client: GymClient, receipt: CompletionReceipt, deadline_ts: float, limit: asyncio.Semaphore
-    ) -> bool:
-        async with limit:
-            try:
-                answer = await client.acknowledge(receipt, deadline_ts=deadline_ts)
-            except (GymError, GymUnavailable) as exc:
-                logger.debug("acknowledge %s: %r", receipt.key, exc)
-                return False
-        return answer.acknowledged or answer.idempotent
-
     # ------------------------------------------------------------------ commit and resume
 
     async def _commit(
-        self, tally: _Tally, client: GymClient, cid: str, checkpoint_dir: str, deadline_ts: float
+        self,
+        tally: EndpointTally,
+        client: GymClient,
+        cid: str,
+        checkpoint_dir: str,
+        deadline_ts: float,
     ) -> None:
         try:
             tally.commit = await client.commit(
-                cid, _subdir(checkpoint_dir, tally.label), deadline_ts=deadline_ts
+                cid, endpoint_dir(checkpoint_dir, tally.label), deadline_ts=deadline_ts
             )
         except RlGymError as exc:
             tally.error = f"commit failed: {type(exc).__name__}: {exc}"
 
-    async def _resume(self, tally: _Tally, client: GymClient, cid: str, deadline_ts: float) -> None:
+    async def _resume(
+        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float
+    ) -> None:
         if not tally.may_hold:
             tally.resumed = True  # every prepare was refused: the id never held it
             return
@@ -540,13 +360,6 @@ class CheckpointGate:
         except RlGymError as exc:
             tally.error = tally.error or f"resume failed: {type(exc).__name__}: {exc}"
             logger.warning("resume %s on %s failed: %r", cid, tally.endpoint.label, exc)
-
-
-# ---------------------------------------------------------------------- abort
-
-
-def _subdir(checkpoint_dir: str, label: str) -> str:
-    return os.path.join(checkpoint_dir, label) if label else checkpoint_dir
 
 
 def _flush_budget(left: float) -> float:

@@ -26,7 +26,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
 from ray.actor import ActorHandle
@@ -34,7 +35,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_everywhere
-from rl_gym_actors.actors.checkpoint_gate import CONCURRENCY, CheckpointGate, OwnerAnswer
+from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
+from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
+from rl_gym_actors.actors.gate_steps import CONCURRENCY
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import (
     GymEndpoint,
@@ -86,13 +89,16 @@ class RayOwners:
     def live(self) -> frozenset[str]:
         return frozenset(n for n in self.handles if n not in self.dead)
 
-    async def call(self, name: str, method: str, args: tuple, deadline_ts: float):
-        """(True, value) on an answer; (False, OwnerAnswer) otherwise."""
+    async def call(
+        self, name: str, what: str, send: Callable[[ActorHandle], Any], deadline_ts: float
+    ) -> tuple[bool, Any]:
+        """``send(handle)`` to the owner ``name`` (``what`` names the call in logs): (True,
+        value) on an answer; (False, OwnerAnswer) otherwise."""
         handle = self.handles.get(name)
         if handle is None or name in self.dead:
             return False, OwnerAnswer.GONE
         try:
-            ref = getattr(handle, method).remote(*args)
+            ref = send(handle)
             return True, await asyncio.wait_for(ref, max(deadline_ts - time.time(), 0.001))
         except ActorUnavailableError:
             return False, OwnerAnswer.UNSURE
@@ -103,13 +109,15 @@ class RayOwners:
         except TimeoutError:
             return False, OwnerAnswer.UNSURE
         except RayTaskError as exc:
-            logger.warning("owner %s: %s raised: %s", name, method, exc)
+            logger.warning("owner %s: %s raised: %s", name, what, exc)
             return False, OwnerAnswer.UNSURE
 
     async def adopt(
         self, owner: str, rollout_id: str, attempt_index: int, deadline_ts: float
     ) -> OwnerAnswer:
-        answered, value = await self.call(owner, "adopt", (rollout_id, attempt_index), deadline_ts)
+        answered, value = await self.call(
+            owner, "adopt", lambda h: h.adopt.remote(rollout_id, attempt_index), deadline_ts
+        )
         if not answered:
             return value
         return OwnerAnswer.ADOPTED if value else OwnerAnswer.REFUSED
@@ -117,7 +125,10 @@ class RayOwners:
     async def flush(self, deadline_ts: float) -> int:
         names = sorted(self.live())
         answers = await asyncio.gather(
-            *(self.call(n, "flush_reports", (), deadline_ts) for n in names)
+            *(
+                self.call(n, "flush_reports", lambda h: h.flush_reports.remote(), deadline_ts)
+                for n in names
+            )
         )
         return sum(1 for answered, _ in answers if answered)
 
@@ -177,7 +188,10 @@ class LedgerActor:
         self._owners.register(owners)
         deadline = time.time() + REBUILD_S
         answers = await asyncio.gather(
-            *(self._owners.call(n, "rereport", (), deadline) for n in sorted(owners))
+            *(
+                self._owners.call(n, "rereport", lambda h: h.rereport.remote(), deadline)
+                for n in sorted(owners)
+            )
         )
         self.rebuilt_owners = sum(1 for answered, _ in answers if answered)
         logger.warning(

@@ -189,7 +189,7 @@ def _relative(path: Path, root: Path) -> str:
 
 def endpoint_dirs(checkpoint_dir: str, endpoints: list[GymEndpoint]) -> list[str]:
     """Where the ledger's gate writes each endpoint's part of a checkpoint."""
-    from rl_gym_actors.actors.checkpoint_gate import dir_labels
+    from rl_gym_actors.actors.gate_endpoint import dir_labels
 
     if len(endpoints) <= 1:
         return [checkpoint_dir] * len(endpoints)
@@ -242,7 +242,7 @@ class ReceiptBook:
         keys = [(r["rollout_id"], r["attempt_index"]) for r, _ in items]
         if len(keys) != len(set(keys)):
             raise ValueError("completed Gym execution acknowledgements must be unique")
-        for (receipt, _), key in zip(items, keys):
+        for (receipt, _), key in zip(items, keys, strict=True):
             known = self._handed.get(key)
             if known is None or any(known.get(k) != receipt.get(k) for k in RECEIPT_FIELDS):
                 raise ValueError(f"no result with receipt {key} was handed out by this actor")

@@ -1,0 +1,153 @@
+"""One round of the gate's plan performed on one endpoint: :func:`perform_steps`.
+
+The plan (:func:`~rl_gym_actors.core.prepare_plan.plan_endpoint`) says per attempt ADOPT (ask
+its owner to seal and ACK it), RETIRE (tombstone it on Gym) or ORPHAN_ACK (ACK its completed
+result, nobody will). Adopts and retires run first, concurrently (at most :data:`CONCURRENCY`
+calls at a time); what they turn into orphans joins the ACK phase: receipts fetched where the
+status had none, then ACKed in chunks of :data:`ACK_CHUNK` (one by one when Gym rejects a chunk).
+The book learns what each call did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rl_gym_actors import metrics
+from rl_gym_actors.actors.gate_endpoint import EndpointTally, OwnerAnswer, Owners
+from rl_gym_actors.core.attempt_reports import AttemptState
+from rl_gym_actors.core.ledger import Book, PrepareAction, Step, orphan_step
+from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, StaleAttempt
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.protocol import CompletionReceipt
+
+logger = logging.getLogger(__name__)
+
+ACK_CHUNK = 500  # receipts per acknowledge-completed request
+CONCURRENCY = 32  # per endpoint: concurrent retire / receipt / adopt calls
+
+
+class StepPerformer:
+    """Performs plan steps on one endpoint for one checkpoint id, recording in ``book``."""
+
+    def __init__(
+        self, book: Book, owners: Owners, tally: EndpointTally, client: GymClient, cid: str
+    ) -> None:
+        self._book = book
+        self._owners = owners
+        self.tally = tally
+        self.client = client
+        self.cid = cid
+
+    async def perform(self, steps: list[Step], deadline_ts: float) -> None:
+        """Adopt and retire what the steps say, then ACK every orphan."""
+        tally, client, cid = self.tally, self.client, self.cid
+        limit = asyncio.Semaphore(CONCURRENCY)
+        orphans = [s for s in steps if s.action is PrepareAction.ORPHAN_ACK]
+
+        async def adopt(step: Step) -> None:
+            async with limit:
+                answer = await self._owners.adopt(
+                    step.owner or "", step.rollout_id, step.attempt_index, deadline_ts
+                )
+            if answer is OwnerAnswer.ADOPTED:
+                tally.adopted += 1
+                self._book.record_adopted(tally.endpoint.url, step.rollout_id, step.attempt_index)
+            elif answer in (OwnerAnswer.REFUSED, OwnerAnswer.GONE):
+                orphans.append(orphan_step(step))
+
+        async def retire(step: Step) -> None:
+            async with limit:
+                try:
+                    answer = await client.retire(
+                        step.rollout_id,
+                        step.attempt_index,
+                        checkpoint_id=cid,
+                        deadline_ts=deadline_ts,
+                    )
+                except (GymError, GymUnavailable) as exc:
+                    # checkpoint_conflict / admission closed from a real Gym: the next round
+                    logger.debug("retire %s on %s: %r", step.key, tally.endpoint.label, exc)
+                    return
+            if answer.completed_unacknowledged:
+                orphans.append(orphan_step(step))
+            elif answer.tombstoned:
+                tally.retired += 1
+                self._book.record_retired(tally.endpoint.url, step.rollout_id, step.attempt_index)
+
+        await asyncio.gather(
+            *(adopt(s) for s in steps if s.action is PrepareAction.ADOPT),
+            *(retire(s) for s in steps if s.action is PrepareAction.RETIRE),
+        )
+        if orphans:
+            await self._ack_orphans(orphans, deadline_ts, limit)
+
+    async def _ack_orphans(
+        self, steps: list[Step], deadline_ts: float, limit: asyncio.Semaphore
+    ) -> None:
+        tally, client = self.tally, self.client
+        url = tally.endpoint.url
+        receipts: list[CompletionReceipt] = [s.receipt for s in steps if s.receipt is not None]
+
+        async def fetch(step: Step) -> None:
+            async with limit:
+                try:
+                    answer = await client.receipt(
+                        step.rollout_id, step.attempt_index, deadline_ts=deadline_ts
+                    )
+                except StaleAttempt:
+                    self._book.record(
+                        url, step.rollout_id, step.attempt_index, AttemptState.TOMBSTONED
+                    )
+                    return
+                except (GymError, GymUnavailable) as exc:  # not completed, unknown, ...
+                    logger.debug("receipt %s on %s: %r", step.key, tally.endpoint.label, exc)
+                    return
+            if answer.state == "completed":
+                receipts.append(answer.completion_receipt)
+            else:  # ACKed meanwhile (by its owner)
+                self._book.record(url, step.rollout_id, step.attempt_index, AttemptState.ACKED)
+
+        await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
+        unique = list({r.key: r for r in receipts}.values())
+        for i in range(0, len(unique), ACK_CHUNK):
+            chunk = unique[i : i + ACK_CHUNK]
+            try:
+                await client.acknowledge_completed(chunk, deadline_ts=deadline_ts)
+                acked = chunk
+            except AckRejected:
+                # all or nothing: one stale receipt spoils the batch; ACK them one by one
+                acked = [
+                    r
+                    for r, ok in zip(
+                        chunk,
+                        await asyncio.gather(
+                            *(self._ack_one(client, r, deadline_ts, limit) for r in chunk)
+                        ),
+                        strict=True,
+                    )
+                    if ok
+                ]
+            except (GymError, GymUnavailable) as exc:
+                logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
+                continue
+            # an owner may have ACKed one since the status was read: the book does not count it
+            kinds = [
+                self._book.record_gate_acked(url, r.rollout_id, r.attempt_index) for r in acked
+            ]
+            counted = kinds.count("orphan")
+            tally.orphans_acked += counted
+            tally.sealed_acked += kinds.count("sealed")
+            metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
+
+    @staticmethod
+    async def _ack_one(
+        client: GymClient, receipt: CompletionReceipt, deadline_ts: float, limit: asyncio.Semaphore
+    ) -> bool:
+        async with limit:
+            try:
+                answer = await client.acknowledge(receipt, deadline_ts=deadline_ts)
+            except (GymError, GymUnavailable) as exc:
+                logger.debug("acknowledge %s: %r", receipt.key, exc)
+                return False
+        return answer.acknowledged or answer.idempotent
