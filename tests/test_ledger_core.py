@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
+from rl_gym_actors.core.book import merge_reports
 from rl_gym_actors.core.ledger import (
     Book,
     LedgerSnapshot,
@@ -281,7 +282,7 @@ def receipt_for(rid: str, att: int) -> CompletionReceipt:
 
 gym_states = st.sampled_from(["running", "parked", "completed", "acknowledged", "tombstoned"])
 listing_st = st.dictionaries(
-    st.tuples(st.sampled_from(RIDS + ["zz"]), st.integers(0, 2)),
+    st.tuples(st.sampled_from([*RIDS, "zz"]), st.integers(0, 2)),
     st.tuples(gym_states, st.booleans(), st.booleans()),
     max_size=12,
 )
@@ -465,3 +466,18 @@ def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():
     counts = snap.endpoints[ep]
     assert (counts.dispatched, counts.acked, counts.tombstoned) == (4, 3, 1)
     assert snap.owners == {"o-a": 2} and snap.invariant_ok  # not released: still held
+
+
+def test_attempt_states_have_one_total_order_that_the_fold_follows():
+    S = AttemptState
+    assert sorted(S, key=lambda s: s.rank) == [S.RUNNING, S.SEALED, S.TOMBSTONED, S.ACKED]
+    assert len({s.rank for s in S}) == len(S)  # total: no ties for the fold to break
+    acked, tombstoned = (
+        AttemptReport("r", 0, "http://e", s, "a0") for s in (S.ACKED, S.TOMBSTONED)
+    )
+    for first, then in ((acked, tombstoned), (tombstoned, acked)):
+        book = Book()
+        book.apply(first)
+        book.apply(then)
+        assert book.snapshot().endpoints["http://e"].acked == 1
+        assert merge_reports(first, then).state is S.ACKED

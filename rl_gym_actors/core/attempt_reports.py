@@ -1,17 +1,25 @@
 """What rollout actors report to the ledger: one small record per attempt transition.
 
 Reports travel in batches and may arrive out of order (an async Ray actor can run one caller's
-calls out of order), so the ledger folds them monotonically: an attempt's state only moves up the
-ranks below, and the current try of a rollout is the highest attempt index reported for it.
+calls out of order), so the ledger folds them monotonically: an attempt's state only moves up its
+:attr:`AttemptState.rank`, and the current try of a rollout is the highest attempt index reported
+for it.
+
+The ranks are a total order, ``running < sealed < tombstoned < acked``, the one order of these
+states (the ledger's fold and every report use it). It must be total for the fold to be a join
+(the same state whatever order reports arrive in). ``acked`` ranks above ``tombstoned`` because it
+is the stronger fact: an ACK happens only to a sealed result, while a "tombstoned" report can
+stand for an ACKed key (Gym answers a retire of an ACKed key ``tombstoned: true``); a key
+tombstoned first is never ACKed after.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class AttemptState(str, Enum):
+class AttemptState(StrEnum):
     RUNNING = "running"  # dispatched to Gym; /run may still be working
     SEALED = "sealed"  # reply received, digest checked, result recorded; not yet ACKed
     ACKED = "acked"  # Gym released it
@@ -19,6 +27,7 @@ class AttemptState(str, Enum):
 
     @property
     def rank(self) -> int:
+        """The state's place in the one order of attempt states (see the module docstring)."""
         return _RANK[self]
 
     @property
@@ -29,8 +38,8 @@ class AttemptState(str, Enum):
 _RANK = {
     AttemptState.RUNNING: 0,
     AttemptState.SEALED: 1,
-    AttemptState.ACKED: 2,
     AttemptState.TOMBSTONED: 2,
+    AttemptState.ACKED: 3,
 }
 
 

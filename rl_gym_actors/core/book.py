@@ -3,8 +3,8 @@
 Pure and synchronous: no Ray, no sockets, no clock reads. Reports arrive in batches from many
 rollout actors and may arrive out of order, so the fold is commutative and idempotent:
 
-- an attempt's state only moves up (``running < sealed < tombstoned < acked``; the last two share
-  a rank in :class:`AttemptState`, and ``acked`` wins the tie because it is the stronger fact);
+- an attempt's state only moves up :attr:`AttemptState.rank` (``running < sealed < tombstoned <
+  acked``: ``acked`` is the stronger fact);
 - a rollout's current try is the highest attempt index reported for it, and its owner is the owner
   of that attempt (should two reports of one attempt ever name different owners, the greater name
   wins, so that the order does not matter);
@@ -29,14 +29,6 @@ from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 
-# A total order on states: the rank from attempt_reports.py, with acked above tombstoned on the tie.
-_ORDER = {
-    AttemptState.RUNNING: 0,
-    AttemptState.SEALED: 1,
-    AttemptState.TOMBSTONED: 2,
-    AttemptState.ACKED: 3,
-}
-
 
 def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | None:
     """One report whose fold equals folding ``first`` and then ``then`` (in either order: the
@@ -49,7 +41,7 @@ def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | 
         then.owner,
     ):
         return None
-    state = then.state if _ORDER[then.state] >= _ORDER[first.state] else first.state
+    state = then.state if then.state.rank >= first.state.rank else first.state
     return replace(
         then,
         state=state,
@@ -295,7 +287,7 @@ class Book:
             self._counts_for(endpoint).add(state, adopted, +1)
         else:
             new_endpoint = min(attempt.endpoint, endpoint)  # a tie-break that ignores order
-            new_state = state if _ORDER[state] > _ORDER[attempt.state] else attempt.state
+            new_state = state if state.rank > attempt.state.rank else attempt.state
             new_adopted = attempt.adopted or adopted
             if (new_endpoint, new_state, new_adopted) != (
                 attempt.endpoint,
