@@ -27,7 +27,8 @@ from rl_gym_actors.errors import (
     StaleCheckpoint,
     Unauthorized,
 )
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient, error_for_response
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.answers import error_for_response
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
 from rl_gym_actors.gym.v2.wire import ERROR_STATUS, EpisodeId, Phase, PrepareReport

@@ -1,10 +1,10 @@
 """Async client of one participant's v2 checkpoint routes (``/ng-control/v1/checkpoint/*``).
 
-:class:`V2Client` rides on a
-:class:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient`: its control pool, its bearer
-token, its dead-endpoint health and its retry policy; the data plane (``/run``) stays the
-GymClient's. Every method takes an absolute ``deadline_ts``; the body carries it less a margin
-so the server answers before our timeout fires.
+:class:`V2Client` rides on a :class:`~rl_gym_actors.gym.transport.GymTransport` (any
+protocol's client, e.g. a ``GymClient``): its control pool, its bearer token, its dead-endpoint
+health and its retry policy; the data plane (``/run``) stays that client's. Every method takes
+an absolute ``deadline_ts``; the body carries it less a margin so the server answers before our
+timeout fires.
 
 Errors are typed by code (:mod:`rl_gym_actors.errors`): ``stale_checkpoint`` -> StaleCheckpoint,
 ``checkpoint_conflict`` -> CheckpointConflict, ``invalid_phase`` -> InvalidPhase,
@@ -29,11 +29,9 @@ from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.gym.answers import as_model as _model
-from rl_gym_actors.gym.answers import encode as _encode
-from rl_gym_actors.gym.answers import ok as _ok
+from rl_gym_actors.gym.answers import as_model, encode, ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
+from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.gym.v2.wire import (
     ROUTE_PREFIX,
     CheckpointRequest,
@@ -73,9 +71,9 @@ def episodes_arg(episodes: Iterable[EpisodeId | tuple[str, int]]) -> list[Episod
 class V2Client:
     """The v2 checkpoint routes of one participant server (see the module docstring)."""
 
-    def __init__(self, gym: GymClient) -> None:
-        if not isinstance(gym, GymClient):
-            raise ConfigError(f"V2Client needs a GymClient, got {type(gym).__name__}")
+    def __init__(self, gym: GymTransport) -> None:
+        if not isinstance(gym, GymTransport):
+            raise ConfigError(f"V2Client needs a GymTransport, got {type(gym).__name__}")
         self.gym = gym
 
     def __reduce__(self):
@@ -96,7 +94,7 @@ class V2Client:
             answer = await self.gym._send(
                 "GET", ROUTE_PREFIX + "/status", control=True, deadline_ts=try_deadline
             )
-            return _model(StatusAnswer, _ok(answer), answer.url)
+            return as_model(StatusAnswer, ok(answer), answer.url)
 
         return await self.gym._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "v2 status")
 
@@ -225,9 +223,9 @@ class V2Client:
                 "POST",
                 f"{ROUTE_PREFIX}/{operation}",
                 control=True,
-                data=_encode(body.model_dump(mode="json")),
+                data=encode(body.model_dump(mode="json")),
                 deadline_ts=try_deadline,
             )
-            return _model(answer_model, _ok(answer), answer.url)
+            return as_model(answer_model, ok(answer), answer.url)
 
         return await gym._with_retry(attempt, kind, deadline_ts, f"v2 {operation}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rl_gym_actors.errors import GymError
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.wire import StatusAnswer
 
@@ -33,7 +33,7 @@ class Discovered:
         return None if self.status is None else self.status.kind
 
 
-async def discover_protocol(gym: GymClient, *, deadline_ts: float) -> Discovered:
+async def discover_protocol(gym: GymTransport, *, deadline_ts: float) -> Discovered:
     """The protocol ``gym``'s server speaks (see the module docstring)."""
     try:
         status = await V2Client(gym).status(deadline_ts=deadline_ts)
