@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
+from rl_gym_actors.core.rollout_record import RolloutState
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.integrations.nemo_rl.rows import (
     ClaimAction,
-    EntryState,
     RolloutBook,
     RolloutDataError,
     RolloutTimeoutError,
@@ -81,7 +81,7 @@ def test_free_rollouts_are_preferred_and_a_watched_one_is_shared_not_rerun():
     assert not book.deliver(a.rollout_id, now=1.0) and book.stats.lost_races == 1
     d = book.reclaim({"_rowidx": 0, "p": 1}, stream=2, now=1.0)
     assert d.rollout_id != a.rollout_id and d.action is ClaimAction.START
-    assert book.state(a.rollout_id) is EntryState.DELIVERED
+    assert book.state(a.rollout_id) is RolloutState.SEALED
 
 
 def test_a_stream_never_watches_one_rollout_for_two_rows_and_release_frees_its_rollouts():
@@ -150,7 +150,7 @@ def test_running_rollouts_are_never_expired():
     book = RolloutBook("run", hold_s=0.0, max_entries=0)
     (c,) = book.claim(rows({"p": 1}), stream=1, now=0.0)
     book.release(1)
-    assert book.expire(now=1e9) == [] and book.state(c.rollout_id) is EntryState.RUNNING
+    assert book.expire(now=1e9) == [] and book.state(c.rollout_id) is RolloutState.RUNNING
 
 
 def test_failure_classes_are_what_nemo_rl_classifies_and_pickle_with_one_argument():

@@ -8,7 +8,9 @@ Nothing here imports Ray or NeMo RL, and nothing reads a clock it was not handed
   from the outcomes' :class:`~rl_gym_actors.failures.FailureKind` (``is_data`` or not).
 - :class:`RolloutBook` gives every row a rollout id and remembers what became of it, so that RL's
   re-dispatch of a row whose earlier try finished is answered with that result (adopted) and
-  not rerun, and so that no result is ever handed to RL twice.
+  not rerun, and so that no result is ever handed to RL twice. Each rollout's state moves through
+  the one rollout table (:mod:`rl_gym_actors.core.rollout_record`): RUNNING, KEPT (a result
+  waiting for RL), SEALED (RL had it), UNSETTLED (no result; the next claim tries again).
 - :class:`StreamTimer` sums a stream's phases into RL's timing metrics. (A reply becomes a
   result in :mod:`rl_gym_actors.integrations.nemo_rl.results`.)
 """
@@ -19,9 +21,10 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
+from rl_gym_actors.core.rollout_record import RolloutEvent, RolloutState, next_state
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_valid_rollout_id
@@ -108,14 +111,7 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-class EntryState(str, Enum):
-    RUNNING = "running"  # a rollout task is in flight
-    FINISHED = "finished"  # sealed result held, not yet handed to RL
-    FAILED = "failed"  # the rollout ended without a result; a re-dispatch tries again
-    DELIVERED = "delivered"  # handed to RL: never handed out again
-
-
-class ClaimAction(str, Enum):
+class ClaimAction(StrEnum):
     START = "start"  # dispatch the rollout (the orchestrator picks its tries)
     REUSE = "reuse"  # a task for this rollout exists (running or finished): await it
 
@@ -134,7 +130,7 @@ class Claim:
 class _Entry:
     rollout_id: str
     digest: str | None
-    state: EntryState
+    state: RolloutState  # moved only through the rollout table (core/rollout_record.py)
     touched: float
     watchers: set[int] = field(default_factory=set)  # streams waiting on this rollout
 
@@ -148,7 +144,15 @@ class BookStats:
     expired: int = 0  # finished results nobody claimed in time
 
 
-_RANK = {EntryState.FINISHED: 0, EntryState.RUNNING: 1, EntryState.FAILED: 2}
+# which rollout of the same content a row takes: one with a result held (KEPT: handed over,
+# adopted), then one running (awaited), then one without a result (its next try starts); one
+# whose result RL had (SEALED) is never matched again
+_RANK = {
+    RolloutState.KEPT: 0,
+    RolloutState.RUNNING: 1,
+    RolloutState.UNSETTLED: 2,
+    RolloutState.NEW: 2,
+}
 
 
 class RolloutBook:
@@ -181,7 +185,9 @@ class RolloutBook:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def state(self, rollout_id: str) -> EntryState | None:
+    def state(self, rollout_id: str) -> RolloutState | None:
+        """The rollout's state in the book (None: not in it): RUNNING while its task runs, KEPT
+        while its result waits for RL, SEALED once RL had it, UNSETTLED after a failure."""
         entry = self._entries.get(rollout_id)
         return None if entry is None else entry.state
 
@@ -194,7 +200,9 @@ class RolloutBook:
         named = [rid for rid, _ in map(_explicit_identity, rows) if rid is not None]
         if len(set(named)) != len(named):
             raise RolloutDataError(f"duplicate {ROLLOUT_ID_FIELD} in one batch")
-        return [self.reclaim(row, stream, now, rowidx=i) for i, row in zip(indexes, rows)]
+        return [
+            self.reclaim(row, stream, now, rowidx=i) for i, row in zip(indexes, rows, strict=True)
+        ]
 
     def reclaim(
         self, row: Mapping[str, Any], stream: int, now: float, *, rowidx: int | None = None
@@ -204,19 +212,18 @@ class RolloutBook:
         if rid is not None:
             entry = self._entries.get(rid)
             if entry is None:
-                entry = self._entries[rid] = _Entry(rid, None, EntryState.FAILED, now)
-            elif entry.state is EntryState.DELIVERED:
-                entry.state = EntryState.FAILED  # RL asks again for one it had: a fresh try
+                entry = self._entries[rid] = _Entry(rid, None, RolloutState.NEW, now)
+            # RL asking again for one it had (SEALED) dispatches it again below
         else:
             entry = self._by_digest_entry(row_digest(row), stream, now)
         entry.watchers.add(stream)
         self._watching.setdefault(stream, set()).add(entry.rollout_id)
         entry.touched = now
         index = _rowidx(row) if rowidx is None else rowidx
-        if entry.state in (EntryState.RUNNING, EntryState.FINISHED):
+        if entry.state in (RolloutState.RUNNING, RolloutState.KEPT):
             self.stats.reused += 1
             return Claim(index, entry.rollout_id, ClaimAction.REUSE)
-        entry.state = EntryState.RUNNING
+        entry.state = next_state(entry.state, RolloutEvent.DISPATCH, entry.rollout_id)
         self.stats.started += 1
         return Claim(index, entry.rollout_id, ClaimAction.START)
 
@@ -234,7 +241,7 @@ class RolloutBook:
             return best
         self._seq += 1
         rid = f"{self.prefix}-{digest[:20]}-{self._seq}"
-        entry = _Entry(rid, digest, EntryState.FAILED, now)
+        entry = _Entry(rid, digest, RolloutState.NEW, now)
         self._entries[rid] = entry
         self._by_digest.setdefault(digest, []).append(rid)
         return entry
@@ -242,24 +249,25 @@ class RolloutBook:
     def settle(self, rollout_id: str, *, ok: bool, now: float) -> None:
         """A rollout task ended: with a result (``ok``) or without one."""
         entry = self._entries.get(rollout_id)
-        if entry is None or entry.state is not EntryState.RUNNING:
+        if entry is None or entry.state is not RolloutState.RUNNING:
             return
-        entry.state = EntryState.FINISHED if ok else EntryState.FAILED
+        event = RolloutEvent.RESULT_KEPT if ok else RolloutEvent.NO_RESULT
+        entry.state = next_state(entry.state, event, rollout_id)
         entry.touched = now
 
     def available(self, rollout_id: str) -> bool:
         """Whether the rollout holds a result nobody handed out yet."""
         entry = self._entries.get(rollout_id)
-        return entry is not None and entry.state is EntryState.FINISHED
+        return entry is not None and entry.state is RolloutState.KEPT
 
     def deliver(self, rollout_id: str, now: float) -> bool:
         """Hand the result to RL, never again. False when it is not there to hand out (another
         stream delivered it first): the row must be claimed again."""
         entry = self._entries.get(rollout_id)
-        if entry is None or entry.state is not EntryState.FINISHED:
+        if entry is None or entry.state is not RolloutState.KEPT:
             self.stats.lost_races += 1
             return False
-        entry.state = EntryState.DELIVERED
+        entry.state = next_state(entry.state, RolloutEvent.HAND_OUT, rollout_id)
         entry.touched = now
         self.stats.delivered += 1
         return True
@@ -277,7 +285,7 @@ class RolloutBook:
         results were never handed out (their tasks can be dropped)."""
 
         def idle(e: _Entry) -> bool:
-            return not e.watchers and e.state is not EntryState.RUNNING
+            return not e.watchers and e.state is not RolloutState.RUNNING
 
         doomed = [e for e in self._entries.values() if idle(e) and now - e.touched > self.hold_s]
         overflow = len(self._entries) - len(doomed) - self.max_entries
@@ -285,7 +293,7 @@ class RolloutBook:
             chosen = {id(e) for e in doomed}
             spare = sorted(
                 (e for e in self._entries.values() if idle(e) and id(e) not in chosen),
-                key=lambda e: (e.state is not EntryState.DELIVERED, e.touched),
+                key=lambda e: (e.state is not RolloutState.SEALED, e.touched),
             )
             doomed += spare[:overflow]
         dropped: list[str] = []
@@ -297,9 +305,9 @@ class RolloutBook:
                     ids.remove(entry.rollout_id)
                 if not ids:
                     self._by_digest.pop(entry.digest, None)
-            if entry.state is EntryState.FINISHED:
+            if entry.state is RolloutState.KEPT:
                 self.stats.expired += 1
-            if entry.state is not EntryState.DELIVERED:
+            if entry.state is not RolloutState.SEALED:
                 dropped.append(entry.rollout_id)
         return dropped
 
