@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-lowest bench bench-compare clean
+.PHONY: setup demo test test-fast test-lowest lint bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -29,6 +29,14 @@ test: $(STAMP)
 # the edit loop: everything but the tests marked slow (the whole suite stays `make test`)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# ruff over the code and its tests, benchmarks and examples; mypy over the package (settings and
+# the files mypy checks: pyproject.toml)
+LINTED := rl_gym_actors tests benchmarks examples
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
 
 # every dependency at the floor pyproject.toml allows (uv's lowest-direct resolution, in a venv
 # of its own), then the fast tests: the floors are versions that were tried, not guesses
@@ -53,4 +61,4 @@ bench-compare: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
-	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
