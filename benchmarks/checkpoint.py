@@ -9,11 +9,12 @@ For 0, 100, 1,000 (and, in full mode, 10,000) attempts spread over 1 and over 4 
 - ``sealed``: results the orchestrator's own rollouts sealed and left un-ACKed for the checkpoint
   (``ack="at_checkpoint"``, the default): the checkpoint must ACK them (one server only).
 
-Each configuration starts on fresh servers; its trials alternate ours and the baseline, each
-after leaving the same number of new attempts. The baseline is the least the protocol needs, hand-written with the client and no Ray: status, one acknowledge-completed per 500
-receipts or one retire per running attempt (32 at once, as the gate does), prepare, commit, resume.
-The as-is policy cannot commit any of these checkpoints at all (it never ACKs or retires what it
-did not receive), so it has no row here; see fault_storm.py.
+Each configuration starts on fresh servers; its trials alternate ours and the baseline, each after
+leaving the same number of new attempts. The baseline is the least the protocol needs, hand-written
+with the client and no Ray: status, one acknowledge-completed per 500 receipts or one retire per
+running attempt (32 at once, as the gate does), prepare, commit, resume. The as-is policy cannot
+commit any of these checkpoints at all (it never ACKs or retires what it did not receive), so it has
+no row here; see fault_storm.py.
 
     .venv/bin/python benchmarks/checkpoint.py [--quick]
 """
@@ -168,7 +169,7 @@ def body(result: Result, args: Any) -> None:
                     ours, base, report = [], [], None
                     if n:
                         fleet.restart()  # fresh, empty servers for each configuration
-                    for t in range(trials):
+                    for _ in range(trials):
                         for policy in ("ours", "direct"):
                             counter += 1
                             cid = f"bench-{counter}"

@@ -55,7 +55,7 @@ def machine_info() -> dict[str, Any]:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         info["cpu_model"] = next(
-            l.split(":", 1)[1].strip() for l in cpuinfo if l.startswith("model name")
+            line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
         )
     except (OSError, StopIteration):
         info["cpu_model"] = platform.processor() or None

@@ -79,7 +79,7 @@ def body(result: Result, args: Any) -> None:
     from rl_gym_actors.orchestrator import Orchestrator
 
     p = QUICK if args.quick else FULL
-    result.params.update({k: v for k, v in p.items()})
+    result.params.update(p)
     common.start_ray(num_cpus=2)
     rows_out: list[dict[str, Any]] = []
     per_actor_pss = 58.0  # refined by the first pool measured
@@ -111,7 +111,7 @@ def body(result: Result, args: Any) -> None:
                     orch.run_batch(_rows(f"w{n}", c))  # warm-up
                     _direct(eps, _rows(f"wd{n}", c), c)
                     ours, direct, stats, gym_cpu = [], [], [], []
-                    for t in range(p["big_trials"] if c >= BIG else p["trials"]):
+                    for _ in range(p["big_trials"] if c >= BIG else p["trials"]):
                         n += 1
                         direct.append(_direct(eps, _rows(f"d{n}", c), c))
                         g0 = common.process_cpu_s(gym_pid) or 0.0

@@ -12,10 +12,10 @@ A reply is lost on each of three paths and by a dropped connection:
 - ``drop``: the connection drops after Gym finished and stored the reply (``drop_reply``).
 
 Fractions 0 %, 1 %, 5 % and 20 % of the rows. Each policy gets its own fresh Gym server (a
-subprocess whose agent, ``benchmarks/metered_agent.py``, logs every run and the seconds it
-worked); the batches run in the same order for both. The as-is policy (``rl_gym_actors.testing.asis``) gets its kindest
-reading: ``drop_reply`` and ``receipt_delay_s`` hit the first try only. Its checkpoint prepares
-with a short deadline and, on a 409, resumes and counts the checkpoint as blocked.
+subprocess whose agent, ``benchmarks/metered_agent.py``, logs every run and the seconds it worked);
+the batches run in the same order for both. The as-is policy (``rl_gym_actors.testing.asis``) gets
+its kindest reading: ``drop_reply`` and ``receipt_delay_s`` hit the first try only. Its checkpoint
+prepares with a short deadline and, on a 409, resumes and counts the checkpoint as blocked.
 
 The server's truth is read through its own routes, never from either policy's account: its
 status (running, completed and un-ACKed) and, per try, its receipt route (which tries ended

@@ -321,7 +321,10 @@ def body(result: Result, args: Any) -> None:
             f"({samples} samples): the functions with the most samples, own time and "
             f"including callees (`benchmarks/profile_gym_server.py` prints more):",
             ["own %", "function (own time)", "incl. %", "function (with callees)"],
-            [[round(o[1], 1), o[0], round(t[1], 1), t[0]] for o, t in zip(own, total)],
+            [
+                [round(o[1], 1), o[0], round(t[1], 1), t[0]]
+                for o, t in zip(own, total, strict=False)
+            ],
         )
     result.notes.append(
         "The ceiling does no work per request: its ratio shows what HTTP itself "

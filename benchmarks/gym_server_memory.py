@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,9 @@ async def drive(endpoint: Any, p: dict[str, Any], ckpt_root: Path, sample) -> No
             receipts: list[Any] = []
             retire: list[tuple[str, int]] = []
 
-            async def worker() -> None:
+            async def worker(
+                todo: Iterator[int], receipts: list[Any], retire: list[tuple[str, int]]
+            ) -> None:
                 for i in todo:
                     rid = f"mem-{i}"
                     row: dict[str, Any] = {"reward": 1.0}
@@ -81,7 +84,7 @@ async def drive(endpoint: Any, p: dict[str, Any], ckpt_root: Path, sample) -> No
                     if path is not None and PATHS[path] == "retire":
                         retire.append((rid, 0))
 
-            await asyncio.gather(*(worker() for _ in range(p["concurrency"])))
+            await asyncio.gather(*(worker(todo, receipts, retire) for _ in range(p["concurrency"])))
             deadline = time.time() + 120
             for rid, att in retire:  # a completed key: retire answers completed_unacknowledged
                 await client.retire(rid, att, checkpoint_id=cid, deadline_ts=deadline)

@@ -86,8 +86,7 @@ def _reporter_class():
                     asyncio.ensure_future(self.ledger.report.remote(reports[i : i + batch_size]))
                 )
             if window:
-                for f in await asyncio.gather(*window):
-                    pass
+                await asyncio.gather(*window)
             return time.perf_counter() - t0
 
         def pid(self) -> int:
@@ -264,13 +263,13 @@ def body(result: Result, args: Any) -> None:
         f"{snap['attempts']:,} attempts {snap['snapshot_remote_ms']:.1f} ms through Ray"
     )
     result.notes.append(
-        "A report call costs a Ray actor task (serialization, scheduling, an event-loop turn in the "
-        "ledger) whatever its size, so batching divides that fixed cost; the fold itself is "
+        "A report call costs a Ray actor task (serialization, scheduling, an event-loop turn in "
+        "the ledger) whatever its size, so batching divides that fixed cost; the fold itself is "
         "pure Python and sets the ceiling (see 'fold in-process')."
     )
     result.notes.append(
-        "snapshot() is O(endpoints + owners): the book keeps its counters incrementally, so its cost "
-        "does not grow with the attempts; through Ray it costs about one actor round trip."
+        "snapshot() is O(endpoints + owners): the book keeps its counters incrementally, so its "
+        "cost does not grow with the attempts; through Ray it costs about one actor round trip."
     )
     common.stop_ray()
 

@@ -26,7 +26,8 @@ _out: Any = None
 def _write(event: dict[str, Any]) -> None:
     global _out
     if _out is None:
-        _out = open(os.environ[METER_ENV], "a", buffering=1)  # line-buffered appends
+        # line-buffered appends, one file for the agent process's life (closed at its exit)
+        _out = open(os.environ[METER_ENV], "a", buffering=1)  # noqa: SIM115
     _out.write(json.dumps(event, separators=(",", ":")) + "\n")
 
 

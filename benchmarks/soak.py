@@ -106,7 +106,7 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     var = sum((x - mx) ** 2 for x in xs)
     if var == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
 
 def body(result: Result, args: Any) -> None:
@@ -307,7 +307,8 @@ def body(result: Result, args: Any) -> None:
         f"completed twice: {runs_twice}.",
         f"At the end the ledger's book keeps {ex['ledger_attempts_kept']} attempts "
         f"({ex['ledger_pruned']:,} pruned at committed checkpoints, counters intact: invariant "
-        f"{ex['invariant_ok']}); the orchestrator remembers {ex['known_rollouts_kept']} rollout ids.",
+        f"{ex['invariant_ok']}); the orchestrator remembers {ex['known_rollouts_kept']} "
+        "rollout ids.",
     ]
 
 
@@ -336,7 +337,9 @@ def say(res: dict) -> str:
 def plot(res: dict, ax: Any) -> None:
     rows = res.get("rows") or []
     xs = [r["rollouts"] for r in rows]
-    for k, label in zip(PROCESSES, ("driver", "ledger", "rollout actors", "Gym server")):
+    for k, label in zip(
+        PROCESSES, ("driver", "ledger", "rollout actors", "Gym server"), strict=True
+    ):
         ax.plot(xs, [r[k] / MB for r in rows], "o-", ms=3, label=label)
     ax.set_xlabel("rollouts")
     ax.set_ylabel("RSS (MB)")

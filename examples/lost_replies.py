@@ -280,10 +280,8 @@ def run_demo(say: Say = print) -> bool:
             rollouts(orch, ep, check)
             with tempfile.TemporaryDirectory(prefix="demo-ckpt-") as ckpt_dir:
                 checkpoint(orch, ep, check, ckpt_dir)
-    say(
-        f"== {'all expectations held' if not check.failed else 'FAILED: ' + '; '.join(check.failed)}"
-        f" ({time.perf_counter() - started:.1f}s) =="
-    )
+    verdict = "FAILED: " + "; ".join(check.failed) if check.failed else "all expectations held"
+    say(f"== {verdict} ({time.perf_counter() - started:.1f}s) ==")
     return not check.failed
 
 

@@ -12,13 +12,14 @@ Faults are injected into rows: ``drop_reply`` (the reply is lost after Gym finis
 ``receipt_delay_s`` (the receipt fetch times out), and a first try slower than ``rollout_s``
 (its deadline fires; the try is retired and the next one runs).
 
-The crash is real: the trainer runs in a child process (its own local Ray), which this script
-kills with SIGKILL (every process of its session: the trainer, its Ray and the rollout actors)
-in the middle of a step, while rollouts are running on Gym. It then starts the trainer again, which resumes from the last
-checkpoint: the steps after it run again with the same rollout ids, so runs that finished on Gym
-before the crash are replayed from Gym's store instead of rerun, and the first checkpoint after
-the restart ACKs or retires what the dead trainer left behind. A reward enters the policy at most
-once: the rollouts the policy has counted are saved with it and checked on every update.
+The crash is real: the trainer runs in a child process (its own local Ray), which this script kills
+with SIGKILL (every process of its session: the trainer, its Ray and the rollout actors) in the
+middle of a step, while rollouts are running on Gym. It then starts the trainer again, which resumes
+from the last checkpoint: the steps after it run again with the same rollout ids, so runs that
+finished on Gym before the crash are replayed from Gym's store instead of rerun, and the first
+checkpoint after the restart ACKs or retires what the dead trainer left behind. A reward enters the
+policy at most once: the rollouts the policy has counted are saved with it and checked on every
+update.
 
     .venv/bin/python examples/train_loop.py --quick      # about a minute; what CI runs
     .venv/bin/python examples/train_loop.py --quick --via-nemo-rl
@@ -91,7 +92,7 @@ def grpo_update(
             continue
         adv = (r - r.mean()) / (r.std() + 1e-6)
         grad = np.zeros_like(probs[p])
-        for a_i, i in zip(adv, idx):
+        for a_i, i in zip(adv, idx, strict=True):
             grad += a_i * (np.eye(len(grad))[actions[i]] - probs[p])
         new[p] += lr * grad / len(idx)
     return new
@@ -228,14 +229,16 @@ def train(args: argparse.Namespace) -> int:
     policy = TryPolicy(
         rollout_s=args.rollout_s, receipt_s=args.receipt_s, max_tries=3, control_s=5.0
     )
-    log = open(workdir / "steps.jsonl", "a")
-    with Orchestrator(
-        [GymEndpoint(url=args.gym_url, token=TOKEN)],
-        policy=policy,
-        pool_size=args.pool_size,
-        rollouts_per_actor=args.per_actor,
-        orchestrator_id=f"tl{incarnation}",
-    ) as orch:
+    with (
+        open(workdir / "steps.jsonl", "a") as log,
+        Orchestrator(
+            [GymEndpoint(url=args.gym_url, token=TOKEN)],
+            policy=policy,
+            pool_size=args.pool_size,
+            rollouts_per_actor=args.per_actor,
+            orchestrator_id=f"tl{incarnation}",
+        ) as orch,
+    ):
         update = ray.remote(num_cpus=0)(grpo_update)
         print(f"trainer {incarnation}: resuming after step {meta['step']}", flush=True)
         for step in range(meta["step"] + 1, args.steps + 1):
@@ -243,7 +246,7 @@ def train(args: argparse.Namespace) -> int:
             if step == args.crash_in_step:
                 print(f"{MIDSTEP} {step}", flush=True)  # the supervisor kills us now
             outcomes = orch.run_batch(rows)
-            used = [(r, o) for r, o in zip(rows, outcomes) if o.status == "sealed"]
+            used = [(r, o) for r, o in zip(rows, outcomes, strict=True) if o.status == "sealed"]
             for _, o in used:
                 count_once(seen, counted, o.rollout_id)
             logits = ray.get(
@@ -266,7 +269,7 @@ def train(args: argparse.Namespace) -> int:
                 # adopted without a fault of their own: replayed from Gym's store after a
                 # restart (a run the dead trainer started and never ACKed)
                 "replayed_after_restart": sum(
-                    o.adopted for r, o in zip(rows, outcomes) if not _faulty(r)
+                    o.adopted for r, o in zip(rows, outcomes, strict=True) if not _faulty(r)
                 ),
                 "tries": sum(o.tries for o in outcomes),
                 "faults": faults,
@@ -288,7 +291,6 @@ def train(args: argparse.Namespace) -> int:
                 meta.update(step=step, counted=counted)
                 save_policy(ckpt_dir, logits, meta)
                 print(f"checkpoint {cid} committed", flush=True)
-    log.close()
     return 0
 
 
@@ -498,8 +500,8 @@ def print_summary(r: dict[str, Any]) -> None:
         f"\nreward curve ({r['steps']} steps; mean batch reward, then the policy's expected "
         f"reward):"
     )
-    for i, (m, e) in enumerate(zip(r["reward_curve"], r["expected_reward_curve"]), 1):
-        print(f"  step {i:3d}  {m:.3f}  {e:.3f}  {'#' * int(round(40 * m))}")
+    for i, (m, e) in enumerate(zip(r["reward_curve"], r["expected_reward_curve"], strict=True), 1):
+        print(f"  step {i:3d}  {m:.3f}  {e:.3f}  {'#' * round(40 * m)}")
     print("checkpoints committed:")
     for c in r["checkpoints"]:
         gate = (

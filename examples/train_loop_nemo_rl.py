@@ -40,8 +40,8 @@ def spin_up(args: Any, incarnation: str) -> Any:
         "nemo_gym": {
             "rl_gym_actors": {
                 "endpoints": [{"url": args.gym_url, "token": args.token, "name": AGENT}],
-                # one try per dispatch: a try that fails ends the row's stream as infrastructure, and
-                # the trainer re-dispatches it, as NeMo RL does
+                # one try per dispatch: a try that fails ends the row's stream as infrastructure,
+                # and the trainer re-dispatches it, as NeMo RL does
                 "policy": {
                     "rollout_s": args.rollout_s,
                     "receipt_s": args.receipt_s,
@@ -126,70 +126,69 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
         ray.get(actor.resume_checkpoint.remote(restore_id, time.time() + 60))
     update = ray.remote(num_cpus=0)(loop.grpo_update)
     owned: list[dict[str, Any]] = []
-    log = open(workdir / "steps.jsonl", "a")
-    print(
-        f"trainer {incarnation} (via NeMo RL's drop-in): resuming after step {meta['step']}",
-        flush=True,
-    )
-    for step in range(meta["step"] + 1, args.steps + 1):
-        rows, faults = loop.make_rows(step, logits, values, args)
-        for r in rows:
-            r["responses_create_params"] = {
-                "input": [{"role": "user", "content": f"prompt {r['prompt']}"}]
-            }
-        if step == args.crash_in_step:
-            print(f"{loop.MIDSTEP} {step}", flush=True)  # the supervisor kills us now
-        adopted_before = ray.get(actor.status.remote())["stats"]["adopted"]
-        got, redispatches = rollout(ray, actor, rows)
-        used = []
-        for i in sorted(got):
-            agent_ref, result = got[i]
-            receipt = result["gym_completion_receipt"]
-            loop.count_once(seen, counted, receipt["rollout_id"])
-            owned.append({"receipt": receipt, "agent_name": agent_ref["name"]})
-            used.append((rows[i], float(result["full_result"]["reward"])))
-        logits = ray.get(
-            update.remote(
-                logits,
-                [r["prompt"] for r, _ in used],
-                [r["action"] for r, _ in used],
-                [w for _, w in used],
-                args.lr,
-            )
+    with open(workdir / "steps.jsonl", "a") as log:
+        print(
+            f"trainer {incarnation} (via NeMo RL's drop-in): resuming after step {meta['step']}",
+            flush=True,
         )
-        adopted = ray.get(actor.status.remote())["stats"]["adopted"] - adopted_before
-        record = {
-            "incarnation": incarnation,
-            "step": step,
-            "mean_reward": float(np.mean([w for _, w in used])) if used else 0.0,
-            "expected_reward": float((loop.softmax(logits) * values).sum(1).mean()),
-            "rows": len(rows),
-            "sealed": len(used),
-            "adopted": adopted,
-            "replayed_after_restart": 0,
-            "tries": len(rows) + redispatches,
-            "redispatches": redispatches,
-            "faults": faults,
-        }
-        loop.log_step(meta, log, record, f"adopted {adopted}, re-dispatches {redispatches}")
-        if step % args.ckpt_every == 0 or step == args.steps:
-            cid, ckpt_dir = loop.checkpoint_place(workdir, step, incarnation)
-            committed = checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
-            owned = []
-            meta["checkpoints"].append(
-                {
-                    "checkpoint_id": cid,
-                    "step": step,
-                    "adopted": None,
-                    "orphans_acked": None,
-                    "retired": None,
-                    "records": sum(p["payload"]["records"] for p in committed["participants"]),
+        for step in range(meta["step"] + 1, args.steps + 1):
+            rows, faults = loop.make_rows(step, logits, values, args)
+            for r in rows:
+                r["responses_create_params"] = {
+                    "input": [{"role": "user", "content": f"prompt {r['prompt']}"}]
                 }
+            if step == args.crash_in_step:
+                print(f"{loop.MIDSTEP} {step}", flush=True)  # the supervisor kills us now
+            adopted_before = ray.get(actor.status.remote())["stats"]["adopted"]
+            got, redispatches = rollout(ray, actor, rows)
+            used = []
+            for i in sorted(got):
+                agent_ref, result = got[i]
+                receipt = result["gym_completion_receipt"]
+                loop.count_once(seen, counted, receipt["rollout_id"])
+                owned.append({"receipt": receipt, "agent_name": agent_ref["name"]})
+                used.append((rows[i], float(result["full_result"]["reward"])))
+            logits = ray.get(
+                update.remote(
+                    logits,
+                    [r["prompt"] for r, _ in used],
+                    [r["action"] for r, _ in used],
+                    [w for _, w in used],
+                    args.lr,
+                )
             )
-            meta.update(step=step, counted=counted)
-            loop.save_policy(ckpt_dir, logits, meta)
-            ray.get(actor.resume_checkpoint.remote(cid, time.time() + 60))
-            print(f"checkpoint {cid} committed", flush=True)
-    log.close()
+            adopted = ray.get(actor.status.remote())["stats"]["adopted"] - adopted_before
+            record = {
+                "incarnation": incarnation,
+                "step": step,
+                "mean_reward": float(np.mean([w for _, w in used])) if used else 0.0,
+                "expected_reward": float((loop.softmax(logits) * values).sum(1).mean()),
+                "rows": len(rows),
+                "sealed": len(used),
+                "adopted": adopted,
+                "replayed_after_restart": 0,
+                "tries": len(rows) + redispatches,
+                "redispatches": redispatches,
+                "faults": faults,
+            }
+            loop.log_step(meta, log, record, f"adopted {adopted}, re-dispatches {redispatches}")
+            if step % args.ckpt_every == 0 or step == args.steps:
+                cid, ckpt_dir = loop.checkpoint_place(workdir, step, incarnation)
+                committed = checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
+                owned = []
+                meta["checkpoints"].append(
+                    {
+                        "checkpoint_id": cid,
+                        "step": step,
+                        "adopted": None,
+                        "orphans_acked": None,
+                        "retired": None,
+                        "records": sum(p["payload"]["records"] for p in committed["participants"]),
+                    }
+                )
+                meta.update(step=step, counted=counted)
+                loop.save_policy(ckpt_dir, logits, meta)
+                ray.get(actor.resume_checkpoint.remote(cid, time.time() + 60))
+                print(f"checkpoint {cid} committed", flush=True)
     ray.get(actor.shutdown.remote())
     return 0

@@ -8,10 +8,15 @@ sealed and ACKed) instead of rerun. A ledger gates every checkpoint on all Gym s
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPolicy, TryPolicy
 from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
+
+if TYPE_CHECKING:
+    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
+    from rl_gym_actors.outcome import Outcome
 
 __version__ = "0.1.0"
 
@@ -31,4 +36,14 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
-__all__ = ["GymEndpoint", "LedgerConfig", "PoolConfig", "RetryPolicy", "TryPolicy", *_LAZY]
+__all__ = [
+    "GymClient",
+    "GymEndpoint",
+    "IndexedOutcome",
+    "LedgerConfig",
+    "Orchestrator",
+    "Outcome",
+    "PoolConfig",
+    "RetryPolicy",
+    "TryPolicy",
+]

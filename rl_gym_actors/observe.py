@@ -45,7 +45,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     ]
     lines = []
     for r in cells:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        parts = [
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)
+        ]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
 

@@ -60,13 +60,13 @@ def test_the_plan_waits_for_foreign_attempts_and_acts_on_its_own():
         assert steps[rid].action is PrepareAction.WAIT and steps[rid].foreign
     # an attempt in the book is the run's own whatever its id
     book.apply(AttemptReport("run-b-1", 0, EP, RUNNING, "gone"))
-    step = [
+    step = next(
         s
         for s in plan_endpoint(
             status, book, EP, frozenset(), own=lambda rid: rid.startswith("run-a-")
         )
         if s.rollout_id == "run-b-1"
-    ][0]
+    )
     assert step.action is PrepareAction.RETIRE
 
 

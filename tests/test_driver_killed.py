@@ -1,6 +1,7 @@
-"""A driver SIGKILLed (with its own local Ray) between prepare and resume leaves Gym preparing. A new
-driver of the same run gets it back: at once with ``abort_checkpoint``, or with no step at all
-once the server's checkpoint lease lapses."""
+"""A driver SIGKILLed (with its own local Ray) between prepare and resume leaves Gym preparing.
+
+A new driver of the same run gets it back: at once with ``abort_checkpoint``, or with no step at
+all once the server's checkpoint lease lapses."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ async def kill_mid_checkpoint(server, client: GymClient, tmp_path, deadline_s: f
     finally:
         pids = driver.kill()
     for pid in pids:  # the driver and its whole local Ray
-        await until(lambda: not alive(pid), interval_s=0.05, what=f"pid {pid} to die")
+        await until(lambda pid=pid: not alive(pid), interval_s=0.05, what=f"pid {pid} to die")
     status = await client.status("probe", deadline_ts=soon())
     assert status.state == "preparing" and status.running == 1  # Gym is held: the bug's state
     return checkpointing

@@ -127,7 +127,7 @@ def test_agents_sample_the_policy_nemo_rl_passed_through_the_servers_the_drop_in
             receipt = by_row[0][1]["gym_completion_receipt"]
             assert receipt["attempt_index"] == 0 and len(receipt["result_digest"]) == 64
             status = ray_session.get(actor.status.remote())
-            assert list(status["gym"].values())[0]["state"] == "accepting"
+            assert next(iter(status["gym"].values()))["state"] == "accepting"
         finally:
             ray_session.get(actor.shutdown.remote())
             ray_session.kill(actor)

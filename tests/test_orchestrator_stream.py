@@ -96,7 +96,7 @@ async def test_astream_takes_rows_while_it_runs_keeping_n_in_flight(orch, gym, t
     queue: asyncio.Queue = asyncio.Queue()
 
     async def rows():
-        for i in range(total):
+        for _ in range(total):
             yield await queue.get()
 
     for i in range(in_flight):

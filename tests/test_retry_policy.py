@@ -22,7 +22,7 @@ def test_the_machine_backs_off_by_the_same_policy_without_jitter():
     m.handle(r.Start(0.0))
     m.handle(r.RunReplied(1.0, {"reward": 1.0}))
     waits = []
-    for n in range(3):
+    for _ in range(3):
         fx = m.handle(r.StepFailed(1.0, r.FailureKind.NOT_COMPLETED))
         waits.append(fx[-1].wake_ts - 1.0)
         m.handle(r.Woke(fx[-1].wake_ts))

@@ -322,7 +322,7 @@ class AsIsRunner:
         reports = await asyncio.gather(
             *(self._prepare(ep, checkpoint_id, deadline) for ep in self.endpoints)
         )
-        by_url = {ep.url: r for ep, r in zip(self.endpoints, reports)}
+        by_url = {ep.url: r for ep, r in zip(self.endpoints, reports, strict=True)}
         ready = all(r is not None and r.ready_to_commit for r in reports)
         control = time.time() + self.policy.control_s
         if ready:

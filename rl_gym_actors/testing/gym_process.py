@@ -102,7 +102,10 @@ class GymServerProcess(_Base):
         self.returncode: int | None = None
         self._port = 0
         self._proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="gym-server-", suffix=".log", delete=False)
+        # the server's stderr across restarts, for this object's life (_tail reads it back)
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="gym-server-", suffix=".log", delete=False
+        )
         self.log_path = Path(self._log.name)
 
     def command(self, port: int) -> list[str]:
@@ -169,7 +172,7 @@ class GymServerProcess(_Base):
             line = lines.get(timeout=timeout_s)
         except queue.Empty:
             self.kill()
-            raise GymServerError(f"no JSON line within {timeout_s}s; log: {self._tail()}")
+            raise GymServerError(f"no JSON line within {timeout_s}s; log: {self._tail()}") from None
         if line is None:
             self.returncode = proc.wait()
             raise GymServerError(

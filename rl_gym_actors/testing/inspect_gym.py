@@ -1,4 +1,6 @@
-"""What a Gym server holds for one key, read through its receipt route (tests, examples, benchmarks)."""
+"""What a Gym server holds for one key, read through its receipt route.
+
+For tests, examples and benchmarks."""
 
 from __future__ import annotations
 

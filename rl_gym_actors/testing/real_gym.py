@@ -1,7 +1,7 @@
 """A stand-in that makes our Gym server answer the way a real NeMo Gym server does.
 
-docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real Gym's answers differ
-from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
+docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real Gym's answers
+differ from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
 - no (ext) routes: ``GET /ng-control/v1/capabilities`` and ``GET .../receipt`` answer 404

@@ -77,12 +77,13 @@ class Wire:
         if body is not _DEFAULT:
             data = json.dumps(body).encode()
             hdrs.setdefault("Content-Type", "application/json")
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-            async with s.request(
-                method, self.url + path, data=data, params=params, headers=hdrs
-            ) as resp:
-                raw = await resp.read()
-                return Answer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as s,
+            s.request(method, self.url + path, data=data, params=params, headers=hdrs) as resp,
+        ):
+            raw = await resp.read()
+            return Answer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
 
     # ------------------------------------------------------------ routes
 

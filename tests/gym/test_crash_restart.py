@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import aiohttp
 import pytest
 
 from rl_gym_actors.testing.gym_process import GymServerProcess
@@ -35,7 +36,7 @@ async def test_kill_9_and_restart_keeps_every_promise(tmp_path, wire_for):
 
         server.kill()
         assert server.returncode == -signal.SIGKILL
-        with pytest.raises(Exception):
+        with pytest.raises(aiohttp.ClientError):
             await running  # its caller lost the connection
 
         server.restart()

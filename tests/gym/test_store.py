@@ -37,7 +37,8 @@ def _rows(state_dir) -> dict:
         return {
             (r[0], r[1]): r[2:]
             for r in conn.execute(
-                "SELECT rollout_id, attempt_index, state, generation, reply, receipt FROM executions"
+                "SELECT rollout_id, attempt_index, state, generation, reply, receipt"
+                " FROM executions"
             )
         }
     finally:

@@ -40,13 +40,15 @@ async def chat_agent(row: dict[str, Any], policy: PolicyEndpoint) -> dict[str, A
         if key in params:
             body["max_tokens" if key == "max_output_tokens" else key] = params[key]
     headers = {"Authorization": f"Bearer {policy.api_key}"}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url, json=body, headers=headers) as resp:
-            if resp.status != 200:
-                raise PolicyCallFailed(
-                    f"policy {url} answered {resp.status}: {(await resp.text())[:300]}"
-                )
-            completion = await resp.json()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json=body, headers=headers) as resp,
+    ):
+        if resp.status != 200:
+            raise PolicyCallFailed(
+                f"policy {url} answered {resp.status}: {(await resp.text())[:300]}"
+            )
+        completion = await resp.json()
     choices = completion.get("choices") or []
     if not choices:
         raise PolicyCallFailed(f"policy {url} returned no choice")

@@ -54,7 +54,7 @@ class CheckpointCalls:
 
         answers = await asyncio.gather(*(one(e) for _, e in chosen))
         contracts = []
-        for (i, endpoint), caps in zip(chosen, answers):
+        for (i, endpoint), caps in zip(chosen, answers, strict=True):
             server = shapes.server_name(endpoint, i)
             name = (caps or {}).get("name")
             if isinstance(name, str) and name:
@@ -90,7 +90,7 @@ class CheckpointCalls:
                 "ready": True,
                 "payload": shapes.prepare_payload(statuses.get(e.url)),
             }
-            for ident, e in zip(self._identities(), self.endpoints)
+            for ident, e in zip(self._identities(), self.endpoints, strict=True)
         ]
         answer = {"checkpoint_id": checkpoint_id, "ready": True, "participants": participants}
         return self._steps.record(checkpoint_id, "participants", answer)
@@ -110,7 +110,7 @@ class CheckpointCalls:
                 shapes.commit_participant(
                     ident, checkpoint_dir, e["checkpoint_dir"], _Commit(e.get("commit"))
                 )
-                for ident, e in zip(self._identities(), committed["endpoints"])
+                for ident, e in zip(self._identities(), committed["endpoints"], strict=True)
             ]
         return {"checkpoint_id": checkpoint_id, "participants": committed["participants"]}
 
@@ -155,7 +155,9 @@ class CheckpointCalls:
             parts = [
                 shapes.restored_participant(ident, where, source_checkpoint_id)
                 for ident, where in zip(
-                    self._identities(), shapes.endpoint_dirs(checkpoint_dir, self.endpoints)
+                    self._identities(),
+                    shapes.endpoint_dirs(checkpoint_dir, self.endpoints),
+                    strict=True,
                 )
             ]
         except (CheckpointFailed, RlGymError):

@@ -183,7 +183,7 @@ class GymRolloutEnv(CheckpointCalls):
                 return f"{type(exc).__name__}: {exc}"
 
         answers = await asyncio.gather(*(one(e) for e in self.endpoints))
-        return {e.url: a for e, a in zip(self.endpoints, answers)}
+        return {e.url: a for e, a in zip(self.endpoints, answers, strict=True)}
 
     async def shutdown(self) -> None:
         """Stop every rollout and the orchestrator. Safe before spin-up and when repeated."""
@@ -261,7 +261,7 @@ class GymRolloutEnv(CheckpointCalls):
             return None
 
         try:
-            for claim, row in zip(claims, rows):
+            for claim, row in zip(claims, rows, strict=True):
                 watch(claim, row)
             while pending or held is not None:
                 if not pending:

@@ -3,12 +3,12 @@
 The drop-in starts a rollout per row as RL's streams ask for them, and a rollout outlives the
 stream that asked (a cancelled stream's rows wait for RL's re-dispatch), so rows arrive one by
 one, from many streams, at any time. :class:`RolloutFeed` keeps one orchestrator stream open
-over a queue of rows: :meth:`run` queues a row and waits for its outcome, matched by the
-stream's index (the row's position in what was fed). Should the stream end (a row the
-orchestrator refuses ends it with ConfigError; its other rollouts are abandoned), the waiting
-rollouts fail with :class:`FeedClosed` (infrastructure: RL re-dispatches them) and the next
-row opens a new stream; the drop-in checks rows before feeding them so that this stays rare. :meth:`aclose` ends it,
-abandoning what is still running.
+over a queue of rows: :meth:`run` queues a row and waits for its outcome, matched by the stream's
+index (the row's position in what was fed). Should the stream end (a row the orchestrator refuses
+ends it with ConfigError; its other rollouts are abandoned), the waiting rollouts fail with
+:class:`FeedClosed` (infrastructure: RL re-dispatches them) and the next row opens a new stream; the
+drop-in checks rows before feeding them so that this stays rare. :meth:`aclose` ends it, abandoning
+what is still running.
 """
 
 from __future__ import annotations

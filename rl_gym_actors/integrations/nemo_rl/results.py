@@ -112,12 +112,12 @@ def decode_routes(raw: Any) -> list:
             raise MissingGenerationData("routed_experts envelope size does not match its shape")
         per = layers * topk
         raw = [
-            [list(flat[t * per + l * topk : t * per + (l + 1) * topk]) for l in range(layers)]
+            [list(flat[t * per + j * topk : t * per + (j + 1) * topk]) for j in range(layers)]
             for t in range(tokens)
         ]
     if not (
         isinstance(raw, list)
-        and all(isinstance(t, list) and all(isinstance(l, list) for l in t) for t in raw)
+        and all(isinstance(t, list) and all(isinstance(layer, list) for layer in t) for t in raw)
     ):
         raise MissingGenerationData("routed_experts must have shape [tokens, layers, topk]")
     return raw
@@ -186,7 +186,10 @@ def to_nemo_rl_result(
     if turns:
         decode = tokenizer.batch_decode
         for (item, _, _), p, g in zip(
-            turns, decode([t[1] for t in turns]), decode([t[2] for t in turns])
+            turns,
+            decode([t[1] for t in turns]),
+            decode([t[2] for t in turns]),
+            strict=True,
         ):
             item["prompt_str"], item["generation_str"] = p, g
     elif untrained == "tokenize":
