@@ -1,5 +1,6 @@
 """The checkpoint gate with the real rollout side: a checkpoint taken while a batch is in flight
-waits for the live owners' tries (never retires them), and commits once they are sealed and ACKed."""
+waits for the live owners' tries (never retires them), and commits once they are sealed and ACKed.
+"""
 
 from __future__ import annotations
 

@@ -40,7 +40,9 @@ def gyms(agent):
     ids=["1-per-actor", "2-per-actor"],
 )
 def orch(request, ray_session, gyms):
-    endpoints = [GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab")]
+    endpoints = [
+        GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab", strict=True)
+    ]
     with Orchestrator(
         endpoints,
         policy=POLICY,
@@ -103,7 +105,7 @@ def test_reply_lost_after_gym_finished_is_adopted(orch, gyms, agent, tmp_path):
         for ep, r in (("a", 0.5), ("b", 0.25))
     ]
     outs = orch.run_batch(rows)
-    for o, row in zip(outs, rows):
+    for o, row in zip(outs, rows, strict=True):
         assert (o.status, o.attempt_index, o.adopted, o.tries) == ("sealed", 0, True, 1)
         assert o.reward == row["reward"] and o.receipt.execution_generation == 1
         assert agent.runs_of(o.rollout_id) == 1
@@ -210,7 +212,7 @@ def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
 
 def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, agent, tmp_path):
     # replies an earlier trainer process lost: completed on Gym, owned by nobody
-    for g, ep in zip(gyms, "ab"):
+    for g, ep in zip(gyms, "ab", strict=True):
         gym_call(
             g.endpoint, "run", {"reward": 0.5}, rollout_id=rid(orch, f"lost-{ep}"), attempt_index=0
         )
@@ -222,7 +224,7 @@ def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, a
     assert all(o.status == "sealed" and o.adopted for o in outs)
     report = settle_and_check(orch, gyms, agent, tmp_path, outs)
     assert [e.orphans_acked for e in report.endpoints] == [1, 1]
-    for g, ep in zip(gyms, "ab"):
+    for g, ep in zip(gyms, "ab", strict=True):
         assert key_state(g.endpoint, rid(orch, f"lost-{ep}"), 0) == "acknowledged"
 
 
