@@ -133,6 +133,19 @@ class Participant:
             cls = StoreUnavailable if exc.broken else StoreWriteFailed
             raise cls(str(exc), status=503) from exc
 
+    async def _durable_read(self) -> None:
+        """A read-only route's barrier: durable like a write while the store works; while its
+        writes fail, the answer is given from memory all the same (what the request itself
+        decided, such as a lease move, is queued and written again with the next write that
+        succeeds). A checkpoint's writes still fail, so nothing is committed on it."""
+        if self.store.broken:
+            self.store.submit(self.core.take_records())
+            return
+        try:
+            await self.store.wait(self.store.submit(self.core.take_records()))
+        except StoreFailed as exc:
+            logger.debug("a read answered while the store fails: %s", exc)
+
     def _admit(self) -> None:
         """Before a decision that writes: refuse at once when shutting down or the store is
         broken, and let an expired lease go first."""
@@ -270,7 +283,7 @@ class Participant:
 
     async def receipt(self, key: ExecutionKey) -> ReceiptAnswer:
         answer = self.core.receipt(key)
-        await self._durable()
+        await self._durable_read()
         return answer
 
     # ------------------------------------------------------------ control plane
@@ -291,7 +304,7 @@ class Participant:
         self._expire()
         answer = self.core.status(checkpoint_id)
         self._renew(checkpoint_id, None)
-        await self._durable()
+        await self._durable_read()
         return answer
 
     async def retire(
