@@ -129,8 +129,8 @@ def _absorb(
 def _snapshot_cost(
     ray: Any, LedgerActor: Any, endpoint: Any, attempts: int, trials: int
 ) -> dict[str, Any]:
+    from rl_gym_actors.core.attempt_book import AttemptBook
     from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-    from rl_gym_actors.core.book import Book
 
     owners = [f"rlga-rollout-bench-{i}" for i in range(64)]
     reports = [
@@ -152,11 +152,11 @@ def _snapshot_cost(
         raise RuntimeError(f"snapshot counts {snap.attempts} attempts, expected {attempts}")
     remote = run_trials(lambda: ray.get(ledger.snapshot.remote()), warmup=2, trials=trials)
     ping = run_trials(lambda: ray.get(ledger.ping.remote()), warmup=2, trials=trials)
-    book = Book([endpoint.url])
+    book = AttemptBook([endpoint.url])
     book.apply_all(reports)
     local = run_trials(book.snapshot, warmup=2, trials=trials)
     t1 = time.perf_counter()
-    book2 = Book([endpoint.url])
+    book2 = AttemptBook([endpoint.url])
     book2.apply_all(reports)
     fold_s = time.perf_counter() - t1
     ray.kill(ledger)

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.ledger import LedgerSnapshot
+from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.errors import ConfigError, GymError, GymUnavailable, RlGymError
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 

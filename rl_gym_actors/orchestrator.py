@@ -62,7 +62,8 @@ from rl_gym_actors.config import (
     pool_with,
     run_id_arg,
 )
-from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
+from rl_gym_actors.core.attempt_book import LedgerSnapshot
+from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed

@@ -9,8 +9,9 @@ import asyncio
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-from rl_gym_actors.core.ledger import Book, PrepareAction, plan_endpoint
+from rl_gym_actors.core.prepare_plan import PrepareAction, plan_endpoint
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 from rl_gym_actors.testing.gym_process import GymServerThread
@@ -21,7 +22,7 @@ RUNNING = AttemptState.RUNNING
 
 
 def test_settle_unlisted_tombstones_only_what_nobody_holds_and_gym_does_not_list():
-    book = Book([EP])
+    book = AttemptBook([EP])
     book.apply(AttemptReport("held", 0, EP, RUNNING, "live"))  # a live current try
     book.apply(AttemptReport("gone", 0, EP, RUNNING, "dead"))  # its owner died
     book.apply(AttemptReport("handed", 0, EP, RUNNING, "live", released=True))
@@ -43,7 +44,7 @@ def test_settle_unlisted_tombstones_only_what_nobody_holds_and_gym_does_not_list
 
 
 def test_the_plan_waits_for_foreign_attempts_and_acts_on_its_own():
-    book = Book([EP])
+    book = AttemptBook([EP])
     infos = [
         AttemptInfo(rollout_id=rid, attempt_index=0, state="running")
         for rid in ("run-a-1", "run-b-1", "run-a")

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-from rl_gym_actors.core.ledger import LedgerSnapshot
 from rl_gym_actors.observe import ledger_command, snapshot_table
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -68,7 +68,7 @@ def test_ledger_command_json_is_the_snapshot(ledger):
 
 
 def test_snapshot_table_flags_a_broken_invariant():
-    from rl_gym_actors.core.ledger import EndpointSnapshot
+    from rl_gym_actors.core.attempt_book import EndpointSnapshot
 
     snap = LedgerSnapshot(
         endpoints={URL: EndpointSnapshot(endpoint=URL, dispatched=2, acked=1, invariant_ok=False)},

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-from rl_gym_actors.core.ledger import Book
 from rl_gym_actors.errors import ConfigError
 
 pytestmark = pytest.mark.ray
@@ -52,7 +52,7 @@ def test_reports_in_any_order_from_many_callers_fold_like_the_book(ray_session, 
         rnd.shuffle(batch)
     # all batches in flight at once: the async actor may run them in any order
     ray_session.get([ledger.report.remote(b) for b in batches])
-    expected = Book([EP.url])
+    expected = AttemptBook([EP.url])
     expected.apply_all(reports)
     snap = ray_session.get(ledger.snapshot.remote())
     assert snap.invariant_ok

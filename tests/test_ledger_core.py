@@ -10,15 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot, merge_reports
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-from rl_gym_actors.core.book import merge_reports
-from rl_gym_actors.core.ledger import (
-    Book,
-    LedgerSnapshot,
-    PrepareAction,
-    orphan_step,
-    plan_endpoint,
-)
+from rl_gym_actors.core.prepare_plan import PrepareAction, orphan_step, plan_endpoint
 from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, StatusReport
 
 EPS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
@@ -111,8 +105,8 @@ def counts_of(snap: LedgerSnapshot) -> dict[str, dict[str, int]]:
     }
 
 
-def book_of(reports: list[AttemptReport]) -> Book:
-    book = Book()
+def book_of(reports: list[AttemptReport]) -> AttemptBook:
+    book = AttemptBook()
     book.apply_all(reports)
     return book
 
@@ -194,7 +188,7 @@ class BookMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.book = Book()
+        self.book = AttemptBook()
         self.folded: list[AttemptReport] = []
 
     @rule(report=reports_st)
@@ -227,7 +221,7 @@ TestBookMachine.settings = settings(max_examples=60, stateful_step_count=25, dea
 
 
 def test_state_only_moves_up_and_acked_beats_tombstoned():
-    book = Book()
+    book = AttemptBook()
     ep = EPS[0]
     for state in (
         AttemptState.ACKED,
@@ -242,7 +236,7 @@ def test_state_only_moves_up_and_acked_beats_tombstoned():
 
 
 def test_a_later_try_takes_the_rollout_back_after_a_release():
-    book = Book()
+    book = AttemptBook()
     ep = EPS[0]
     book.apply(AttemptReport("r", 0, ep, AttemptState.TOMBSTONED, "o-a", released=True))
     assert book.owners() == {}
@@ -254,7 +248,7 @@ def test_a_later_try_takes_the_rollout_back_after_a_release():
 
 @pytest.mark.slow
 def test_snapshot_stays_cheap_at_100k_attempts():
-    book = Book()
+    book = AttemptBook()
     reports = [
         AttemptReport(f"r{i}", 0, EPS[i % 2], AttemptState.RUNNING, f"o-{i % 64}")
         for i in range(100_000)
@@ -325,7 +319,7 @@ def test_plan_covers_every_attempt_and_never_takes_a_live_current_try(
     by_key = {s.key: s for s in steps}
     assert len(by_key) == len(steps), "one step per attempt"
 
-    def held_by_live_owner(rid, att):  # the reference's answer, independent of Book.claimant
+    def held_by_live_owner(rid, att):  # the reference's answer, independent of AttemptBook.claimant
         return (
             ref["current"].get(rid) == att
             and ref["released_at"][rid] < att
@@ -396,7 +390,7 @@ def test_seed_scenario_plan():
 def test_park_requested_counts_as_running_in_the_plan_and_the_blockers():
     """A real Gym lists a running attempt as park_requested while a prepare is in progress: a
     live owner's try is waited for, a forgotten one retired, and both block."""
-    from rl_gym_actors.core.ledger import blockers
+    from rl_gym_actors.core.prepare_plan import blockers
 
     ep = EPS[0]
     book = book_of([AttemptReport("live", 0, ep, AttemptState.RUNNING, "o-a")])
@@ -476,7 +470,7 @@ def test_attempt_states_have_one_total_order_that_the_fold_follows():
         AttemptReport("r", 0, "http://e", s, "a0") for s in (S.ACKED, S.TOMBSTONED)
     )
     for first, then in ((acked, tombstoned), (tombstoned, acked)):
-        book = Book()
+        book = AttemptBook()
         book.apply(first)
         book.apply(then)
         assert book.snapshot().endpoints["http://e"].acked == 1

@@ -8,7 +8,7 @@ from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
-from rl_gym_actors.core.ledger import Book
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.polling import soon
 
@@ -50,7 +50,9 @@ async def test_the_gate_counts_orphans_acked_and_times_prepare(gym, tmp_path):
     )
     client = GymClient(gym.endpoint)
     try:
-        gate = CheckpointGate(Book([gym.url]), [gym.endpoint], [client], NoOwners(), LedgerConfig())
+        gate = CheckpointGate(
+            AttemptBook([gym.url]), [gym.endpoint], [client], NoOwners(), LedgerConfig()
+        )
         report = await gate.run("metrics-ck", str(tmp_path), soon(20))
     finally:
         await client.close()

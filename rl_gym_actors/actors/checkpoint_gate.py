@@ -36,14 +36,9 @@ from rl_gym_actors.actors.gate_endpoint import (
 )
 from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
-from rl_gym_actors.core.ledger import (
-    Book,
-    CheckpointReport,
-    EndpointCheckpoint,
-    PrepareAction,
-    plan_endpoint,
-)
-from rl_gym_actors.core.prepare_plan import gym_attempts
+from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
+from rl_gym_actors.core.prepare_plan import PrepareAction, gym_attempts, plan_endpoint
 from rl_gym_actors.errors import (
     CheckpointConflict,
     CheckpointFailed,
@@ -66,7 +61,7 @@ class CheckpointGate:
 
     def __init__(
         self,
-        book: Book,
+        book: AttemptBook,
         endpoints: Sequence[GymEndpoint],
         clients: Sequence[GymClient],
         owners: Owners,
@@ -172,7 +167,7 @@ class CheckpointGate:
 
     def _follow_gym(self) -> None:
         """The book follows Gym: what Gym last listed as active on each endpoint is all that
-        can still run there (see :meth:`Book.settle_unlisted`)."""
+        can still run there (see :meth:`AttemptBook.settle_unlisted`)."""
         live = self._owners.live()
         for tally in self._tallies:
             status = tally.last

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.ledger import blockers
+from rl_gym_actors.core.prepare_plan import blockers
 from rl_gym_actors.protocol import CommitAnswer, StatusReport
 
 

@@ -15,8 +15,9 @@ import logging
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.gate_endpoint import EndpointTally, OwnerAnswer, Owners
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptState
-from rl_gym_actors.core.ledger import Book, PrepareAction, Step, orphan_step
+from rl_gym_actors.core.prepare_plan import PrepareAction, Step, orphan_step
 from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.protocol import CompletionReceipt
@@ -31,7 +32,7 @@ class StepPerformer:
     """Performs plan steps on one endpoint for one checkpoint id, recording in ``book``."""
 
     def __init__(
-        self, book: Book, owners: Owners, tally: EndpointTally, client: GymClient, cid: str
+        self, book: AttemptBook, owners: Owners, tally: EndpointTally, client: GymClient, cid: str
     ) -> None:
         self._book = book
         self._owners = owners

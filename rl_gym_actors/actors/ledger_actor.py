@@ -46,8 +46,9 @@ from rl_gym_actors.config import (
     checkpoint_id_arg,
     deadline_s_arg,
 )
+from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport
-from rl_gym_actors.core.ledger import Book, CheckpointReport, LedgerSnapshot
+from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
@@ -151,7 +152,7 @@ class LedgerActor:
         self._endpoints = list(endpoints)
         self._policy = policy or TryPolicy()
         self._config = config or LedgerConfig()
-        self._book = Book(e.url for e in self._endpoints)
+        self._book = AttemptBook(e.url for e in self._endpoints)
         self._owners = RayOwners()
         # sessions open lazily inside this actor's event loop; the control pool is as wide as
         # the gate's concurrent retire / receipt calls per endpoint

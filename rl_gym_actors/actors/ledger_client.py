@@ -18,7 +18,8 @@ from rl_gym_actors.actors.checkpoint_abort import AbortReport
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
-from rl_gym_actors.core.ledger import CheckpointReport, LedgerSnapshot
+from rl_gym_actors.core.attempt_book import LedgerSnapshot
+from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.errors import LedgerLost, RlGymError
 
 LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)

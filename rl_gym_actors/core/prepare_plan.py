@@ -30,7 +30,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from enum import Enum
 
-from rl_gym_actors.core.book import Book
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, ExecutionState, StatusReport
 
 # a real Gym lists a running attempt as "park_requested" while a prepare is in progress
@@ -39,7 +39,7 @@ _RUNNING = frozenset({ExecutionState.RUNNING.value, ExecutionState.PARKED.value,
 _COMPLETED = ExecutionState.COMPLETED.value
 
 
-class PrepareAction(str, Enum):
+class PrepareAction(Enum):
     ADOPT = "adopt"
     ORPHAN_ACK = "orphan_ack"
     RETIRE = "retire"
@@ -83,7 +83,7 @@ def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
 
 def plan_endpoint(
     status: StatusReport,
-    book: Book,
+    book: AttemptBook,
     endpoint: str,
     live_owners: Set[str],
     *,

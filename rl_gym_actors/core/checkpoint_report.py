@@ -1,26 +1,15 @@
-"""The ledger, pure: the book of attempts, the prepare plan, and the checkpoint report.
+"""What a committed checkpoint did on every endpoint: :class:`CheckpointReport`.
 
-- :mod:`rl_gym_actors.core.book`: :class:`Book` folds :class:`AttemptReport` records in any order
-  and keeps per endpoint counters; :class:`LedgerSnapshot` is its frozen view.
-- :mod:`rl_gym_actors.core.prepare_plan`: :func:`plan_endpoint` decides ADOPT / ORPHAN_ACK /
-  RETIRE / WAIT per attempt from one endpoint's status.
-- here: :class:`CheckpointReport`, what a committed checkpoint did on every endpoint.
-
-The ledger actor (``rl_gym_actors.actors.ledger_actor``) performs what these decide.
+The pure parts of the ledger live beside it: the book of attempts
+(:mod:`rl_gym_actors.core.attempt_book`) and the prepare plan
+(:mod:`rl_gym_actors.core.prepare_plan`); the ledger actor (``rl_gym_actors.actors.ledger_actor``)
+performs what they decide, and the checkpoint gate returns this report.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from rl_gym_actors.core.book import AttemptView, Book, EndpointSnapshot, LedgerSnapshot
-from rl_gym_actors.core.prepare_plan import (
-    PrepareAction,
-    Step,
-    blockers,
-    orphan_step,
-    plan_endpoint,
-)
 from rl_gym_actors.protocol import CommitAnswer
 
 
@@ -68,18 +57,3 @@ class CheckpointReport(BaseModel):
     @property
     def retired(self) -> int:
         return sum(e.retired for e in self.endpoints)
-
-
-__all__ = [
-    "AttemptView",
-    "Book",
-    "CheckpointReport",
-    "EndpointCheckpoint",
-    "EndpointSnapshot",
-    "LedgerSnapshot",
-    "PrepareAction",
-    "Step",
-    "blockers",
-    "orphan_step",
-    "plan_endpoint",
-]

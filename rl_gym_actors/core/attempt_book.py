@@ -1,4 +1,5 @@
-"""The ledger's book: every attempt any rollout actor reported, folded in any order.
+"""The ledger's book of attempts, :class:`AttemptBook`: every attempt any rollout actor
+reported, folded in any order.
 
 Pure and synchronous: no Ray, no sockets, no clock reads. Reports arrive in batches from many
 rollout actors and may arrive out of order, so the fold is commutative and idempotent:
@@ -11,13 +12,13 @@ rollout actors and may arrive out of order, so the fold is commutative and idemp
 - ``released`` on a report for attempt ``a`` means the owner let go of the rollout at try ``a``; a
   later try (a higher index) takes the rollout again.
 
-Per endpoint counters are kept incrementally so that :meth:`Book.snapshot` costs O(endpoints +
-owners), not O(attempts). Each attempt sits in exactly one state bucket, so
+Per endpoint counters are kept incrementally so that :meth:`AttemptBook.snapshot` costs
+O(endpoints + owners), not O(attempts). Each attempt sits in exactly one state bucket, so
 ``dispatched = running + completed_unacked + acked + tombstoned`` holds after every fold.
 
-At each committed checkpoint :meth:`Book.prune` drops the rollouts that are settled (every attempt
-ACKed or tombstoned, no owner holding the rollout): the counters keep them, the book's memory
-stays one checkpoint interval deep.
+At each committed checkpoint :meth:`AttemptBook.prune` drops the rollouts that are settled (every
+attempt ACKed or tombstoned, no owner holding the rollout): the counters keep them, the book's
+memory stays one checkpoint interval deep.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class AttemptView:
     released: bool  # its owner let go of the rollout at this try or later
 
 
-class Book:
+class AttemptBook:
     """The cluster-wide book of attempts. One writer: the ledger actor."""
 
     def __init__(self, endpoints: Iterable[str] = ()) -> None:
