@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from rl_gym_actors.errors import CheckpointFailed, ConfigError
+from rl_gym_actors.errors import CheckpointFailed, ConfigError, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2 import coordinate as co
 from rl_gym_actors.gym.v2.client import V2Client
@@ -170,3 +170,47 @@ async def test_agent_protocol_server_is_no_v2_participant():
         async with GymClient(srv.endpoint) as gym:
             with pytest.raises(ConfigError):
                 await co.discover_participants({"old": gym}, deadline_ts=soon())
+
+
+@aio
+async def test_forget_hygiene_keeps_retired_marks_and_kept_replies_bounded():
+    """400 rollouts, 1 in 20 dropped by its deadline (retired while it runs); every rollout
+    finished for good is forgotten in batches of 50: the marks never pass one batch."""
+    async with servers([]) as (srvs, clients, parts):
+        gym, p = clients["s0"], srvs[0].participant
+        forgetter = co.Forgetter(parts, batch=50)
+        peaks = []
+        for wave in range(8):
+            ids = [rid() for _ in range(50)]
+            dropped = set(ids[::20])
+            runs = {
+                r: asyncio.ensure_future(
+                    gym.run(
+                        {"sleep_s": 5 if r in dropped else 0},
+                        rollout_id=r,
+                        attempt_index=0,
+                        deadline_ts=soon(30),
+                    )
+                )
+                for r in ids
+            }
+            finished = [runs[r] for r in ids if r not in dropped]
+            await until(lambda fs=finished: all(f.done() for f in fs), what="a wave")
+            await co.retire(
+                parts, f"w{wave}", [EpisodeId(rollout_id=r) for r in dropped], deadline_ts=soon()
+            )
+            for r in dropped:
+                with pytest.raises(StaleAttempt):  # its caller hears it was retired
+                    await runs[r]
+            peaks.append((len(p.machine.retired), sum(len(k) for k in p.table.kept.values())))
+            await forgetter.add(ids, f"w{wave}")
+        assert forgetter.forgotten == 400 and forgetter.pending == 0
+        status = await V2Client(gym).status(deadline_ts=soon())
+        assert status.retired_rollouts == 0 and status.model_extra["kept_replies"] == 0
+        assert max(m for m, _ in peaks) == 3 and max(k for _, k in peaks) <= 50
+        # a forget while a checkpoint is open is refused and kept for later
+        await co.prepare(parts, "open", deadline_ts=soon())
+        await forgetter.add(["late"], "open")
+        assert not await forgetter.flush("open") and forgetter.pending == 1
+        await co.resume(parts, "open", deadline_ts=soon())
+        assert await forgetter.flush("after") and forgetter.pending == 0

@@ -384,3 +384,50 @@ async def discover_participants(
             raise ConfigError(f"{name} does not speak the v2 checkpoint protocol")
         found.append(Participant(name, d.kind, V2Client(gym)))
     return ordered(found)
+
+
+class Forgetter:
+    """Forget hygiene: rollouts finished for good (sealed past a committed checkpoint, or
+    failed) are collected and forgotten on every participant in batches of ``batch``, so the
+    retired marks (and our server's kept replies) stay bounded. A forget refused while a
+    checkpoint is open keeps its ids for the next flush."""
+
+    def __init__(
+        self,
+        participants: Sequence[Participant],
+        *,
+        batch: int = 500,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        self._parts = participants
+        self._batch = batch
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._pending: set[str] = set()
+        self.forgotten = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def add(self, rollout_ids: Iterable[str], checkpoint_id: str) -> None:
+        self._pending.update(rollout_ids)
+        if len(self._pending) >= self._batch:
+            await self.flush(checkpoint_id)
+
+    async def flush(self, checkpoint_id: str) -> bool:
+        """Forget everything pending; False (kept for later) when some participant refused."""
+        ids = sorted(self._pending)
+        try:
+            await forget(
+                self._parts, checkpoint_id, ids, deadline_ts=self._clock() + self._timeout_s
+            )
+        except CoordinationError as exc:
+            logger.info("forget of %d rollouts deferred: %s", len(ids), exc)
+            return False
+        self._pending.difference_update(ids)
+        self.forgotten += len(ids)
+        return True

@@ -193,13 +193,13 @@ class EpisodeTable:
         """Records of every parked episode, and of restored ones still pending that the scope
         continues (under their replacement attempt, the one the scope names)."""
         records = [
-            {"episode_id": _wire(e.episode_id), "boundary": e.boundary}
+            record(e.episode_id, e.boundary)
             for e in self.live.values()
             if e.state == PARKED and not e.retiring
         ]
         for e in self.restored.values():
             if scope is None or e.episode_id in scope:
-                records.append({"episode_id": _wire(e.episode_id), "boundary": e.continuation})
+                records.append(record(e.episode_id, e.continuation))
         return sorted(records, key=lambda r: r["episode_id"]["rollout_id"])
 
     def restored_pending(self) -> list[EpisodeId]:
@@ -218,5 +218,15 @@ class EpisodeTable:
         return sorted(e.next_attempt().capture_key for e, _ in records)
 
 
-def _wire(episode_id: EpisodeId) -> dict[str, Any]:
-    return {"rollout_id": episode_id.rollout_id, "attempt": episode_id.attempt}
+def record(episode_id: EpisodeId, progress: Any) -> dict[str, Any]:
+    """One exported episode, in the fields of Gym's agent session record: a ``/run`` episode
+    (``episode`` not null, so it owns itself) with its progress as ``boundary``."""
+    return {
+        "episode_id": {"rollout_id": episode_id.rollout_id, "attempt": episode_id.attempt},
+        "session_key": episode_id.rollout_id,
+        "session": {},
+        "boundary": progress,
+        "episode": {"progress": progress},
+        "owner": None,
+        "session_id": None,
+    }
