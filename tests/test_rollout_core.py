@@ -1,4 +1,4 @@
-"""core/rollout.py path by path: each way a reply gets lost and its repair, with a fake clock."""
+"""core/rollout/ path by path: each way a reply gets lost and its repair, with a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hypothesis drives core/rollout.py against a small pure model of one Gym server.
+"""Hypothesis drives core/rollout/ against a small pure model of one Gym server.
 
 Whatever the order of replies, deadlines, retire answers, losses, abandons and ledger requests,
 every rollout ends with exactly one sealed result or none (failed/abandoned), the agent never

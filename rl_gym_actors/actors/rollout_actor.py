@@ -1,4 +1,4 @@
-"""The rollout actor: a thin async shell that performs what core/rollout.py decides.
+"""The rollout actor: a thin async shell that performs what core/rollout/ decides.
 
 One actor is created once by the warm pool and kept; it owns up to ``rollouts_per_actor``
 rollouts at a time, one :class:`~rl_gym_actors.core.rollout.RolloutMachine` each, with one

@@ -61,3 +61,58 @@ class AttemptReport:
     released: bool = False
     reward: float | None = None
     result_digest: str | None = None
+
+
+class AttemptLog:
+    """The reports one rollout's owner made, per attempt: the last state reported, the attempts
+    it released (its last report for them) and those it handed over to the ledger unsettled."""
+
+    def __init__(self, rollout_id: str, endpoint: str, owner: str) -> None:
+        self.rollout_id, self.endpoint, self.owner = rollout_id, endpoint, owner
+        self.handed_over: list[int] = []
+        self._states: dict[int, AttemptState] = {}
+        self._released: set[int] = set()
+
+    def state(self, attempt_index: int) -> AttemptState | None:
+        """The last state reported for the attempt (None: never reported)."""
+        return self._states.get(attempt_index)
+
+    def report(
+        self,
+        attempt_index: int,
+        state: AttemptState,
+        *,
+        adopted: bool = False,
+        released: bool = False,
+        reward: float | None = None,
+        result_digest: str | None = None,
+    ) -> AttemptReport:
+        self._states[attempt_index] = state
+        if released:
+            self._released.add(attempt_index)
+        return AttemptReport(
+            self.rollout_id,
+            attempt_index,
+            self.endpoint,
+            state,
+            self.owner,
+            adopted=adopted,
+            released=released,
+            reward=reward,
+            result_digest=result_digest,
+        )
+
+    def hand_over(self, attempt_index: int, state: AttemptState, adopted: bool) -> AttemptReport:
+        """Give the attempt up to the ledger, which settles it at the next checkpoint."""
+        self.handed_over.append(attempt_index)
+        return self.report(attempt_index, state, adopted=adopted, released=True)
+
+    def release(self, attempt_index: int | None, adopted: bool) -> AttemptReport | None:
+        """The owner's last report of its current attempt, unless it was released already or
+        never reported."""
+        if attempt_index is None or attempt_index in self._released:
+            return None
+        state = self._states.get(attempt_index)
+        if state is None:
+            return None
+        return self.report(attempt_index, state, adopted=adopted, released=True)

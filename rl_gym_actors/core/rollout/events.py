@@ -1,8 +1,9 @@
-"""What goes in and out of one rollout's state machine (core/rollout.py).
+"""What goes in and out of one rollout's state machine (machine.py).
 
 Pure data. Events carry the time they happened (``now``, Unix seconds); effects that wait carry
-an absolute deadline. A failed call's event carries its :class:`~rl_gym_actors.failures.FailureKind`;
-:func:`receipt_problem` checks a receipt against the reply it should prove.
+an absolute deadline. A failed call's event carries its
+:class:`~rl_gym_actors.failures.FailureKind`; :func:`receipt_problem` checks a receipt against
+the reply it should prove.
 """
 
 from __future__ import annotations
