@@ -179,11 +179,6 @@ def gym_serve(args: argparse.Namespace) -> int:
 
         server = v2_server_from_args(args, token)
         return _serve_until_stopped(server, token, source, args.loop)
-    faults = None
-    if args.allow_faults:
-        from rl_gym_actors.testing.faults import FaultInjector
-
-        faults = FaultInjector()
     try:
         agent = make_agent(args.agent)
         store = open_store(args.state_dir)
@@ -191,6 +186,11 @@ def gym_serve(args: argparse.Namespace) -> int:
         print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
         return 2
     participant = Participant(agent, store, **participant_options(args))
+    extensions = []
+    if args.allow_faults:
+        from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
+
+        extensions.append(fault_injection(FaultInjector(), participant.knows))
     try:
         server = GymServer(
             participant,
@@ -198,7 +198,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             max_body_bytes=args.max_body_bytes,
-            faults=faults,
+            extensions=extensions,
             log_level=args.log_level,
             handle_signals=True,
             http=args.http,

@@ -42,9 +42,9 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.faults import without_faults
 from rl_gym_actors.outcome import Outcome, reward_of
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, CompletionReceipt, StatusReport
-from rl_gym_actors.testing.faults import without_faults
 
 logger = logging.getLogger(__name__)
 

@@ -263,23 +263,26 @@ class GymServerThread(_Base):
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser, participant_options
+        from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
         from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
-        from rl_gym_actors.testing.faults import FaultInjector
 
         cli = build_parser().parse_args(["gym", "serve", *self.args])
         self.faults = FaultInjector() if self.allow_faults else None
         store = (self.store_factory or open_store)(self.state_dir)
         try:
             participant = Participant(make_agent(self.agent), store, **participant_options(cli))
+            faults = (
+                [] if self.faults is None else [fault_injection(self.faults, participant.knows)]
+            )
             self.server = GymServer(
                 participant,
                 token=self.token,
                 host=HOST,
                 port=port,
-                faults=self.faults,
+                extensions=faults,
                 max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                 graceful_s=2.0,
             )

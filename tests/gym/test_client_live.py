@@ -37,10 +37,10 @@ from rl_gym_actors.errors import (
     UnknownExecution,
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient, error_for_response
+from rl_gym_actors.gym.agent_checkpoint.faults import with_faults
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.protocol import CONTROL_PREFIX, AckAnswer, ExecutionState
 from rl_gym_actors.testing.counting_agent import CountingAgent
-from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
 

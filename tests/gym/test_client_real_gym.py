@@ -25,8 +25,8 @@ from rl_gym_actors.errors import (
     Unauthorized,
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.agent_checkpoint.faults import with_faults
 from rl_gym_actors.gym.retry import RetryPolicy
-from rl_gym_actors.testing.faults import with_faults
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
 from rl_gym_actors.testing.real_gym import RealGymStandIn

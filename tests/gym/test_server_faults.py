@@ -1,4 +1,4 @@
-"""Fault injection (rl_gym_actors.testing.faults), honoured only with --allow-faults."""
+"""Fault injection (gym/agent_checkpoint/faults.py), honoured only with --allow-faults."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import hashlib
 import aiohttp
 import pytest
 
+from rl_gym_actors.gym.agent_checkpoint.faults import with_faults, without_faults
 from rl_gym_actors.protocol import canonical_json
-from rl_gym_actors.testing.faults import with_faults, without_faults
 from rl_gym_actors.testing.gym_process import GymServerThread
 
 ROW = {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}

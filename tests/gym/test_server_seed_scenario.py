@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from rl_gym_actors.testing.faults import with_faults
+from rl_gym_actors.gym.agent_checkpoint.faults import with_faults
 
 
 async def test_seed_scenario(wire, agent):

@@ -5,6 +5,8 @@
 - :mod:`.core`: :class:`~.core.ParticipantCore`, every decision of the server side, pure.
 - :mod:`.participant`: :class:`~.participant.Participant`, the async shell around the core.
 - :mod:`.settled`: the compact record of keys that were ACKed or tombstoned.
+- :mod:`.routes`: :func:`~.routes.create_app`, the HTTP routes of this protocol's server.
+- :mod:`.faults`: fault injection (``--allow-faults``), a middleware the routes never see.
 
 What both protocols share (keys, typed errors, retry, endpoint health, the fence, the store, the
 agents and the HTTP server) lives one floor up, in :mod:`rl_gym_actors.gym`.

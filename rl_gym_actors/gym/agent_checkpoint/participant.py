@@ -236,6 +236,10 @@ class Participant:
                 raise self._cancelled(key) from None
             raise
 
+    def knows(self, key: ExecutionKey) -> bool:
+        """Whether ``key`` was ever seen (run, retired, or loaded from the store)."""
+        return self.core.state_of(key) is not None
+
     def _cancelled(self, key: ExecutionKey) -> GymError:
         if self._closing:
             return ServerUnavailable("the server shut down during the run", status=503)

@@ -24,17 +24,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_gym_actors.errors import GymError, InvalidRequest, RolloutIdRequired, Unauthorized
-from rl_gym_actors.gym.server import (
-    DEFAULT_MAX_BODY_BYTES,
-    GymServer,
-    _error_response,
-    _json_response,
-    _read_body,
-    _reject_constant,
-    _validation_detail,
-    bind_socket,
-    http_protocol,
-)
+from rl_gym_actors.gym.server import GymServer, bind_socket, http_protocol
 from rl_gym_actors.gym.v2.participant import V2Participant
 from rl_gym_actors.gym.v2.wire import (
     REQUEST_MODELS,
@@ -42,6 +32,12 @@ from rl_gym_actors.gym.v2.wire import (
     ROUTE_PREFIX,
     EpisodeId,
 )
+from rl_gym_actors.gym.web import DEFAULT_MAX_BODY_BYTES
+from rl_gym_actors.gym.web import error_response as _error_response
+from rl_gym_actors.gym.web import json_response as _json_response
+from rl_gym_actors.gym.web import read_body as _read_body
+from rl_gym_actors.gym.web import reject_constant as _reject_constant
+from rl_gym_actors.gym.web import validation_detail as _validation_detail
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, REPLAYED_HEADER, ROLLOUT_ID_FIELD
 
 logger = logging.getLogger(__name__)

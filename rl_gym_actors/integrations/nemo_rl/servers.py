@@ -93,14 +93,17 @@ class _ServerThread:
 
         def serve() -> None:
             try:
-                faults = None
-                if self.spec.allow_faults:
-                    from rl_gym_actors.testing.faults import FaultInjector
-
-                    faults = FaultInjector()
                 participant = Participant(self.agent, open_store(self.spec.state_dir))
+                extensions = []
+                if self.spec.allow_faults:
+                    from rl_gym_actors.gym.agent_checkpoint.faults import (
+                        FaultInjector,
+                        fault_injection,
+                    )
+
+                    extensions.append(fault_injection(FaultInjector(), participant.knows))
                 self.server = GymServer(
-                    participant, token=self.token, host=HOST, port=0, faults=faults
+                    participant, token=self.token, host=HOST, port=0, extensions=extensions
                 )
                 asyncio.run(self.server.serve(on_ready=ready.set))
             except BaseException as exc:  # reported to start(), which raises it

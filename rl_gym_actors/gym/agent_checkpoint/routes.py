@@ -1,0 +1,254 @@
+"""The agent-checkpoint protocol's HTTP routes: ``/run``, ``/ready``, the (ext) capabilities and
+the control routes under ``/ng-control/v1/agent-checkpoint`` (docs/PROTOCOL.md).
+
+:func:`create_app` builds the FastAPI app around a
+:class:`~rl_gym_actors.gym.agent_checkpoint.participant.Participant`; the conventions it shares
+with every server of ours (error bodies, the bearer dependency, body limits, extensions) are
+:mod:`rl_gym_actors.gym.web`'s, the serving is :mod:`rl_gym_actors.gym.server`'s.
+
+Every answer is a model of :mod:`rl_gym_actors.protocol`, sent without its absent (None)
+fields. Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorized``, 413
+``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation
+(integers beyond the store's 64 bits included), 404 and 405 for unknown routes, 409 for the
+participant's rejections (a prepare 409 also carries the full status as ``report``; a
+``checkpoint_conflict`` names ``active_checkpoint_id`` and its ``phase``), 500 ``agent_failed``,
+503 ``unavailable``, ``store_write_failed`` or ``store_unavailable``. Bad input never gets a 500.
+``GET /metrics`` serves the counts of :class:`rl_gym_actors.metrics.GymServerMetrics`;
+``GET /ready`` answers 200 while the store takes writes, else 503 ``store_unavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+
+from rl_gym_actors.errors import InvalidRequest
+from rl_gym_actors.gym.agent_checkpoint.core import PrepareIncomplete
+from rl_gym_actors.gym.agent_checkpoint.participant import Participant, StoreUnavailable
+from rl_gym_actors.gym.web import (
+    DEFAULT_MAX_BODY_BYTES,
+    Extension,
+    bearer_auth,
+    error_response,
+    install_error_handlers,
+    json_response,
+    parse,
+    read_body,
+    reject_constant,
+)
+from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX,
+    MAX_JSON_DEPTH,
+    RECEIPT_HEADER,
+    REPLAYED_HEADER,
+    ROLLOUT_ID_FIELD,
+    WIRE_INT_MAX,
+    AckBatchRequest,
+    Capabilities,
+    CommitRequest,
+    CompletionReceipt,
+    ExecutionKey,
+    PhaseRequest,
+    RetireRequest,
+    is_valid_attempt_index,
+    is_valid_checkpoint_id,
+    is_valid_rollout_id,
+    too_deep,
+)
+
+READY_PATH = "/ready"
+# what a server of ours does beyond its routes; "completed_result_acknowledgement" is the name
+# a real Gym and NeMo RL's checkpoint client use, the others are (ext). The routes it serves are
+# listed as features too, read from the app (route_features)
+FEATURES = (
+    "completed_result_acknowledgement",
+    "run-replay",
+    "replayed-header",
+    "receipt-header",
+    "prepare-report",
+    "lenient-status-retire",
+    "conflict-names-checkpoint",
+)
+
+
+def route_features(app: FastAPI) -> list[str]:
+    """The control routes (last path segment) and ``ready`` that ``app`` serves."""
+    names = []
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        if path.startswith(CONTROL_PREFIX + "/"):
+            names.append(path.rsplit("/", 1)[1])
+        elif path == READY_PATH:
+            names.append("ready")
+    return names
+
+
+# ---------------------------------------------------------------- keys
+
+
+def run_key(row: Any) -> ExecutionKey:
+    if not isinstance(row, dict):
+        raise InvalidRequest("a /run body must be a JSON object", status=422)
+    rollout_id = row.get(ROLLOUT_ID_FIELD)
+    attempt = row.get(ATTEMPT_INDEX_FIELD, 0)
+    if not is_valid_rollout_id(rollout_id):
+        raise InvalidRequest(
+            f"{ROLLOUT_ID_FIELD}: required, matching [A-Za-z0-9][A-Za-z0-9._-]* "
+            f"and at most 256 characters; got {rollout_id!r}",
+            status=422,
+        )
+    if not is_valid_attempt_index(attempt):
+        raise InvalidRequest(
+            f"{ATTEMPT_INDEX_FIELD}: must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}",
+            status=422,
+        )
+    return (rollout_id, attempt)
+
+
+def query_key(request: Request) -> ExecutionKey:
+    q = request.query_params
+    rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
+    if not is_valid_rollout_id(rollout_id):
+        raise InvalidRequest(f"rollout_id: invalid {rollout_id!r}", status=422)
+    if (
+        not attempt.isascii()
+        or not attempt.isdigit()
+        or len(attempt) > 19
+        or int(attempt) > WIRE_INT_MAX
+    ):
+        raise InvalidRequest(
+            f"attempt_index: must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}", status=422
+        )
+    return (rollout_id, int(attempt))
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(
+    participant: Participant,
+    *,
+    token: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metrics: bool = True,
+    extensions: Sequence[Extension] = (),
+) -> FastAPI:
+    """The HTTP app. ``token`` guards every control route (one dependency on the control
+    router); ``metrics`` serves Prometheus text on ``GET /metrics`` (unauthenticated; counts
+    only); ``extensions`` wrap the app in middleware its routes never see (the first
+    outermost)."""
+    auth = bearer_auth(token)
+    app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.participant = participant
+    if metrics:
+        app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
+    for extension in reversed(extensions):  # the last added is the outermost
+        app.add_middleware(extension.middleware, **extension.options)
+    install_error_handlers(app)
+
+    @app.exception_handler(PrepareIncomplete)
+    async def _not_ready(request: Request, exc: PrepareIncomplete) -> Response:
+        return error_response(exc.status or 409, exc.code, exc.detail, report=exc.body)
+
+    async def body(request: Request) -> bytes:
+        raw = await read_body(request, max_body_bytes)
+        if too_deep(raw):  # refused before parsing: never a RecursionError, never a run
+            raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels", status=422)
+        return raw
+
+    # ------------------------------------------------------------ data plane
+
+    @app.post("/run")
+    async def run(request: Request) -> Response:
+        try:
+            row = json.loads(await body(request), parse_constant=reject_constant)
+        except ValueError as exc:
+            raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
+        answer = await participant.run(run_key(row), row)
+        headers = {RECEIPT_HEADER: answer.receipt.decode("ascii")}  # canonical JSON, ASCII
+        if answer.replayed:
+            headers[REPLAYED_HEADER] = "1"
+        return json_response(answer.reply, headers=headers)
+
+    @app.get(READY_PATH)
+    async def ready(request: Request) -> Response:
+        if not participant.ready:
+            raise StoreUnavailable("the store is failing its writes", status=503)
+        return json_response({"ready": True})
+
+    # ------------------------------------------------------------ control plane
+
+    guarded = [Depends(auth)]  # every control route: the one bearer dependency
+
+    @app.get(CAPABILITIES_PATH, dependencies=guarded)
+    async def capabilities(request: Request) -> Response:
+        return json_response(Capabilities(features=features(), **participant.capabilities()))
+
+    def features() -> list[str]:
+        return [
+            *FEATURES,
+            *route_features(app),
+            *(["durable-store"] if participant.store.durable else []),
+            *(["checkpoint-lease"] if participant.core.fence.lease_s is not None else []),
+            *(["checkpoint-root"] if participant.checkpoint_root is not None else []),
+            *(name for extension in extensions for name in extension.features),
+        ]
+
+    async def receipt(request: Request) -> Response:
+        return json_response(await participant.receipt(query_key(request)))
+
+    # ours, and the name NeMo RL's checkpoint client fetches
+    for name in ("/receipt", "/completion-receipt"):
+        app.add_api_route(CONTROL_PREFIX + name, receipt, methods=["GET"], dependencies=guarded)
+
+    @app.get(CONTROL_PREFIX + "/status", dependencies=guarded)
+    async def status(request: Request) -> Response:
+        checkpoint_id = request.query_params.get("checkpoint_id")
+        if checkpoint_id is not None and not is_valid_checkpoint_id(checkpoint_id):
+            raise InvalidRequest(f"checkpoint_id: invalid {checkpoint_id!r}", status=422)
+        return json_response(await participant.status(checkpoint_id))
+
+    @app.post(CONTROL_PREFIX + "/acknowledge", dependencies=guarded)
+    async def acknowledge(request: Request) -> Response:
+        receipt = parse(CompletionReceipt, await body(request))
+        return json_response(await participant.acknowledge(receipt))
+
+    @app.post(CONTROL_PREFIX + "/acknowledge-completed", dependencies=guarded)
+    async def acknowledge_completed(request: Request) -> Response:
+        batch = parse(AckBatchRequest, await body(request))
+        return json_response(await participant.acknowledge_batch(batch.executions))
+
+    @app.post(CONTROL_PREFIX + "/retire", dependencies=guarded)
+    async def retire(request: Request) -> Response:
+        req = parse(RetireRequest, await body(request))
+        return json_response(
+            await participant.retire(
+                req.checkpoint_id, (req.rollout_id, req.attempt_index), req.deadline_ts
+            )
+        )
+
+    @app.post(CONTROL_PREFIX + "/prepare", dependencies=guarded)
+    async def prepare(request: Request) -> Response:
+        req = parse(PhaseRequest, await body(request))
+        return json_response(await participant.prepare(req.checkpoint_id, req.deadline_ts))
+
+    @app.post(CONTROL_PREFIX + "/commit", dependencies=guarded)
+    async def commit(request: Request) -> Response:
+        req = parse(CommitRequest, await body(request))
+        return json_response(
+            await participant.commit(req.checkpoint_id, req.checkpoint_dir, req.deadline_ts)
+        )
+
+    @app.post(CONTROL_PREFIX + "/resume", dependencies=guarded)
+    async def resume(request: Request) -> Response:
+        req = parse(PhaseRequest, await body(request))
+        return json_response(await participant.resume(req.checkpoint_id))
+
+    return app
