@@ -7,6 +7,7 @@ ours), :mod:`.answers` (HTTP answers to values or typed errors), :mod:`.retry` (
 data, one decider), :mod:`.health` (an endpoint marked down and probed back up), :mod:`.probe`
 (is each endpoint there before any row runs). Server side:
 :mod:`.fence` (the checkpoint phase machine), :mod:`.store` (the durable store of executions),
+:mod:`.checkpoint_files` (a commit's records and manifest),
 :mod:`.state_lock` (one server per state dir),
 :mod:`.agents` (agent adapters), :mod:`.web` (the HTTP conventions of every server of ours:
 error bodies, the one bearer dependency, body limits, extensions) and :mod:`.server` (serving

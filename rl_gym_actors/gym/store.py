@@ -1,5 +1,5 @@
-"""Where a Gym server keeps what it has promised: completed replies (the exact bytes sent) with their
-receipts, ACK fences, tombstones, generations, spent checkpoint ids and the checkpoint fence.
+"""Where a Gym server keeps what it has promised: completed replies (the exact bytes sent) with
+their receipts, ACK fences, tombstones, generations, spent checkpoint ids and the checkpoint fence.
 
 Two stores with one interface:
 
@@ -21,15 +21,12 @@ the participant refuses what would write, until a retry succeeds.
 On open after a crash every key that was running (or parked) is tombstoned: its caller never got
 an answer, and the run is gone.
 
-:func:`write_checkpoint` writes a checkpoint's records into ``checkpoint_dir`` and then
-``manifest.json`` last (temp file, fsync, rename), so a manifest never names missing records;
-:func:`confine` keeps ``checkpoint_dir`` inside a root directory.
+The files a commit writes are :mod:`rl_gym_actors.gym.checkpoint_files`'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import heapq
 import itertools
 import json
@@ -41,17 +38,14 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from rl_gym_actors.gym.fence import CheckpointPhase, FenceState
-from rl_gym_actors.protocol import ExecutionKey, ExecutionState, canonical_json
+from rl_gym_actors.protocol import ExecutionKey, ExecutionState
 
 logger = logging.getLogger(__name__)
 
 DB_NAME = "gym-participant.sqlite3"
-RECORDS_NAME = "gym-participant-records.jsonl"
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
 RETRY_S = 0.5  # a failed write is tried again at least this often
 BROKEN_AFTER = 3  # failed writes in a row after which the store counts as broken
 
@@ -88,7 +82,7 @@ class FenceRecord:
     state: FenceState
 
 
-Record = Union[Execution, SpentCheckpoint, FenceRecord]
+Record = Execution | SpentCheckpoint | FenceRecord
 
 
 def _identity(record: Record) -> tuple[Any, ...]:
@@ -197,7 +191,8 @@ def _execution(row: tuple) -> Execution:
 
 
 class SqliteStore:
-    """Records in ``<state_dir>/gym-participant.sqlite3``, written by one group-committing thread."""
+    """Records in ``<state_dir>/gym-participant.sqlite3``, written by one group-committing
+    thread."""
 
     durable = True
 
@@ -449,74 +444,3 @@ def _settle(futs: list[asyncio.Future], failure: StoreFailed | None) -> None:
 def open_store(state_dir: str | os.PathLike[str] | None) -> Store:
     """A durable store in ``state_dir``, or a memory store when it is None."""
     return MemoryStore() if state_dir is None else SqliteStore(state_dir)
-
-
-# ---------------------------------------------------------------- checkpoint files
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _checkpoint_line(e: Execution) -> bytes:
-    """One execution as a line of the checkpoint's records file."""
-    receipt = json.loads(e.receipt) if e.receipt is not None else None
-    return canonical_json(
-        {
-            "rollout_id": e.rollout_id,
-            "attempt_index": e.attempt_index,
-            "state": e.state.value,
-            "execution_generation": e.generation,
-            "completion_receipt": receipt,
-        }
-    )
-
-
-def write_checkpoint(
-    checkpoint_dir: str | os.PathLike[str], checkpoint_id: str, executions: Iterable[Execution]
-) -> dict[str, object]:
-    """Write the records, then ``manifest.json`` last. Returns the commit answer
-    ``{"records": n, "manifest_digest": sha256 of manifest.json}``. Raises OSError."""
-    directory = Path(checkpoint_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
-    records = b"".join(line + b"\n" for line in lines)
-    _write_file(directory / RECORDS_NAME, records)
-    manifest = canonical_json(
-        {
-            "format": MANIFEST_FORMAT,
-            "checkpoint_id": checkpoint_id,
-            "records": len(lines),
-            "records_file": RECORDS_NAME,
-            "records_sha256": hashlib.sha256(records).hexdigest(),
-        }
-    )
-    _write_file(directory / MANIFEST_NAME, manifest)
-    _fsync_dir(directory)
-    return {"records": len(lines), "manifest_digest": hashlib.sha256(manifest).hexdigest()}
-
-
-def confine(root: str | os.PathLike[str] | None, checkpoint_dir: str) -> Path:
-    """``checkpoint_dir`` resolved inside ``root`` (a relative one resolves under it); raises
-    ValueError when it escapes ``root`` (``..``, an absolute path elsewhere, a symlink out).
-    Without a root, the path as given."""
-    if root is None:
-        return Path(checkpoint_dir)
-    base = Path(os.path.realpath(root))
-    target = Path(os.path.realpath(base / checkpoint_dir))  # an absolute dir replaces base
-    if target != base and base not in target.parents:
-        raise ValueError(f"checkpoint_dir {checkpoint_dir!r} is outside the checkpoint root")
-    return target

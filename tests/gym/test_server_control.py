@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rl_gym_actors.gym.store import MANIFEST_NAME, RECORDS_NAME
+from rl_gym_actors.gym.checkpoint_files import MANIFEST_NAME, RECORDS_NAME
 from rl_gym_actors.protocol import CAPABILITIES_PATH, CONTROL_PREFIX
 from rl_gym_actors.testing.polling import soon
 

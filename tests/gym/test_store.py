@@ -11,18 +11,16 @@ import sqlite3
 
 import pytest
 
-from rl_gym_actors.gym import store as store_mod
+from rl_gym_actors.gym import checkpoint_files as files_mod
+from rl_gym_actors.gym.checkpoint_files import MANIFEST_NAME, RECORDS_NAME, write_checkpoint
 from rl_gym_actors.gym.store import (
     DB_NAME,
-    MANIFEST_NAME,
-    RECORDS_NAME,
     Execution,
     MemoryStore,
     SpentCheckpoint,
     SqliteStore,
     StoreFailed,
     open_store,
-    write_checkpoint,
 )
 from rl_gym_actors.protocol import ExecutionState as S
 
@@ -146,7 +144,7 @@ def test_write_checkpoint_writes_the_manifest_last(tmp_path, monkeypatch):
     renamed = []
     real_replace = os.replace
     monkeypatch.setattr(
-        store_mod.os,
+        files_mod.os,
         "replace",
         lambda src, dst: (renamed.append(os.path.basename(dst)), real_replace(src, dst)),
     )

@@ -25,12 +25,11 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agents import LineagedReply
+from rl_gym_actors.gym.checkpoint_files import confine, write_checkpoint
 from rl_gym_actors.gym.store import (
     MemoryStore,
     Store,
     StoreFailed,
-    confine,
-    write_checkpoint,
 )
 from rl_gym_actors.protocol import (
     AckAnswer,
