@@ -51,6 +51,9 @@ def spin_up(args: Any, incarnation: str) -> Any:
                 "pool": {"size": args.pool_size, "rollouts_per_actor": args.per_actor},
                 "orchestrator_id": f"tln{incarnation}",
                 "untrained_replies": "tokenize",
+                # this trainer reads (rowidx, agent_ref, result, timing) as NeMo RL's checkpoint
+                # work (PR #4093) does; "auto" would pick what the installed NeMo RL reads
+                "stream_tuple": 4,
             }
         }
     }

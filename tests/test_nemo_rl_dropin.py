@@ -54,6 +54,7 @@ def env(ray_session, gym):
                         "pool": {"size": 2, "rollouts_per_actor": 4},
                         "run_id": "t",
                         "untrained_replies": "tokenize",
+                        "stream_tuple": 4,  # NeMo RL's checkpoint work (PR #4093) reads 4
                     }
                 }
             },
@@ -392,7 +393,7 @@ def test_health_and_status_see_the_ledger_the_pool_and_gym(ray_session, env, gym
 
 
 @pytest.mark.slow
-def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(
+def test_four_tuples_name_the_rows_agent_and_three_tuples_are_the_default_without_nemo_rl(
     ray_session, env, gym
 ):
     rows = [row(0, reward=0.25, agent_ref={"name": "math_agent"}), row(1, reward=0.5)]
@@ -406,7 +407,7 @@ def test_four_tuples_name_the_rows_agent_and_three_tuples_are_there_by_config(
         {
             "rl_gym_actors": {
                 "endpoints": [{"url": gym.url, "token": gym.token}],
-                "stream_tuple": 3,
+                # no stream_tuple: "auto", and without NeMo RL installed that is main's 3
                 "untrained_replies": "tokenize",
                 "pool": {"size": 1, "rollouts_per_actor": 2},
             }

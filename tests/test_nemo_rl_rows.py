@@ -192,3 +192,49 @@ def test_stream_timer_reports_the_postprocess_share():
         "gym/postprocess_results": 1.0,
         "gym/postprocess_results_pct": 25.0,
     }
+
+
+# ---------------------------------------------------------------- ids without NeMo RL's help
+
+
+def nemo_rl_rows(n, **fields):
+    """Rows as NeMo RL main's _prepare_nemo_gym_rows leaves them: _rowidx, no rollout id."""
+    return [
+        {"_rowidx": i, "responses_create_params": {"input": f"q{i}"}, **fields} for i in range(n)
+    ]
+
+
+def test_ids_of_rows_without_one_are_derived_from_run_call_rowidx_and_digest():
+    book = RolloutBook("run7")
+    first = book.claim(nemo_rl_rows(3), stream=1, now=0.0)
+    second = book.claim(nemo_rl_rows(3, epoch=2), stream=2, now=0.0)
+    assert [c.rollout_id.split("-")[:3] for c in first] == [
+        ["run7", "c1", f"r{i}"] for i in range(3)
+    ]
+    assert all(c.rollout_id.startswith("run7-c2-") for c in second)
+    assert all(is_valid_rollout_id(c.rollout_id) for c in first + second)
+    assert book.durable_state() == {"prefix": "run7", "calls": 2}
+
+
+def test_a_restored_book_mints_the_ids_its_dead_instance_minted_and_a_changed_row_never():
+    dead = RolloutBook("run7-a1b2c3d4")
+    dead.claim(nemo_rl_rows(2), stream=1, now=0.0)
+    saved = dead.durable_state()  # what the checkpoint after call 1 keeps
+    after = [c.rollout_id for c in dead.claim(nemo_rl_rows(4, step=2), stream=2, now=0.0)]
+
+    restored = RolloutBook("run7-ffffffff")  # a new instance: another suffix until restored
+    restored.restore(saved)
+    again = [c.rollout_id for c in restored.claim(nemo_rl_rows(4, step=2), stream=9, now=0.0)]
+    assert again == after  # the same ids: the dead instance's results are adopted, not rerun
+
+    changed = RolloutBook("x")
+    changed.restore(saved)
+    other = changed.claim(nemo_rl_rows(4, step=2, temperature=0.5), stream=1, now=0.0)
+    assert not {c.rollout_id for c in other} & set(after)
+
+
+def test_a_bad_checkpointed_counter_is_a_config_error():
+    with pytest.raises(ConfigError):
+        RolloutBook("r").restore({"prefix": "r", "calls": -1})
+    with pytest.raises(ConfigError):
+        RolloutBook("r").restore({"prefix": "bad id", "calls": 1})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_nemo_rl_dropin import drain, row, stand_in_tokenizer
+from test_nemo_rl_dropin import stand_in_tokenizer
 
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.integrations.nemo_rl.config import DropInConfig
@@ -108,15 +108,15 @@ def test_one_line_and_the_config_section_make_nemo_rls_spinup_create_the_drop_in
             assert chooser.created == 1
             status = ray_session.get(actor.status.remote())
             assert status["spun_up"] and status["python"] == sys.executable
-            got, error = drain(
+            # NeMo RL main's rows (no ids) read by main's consumer (3-tuples): the default
+            # ("auto") speaks what the installed NeMo RL reads
+            rows = nemo_gym_module.prepare_rows([{"reward": 0.5}, {"reward": 0.25}])
+            got = nemo_gym_module.consume(
                 ray_session,
-                actor.run_rollouts.options(num_returns="streaming").remote(
-                    [row(0, reward=0.5)], "gym"
-                ),
-                keep_agent_ref=True,
+                actor.run_rollouts.options(num_returns="streaming").remote(rows, "gym"),
+                rows=len(rows),
             )
-            assert error is None and got[0][1] == {"name": "math"}
-            assert got[0][2]["full_result"]["reward"] == 0.5
+            assert {i: r["full_result"]["reward"] for i, r in got.items()} == {0: 0.5, 1: 0.25}
         finally:
             ray_session.get(actor.shutdown.remote())
             ray_session.kill(actor)

@@ -6,13 +6,21 @@ the detection knobs out of the user's ``env.nemo_gym`` to the top level of a ``N
 (everything else stays under ``initial_global_config_dict``), builds a runtime environment for
 NeMo Gym's own venv, then creates the actor through the module-level name ``NemoGym`` (looked up
 at call time: the seam :func:`rl_gym_actors.integrations.nemo_rl.selection.use_in_nemo_rl` uses),
-spins it up and installs the tokenizer. Its own ``NemoGym`` only records that it was made.
+spins it up and installs the tokenizer. Its own ``NemoGym`` only records that it was made; its
+``run_rollouts`` is annotated as NeMo RL main's (3-tuples), which is what the drop-in's
+``stream_tuple: auto`` reads.
+
+What NeMo RL main (7ea279ab) does with the stream, for tests: :func:`prepare_rows` is its row
+building (each row gets ``_rowidx`` and the sampling settings, and no ``_ng_rollout_id``);
+:func:`consume` reads a stream as its consumer does, unpacking exactly three values per row
+(``rowidx, result, timing_metrics``) and refusing a repeated or out-of-range ``_rowidx``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 import ray
@@ -53,6 +61,44 @@ class NemoGym:
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         return None
+
+    async def run_rollouts(
+        self, nemo_gym_examples: list[dict], timer_prefix: str, deduplicate: bool = False
+    ) -> AsyncGenerator[tuple[int, dict, dict | None], None]:
+        raise RuntimeError("the stand-in of NeMo RL's own NemoGym runs no rollouts")
+        yield  # pragma: no cover
+
+
+def prepare_rows(
+    rows: list[dict[str, Any]],
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 64,
+) -> list[dict[str, Any]]:
+    """NeMo RL main's row building, in place: sampling settings and ``_rowidx``, no ids."""
+    for index, row in enumerate(rows):
+        params = row.setdefault("responses_create_params", {})
+        params["temperature"] = temperature
+        params["top_p"] = top_p
+        params["max_output_tokens"] = min(params.get("max_output_tokens") or max_tokens, max_tokens)
+        row["_rowidx"] = index
+    return rows
+
+
+def consume(ray_module: Any, stream: Iterable[Any], rows: int, limit: int | None = None) -> dict:
+    """Read a drop-in stream as NeMo RL main does: ``rowidx, result, timing = value`` (three
+    values, else the ``ValueError`` main raises). Returns ``{rowidx: result}``; stops after
+    ``limit`` rows (a trainer that dies mid-stream)."""
+    got: dict[int, dict] = {}
+    for ref in stream:
+        rowidx, result, _timing = ray_module.get(ref)
+        if not isinstance(rowidx, int) or not 0 <= rowidx < rows or rowidx in got:
+            raise ValueError(f"NeMo-Gym returned a bad or duplicate row index {rowidx!r}")
+        got[rowidx] = result
+        if limit is not None and len(got) >= limit:
+            break
+    return got
 
 
 def build_nemo_gym_config(

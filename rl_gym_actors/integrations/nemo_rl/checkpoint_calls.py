@@ -11,6 +11,7 @@ from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import CheckpointFailed, RlGymError
 from rl_gym_actors.integrations.nemo_rl import participants as shapes
 from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
+from rl_gym_actors.integrations.nemo_rl.dropin_part import read_part, write_part
 from rl_gym_actors.integrations.nemo_rl.participants import CheckpointDeadline, ReceiptBook
 
 
@@ -24,6 +25,7 @@ class CheckpointCalls:
     receipts: ReceiptBook
     _participant_names: dict[str, str]
     _topology: dict[str, Any] | None
+    _book: Any  # a RolloutBook: its run id and call counter are this actor's checkpoint part
 
     def _require_spinup(self) -> None: ...
 
@@ -102,6 +104,8 @@ class CheckpointCalls:
         self._require_spinup()
 
         async def gate(cid: str, directory: str, deadline_s: float) -> Any:
+            # this actor's part first: durable before the gate releases anything on Gym
+            await asyncio.to_thread(write_part, directory, self._book.durable_state())
             return await self._orch.acheckpoint(cid, directory, deadline_s=deadline_s)
 
         committed = await self._steps.commit(checkpoint_id, checkpoint_dir, gate, deadline_ts)
@@ -152,6 +156,9 @@ class CheckpointCalls:
             self._steps.give_up(checkpoint_id)
             raise CheckpointDeadline(f"restore {checkpoint_id}: {exc}") from None
         try:
+            part = await asyncio.to_thread(read_part, checkpoint_dir)
+            if part is not None:  # the run id and call counter: the same ids again
+                self._book.restore(part)
             parts = [
                 shapes.restored_participant(ident, where, source_checkpoint_id)
                 for ident, where in zip(

@@ -78,10 +78,13 @@ class DropInConfig(_Settings):
 
     ``endpoints`` are Gym servers someone else runs, ``servers`` the ones the drop-in starts
     (at least one of the two). ``agent_name`` is the ``agent_ref`` of rows that carry none
-    (default: the endpoint's name, else ``rl_gym_actors``). ``stream_tuple``: 4 yields
-    ``(rowidx, agent_ref, result, timing)`` as the newest NeMo RL expects, 3 yields
-    ``(rowidx, result, timing)`` for NeMo RL releases before it. ``run_id`` prefixes derived
-    rollout ids (a per-actor suffix keeps two incarnations apart); ``hold_s`` / ``max_held``
+    (default: the endpoint's name, else ``rl_gym_actors``). ``stream_tuple``: ``auto`` (default)
+    yields what the installed NeMo RL's consumer unpacks, detected at spin-up
+    (:mod:`.consumer`: 3 for NeMo RL main, 4 for its checkpoint work); 4 forces
+    ``(rowidx, agent_ref, result, timing)``, 3 forces ``(rowidx, result, timing)``. ``run_id``
+    names the training run: derived rollout ids start with it (plus a per-instance suffix that a
+    restore from a checkpoint replaces with the checkpointed one); keep it stable across restarts
+    and unique among runs sharing a Gym server. ``hold_s`` / ``max_held``
     bound how long and how many results of cancelled streams are kept for a re-dispatch;
     ``commit_min_s`` is the least time a commit's gate gets; ``tensors`` picks the token
     containers (``auto``: ``torch.tensor`` when torch is importable). ``untrained_replies``:
@@ -93,7 +96,7 @@ class DropInConfig(_Settings):
     endpoints: list[GymEndpoint] = []
     servers: list[ServerSpec] = []
     agent_name: str | None = None
-    stream_tuple: Literal[3, 4] = 4
+    stream_tuple: Literal["auto", 3, 4] = "auto"
     policy: TryPolicy = TryPolicy()
     pool: PoolConfig = PoolConfig()
     ledger: LedgerConfig = LedgerConfig()

@@ -114,6 +114,7 @@ class GymRolloutEnv(CheckpointCalls):
         self._participant_names: dict[str, str] = {}
         self._topology: dict[str, Any] | None = None
         self.stats = DropInStats()
+        self.stream_tuple = 3 if self.cfg.stream_tuple == "auto" else self.cfg.stream_tuple
 
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
 
@@ -122,7 +123,11 @@ class GymRolloutEnv(CheckpointCalls):
         then the orchestrator (its ledger actor and warm pool) over them and ``endpoints``.
         Idempotent."""
         if self._orch is None:
+            from rl_gym_actors.integrations.nemo_rl.consumer import detect_stream_tuple
             from rl_gym_actors.orchestrator import Orchestrator
+
+            if self.cfg.stream_tuple == "auto":
+                self.stream_tuple = detect_stream_tuple()
 
             cfg = self.cfg
             own: list[GymEndpoint] = []
@@ -137,6 +142,7 @@ class GymRolloutEnv(CheckpointCalls):
                 pool=cfg.pool,
                 ledger=cfg.ledger,
                 orchestrator_id=cfg.orchestrator_id,
+                run_id=cfg.run_id,  # the book's ids start with it, also a restored instance's
                 progress=False,
                 start=False,
             )
@@ -254,7 +260,7 @@ class GymRolloutEnv(CheckpointCalls):
                 receipt = result.get("gym_completion_receipt")
                 if receipt is not None:
                     self.receipts.handed(receipt)
-                if self.cfg.stream_tuple == 3:
+                if self.stream_tuple == 3:
                     return (claim.rowidx, result, timing)
                 return (claim.rowidx, self._agent_ref(row), result, timing)
             reclaim(claim, row)

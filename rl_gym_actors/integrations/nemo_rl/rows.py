@@ -32,7 +32,8 @@ from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, is_val
 ROWIDX_FIELD = "_rowidx"
 # Fields that change between RL's dispatches of the same row, so they never enter its digest.
 VOLATILE_FIELDS = frozenset({ROWIDX_FIELD, ROLLOUT_ID_FIELD, ATTEMPT_INDEX_FIELD})
-PREFIX_MAX = 96  # leaves room for "-<digest>-<n>" within a rollout id
+PREFIX_MAX = 96  # leaves room for "-c<call>-r<rowidx>-<digest>" within a rollout id
+DIGEST_CHARS = 12  # of the row's digest in a derived id: a changed row never reuses an id
 
 
 # ---------------------------------------------------------------- failures RL understands
@@ -159,11 +160,17 @@ class RolloutBook:
     """Rows to rollouts, for one drop-in actor. One writer: the actor's event loop.
 
     A row that carries ``_ng_rollout_id`` keeps it (and starts at ``_ng_attempt_index`` when it
-    carries one). Otherwise its rollout id is ``<prefix>-<digest of the row>-<n>``: identical
-    rows (a prompt sampled several times) get different ``n``; a re-dispatched row is matched to
-    an earlier rollout of the same content that RL has not received yet, preferring a finished
-    one (its result is handed over: adopted, not rerun), then one still running (awaited), then
-    a failed one (its next try starts). A rollout RL received is never matched again.
+    carries one). Otherwise (NeMo RL's own rows carry only ``_rowidx``) its rollout id is derived,
+    deterministically: ``<prefix>-c<call>-r<rowidx>-<digest>``, ``call`` counting the
+    :meth:`claim` calls of this run (:meth:`next_call`), ``digest`` the first characters of the
+    row's digest. ``prefix`` (the run id) and the call counter are the book's durable state
+    (:meth:`durable_state` / :meth:`restore`): a trainer restored to a checkpoint sends the same
+    calls again and gets the same ids, so results its dead instance left on Gym are adopted, not
+    rerun. Identical rows (a prompt sampled several times) differ by ``_rowidx``; a re-dispatched
+    row is matched to an earlier rollout of the same content that RL has not received yet,
+    preferring a finished one (its result is handed over: adopted, not rerun), then one still
+    running (awaited), then a failed one (its next try starts). A rollout RL received is never
+    matched again.
 
     Streams watch the rollouts of their rows. A rollout no stream watches is preferred; one that
     another stream watches is shared rather than rerun, because that stream may be on its way
@@ -179,7 +186,8 @@ class RolloutBook:
         self._entries: dict[str, _Entry] = {}
         self._by_digest: dict[str, list[str]] = {}
         self._watching: dict[int, set[str]] = {}
-        self._seq = 0
+        self.calls = 0  # claim calls of this run so far (restored with the run id)
+        self._stream_call: dict[int, int] = {}  # the call each live stream claimed in
         self.stats = BookStats()
 
     def __len__(self) -> int:
@@ -191,23 +199,50 @@ class RolloutBook:
         entry = self._entries.get(rollout_id)
         return None if entry is None else entry.state
 
+    def durable_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the book: the run id (``prefix``) and the call counter."""
+        return {"prefix": self.prefix, "calls": self.calls}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take the run id and call counter a checkpoint kept (see :meth:`durable_state`)."""
+        calls = state.get("calls")
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+            raise ConfigError(f"checkpointed call counter {calls!r} is not a count")
+        self.prefix = check_prefix(str(state.get("prefix")))
+        self.calls = calls
+
+    def next_call(self) -> int:
+        self.calls += 1
+        return self.calls
+
     def claim(self, rows: Sequence[Mapping[str, Any]], stream: int, now: float) -> list[Claim]:
-        """Claims for every row, in row order. Raises ``RolloutDataError`` for a row with a bad
-        ``_rowidx`` or identity, or a batch that names one rollout twice; nothing is claimed."""
+        """Claims for every row, in row order; one call of the run (ids derived from it).
+        Raises ``RolloutDataError`` for a row with a bad ``_rowidx`` or identity, or a batch
+        that names one rollout twice; nothing is claimed then (and the call is not counted)."""
         indexes = [_rowidx(row) for row in rows]
         if len(set(indexes)) != len(indexes):
             raise RolloutDataError("duplicate _rowidx in one batch")
         named = [rid for rid, _ in map(_explicit_identity, rows) if rid is not None]
         if len(set(named)) != len(named):
             raise RolloutDataError(f"duplicate {ROLLOUT_ID_FIELD} in one batch")
+        call = self._stream_call[stream] = self.next_call()
         return [
-            self.reclaim(row, stream, now, rowidx=i) for i, row in zip(indexes, rows, strict=True)
+            self.reclaim(row, stream, now, rowidx=i, call=call)
+            for i, row in zip(indexes, rows, strict=True)
         ]
 
     def reclaim(
-        self, row: Mapping[str, Any], stream: int, now: float, *, rowidx: int | None = None
+        self,
+        row: Mapping[str, Any],
+        stream: int,
+        now: float,
+        *,
+        rowidx: int | None = None,
+        call: int | None = None,
     ) -> Claim:
-        """One row's claim (again, after another stream took the rollout it was waiting on)."""
+        """One row's claim (again, after another stream took the rollout it was waiting on).
+        ``call`` is the claim call a new derived id is minted in (default: the stream's)."""
+        index = _rowidx(row) if rowidx is None else rowidx
         rid, _ = _explicit_identity(row)
         if rid is not None:
             entry = self._entries.get(rid)
@@ -215,11 +250,11 @@ class RolloutBook:
                 entry = self._entries[rid] = _Entry(rid, None, RolloutState.NEW, now)
             # RL asking again for one it had (SEALED) dispatches it again below
         else:
-            entry = self._by_digest_entry(row_digest(row), stream, now)
+            minted = self._stream_call.get(stream, self.calls) if call is None else call
+            entry = self._by_digest_entry(row_digest(row), stream, now, minted, index)
         entry.watchers.add(stream)
         self._watching.setdefault(stream, set()).add(entry.rollout_id)
         entry.touched = now
-        index = _rowidx(row) if rowidx is None else rowidx
         if entry.state in (RolloutState.RUNNING, RolloutState.KEPT):
             self.stats.reused += 1
             return Claim(index, entry.rollout_id, ClaimAction.REUSE)
@@ -227,7 +262,9 @@ class RolloutBook:
         self.stats.started += 1
         return Claim(index, entry.rollout_id, ClaimAction.START)
 
-    def _by_digest_entry(self, digest: str, stream: int, now: float) -> _Entry:
+    def _by_digest_entry(
+        self, digest: str, stream: int, now: float, call: int, rowidx: int
+    ) -> _Entry:
         best: _Entry | None = None
         best_key: tuple[bool, int] | None = None
         for rid in self._by_digest.get(digest, ()):
@@ -239,8 +276,15 @@ class RolloutBook:
                 best, best_key = entry, key
         if best is not None:
             return best
-        self._seq += 1
-        rid = f"{self.prefix}-{digest[:20]}-{self._seq}"
+        base = rid = derived_id(self.prefix, call, rowidx, digest)
+        n = 0
+        entry = self._entries.get(rid)
+        while entry is not None and entry.state is RolloutState.SEALED:
+            n += 1  # a reclaim in the call that minted this id, after it was handed out
+            rid = f"{base}-{n}"
+            entry = self._entries.get(rid)
+        if entry is not None:
+            return entry
         entry = _Entry(rid, digest, RolloutState.NEW, now)
         self._entries[rid] = entry
         self._by_digest.setdefault(digest, []).append(rid)
@@ -274,6 +318,7 @@ class RolloutBook:
 
     def release(self, stream: int) -> None:
         """A stream ended (done, raised or cancelled): what it did not deliver is free again."""
+        self._stream_call.pop(stream, None)
         for rid in self._watching.pop(stream, ()):
             entry = self._entries.get(rid)
             if entry is not None:
@@ -310,6 +355,11 @@ class RolloutBook:
             if entry.state is not RolloutState.SEALED:
                 dropped.append(entry.rollout_id)
         return dropped
+
+
+def derived_id(prefix: str, call: int, rowidx: int, digest: str) -> str:
+    """The rollout id of a row without one: run id, call of the run, row index, row digest."""
+    return f"{prefix}-c{call}-r{rowidx}-{digest[:DIGEST_CHARS]}"
 
 
 def _rowidx(row: Any) -> int:
