@@ -3,9 +3,13 @@
 No Ray here: owners are reached through the small :class:`Owners` interface that the ledger actor
 implements with Ray handles. One gate object runs one checkpoint.
 
-Per endpoint, concurrently: status -> act on the plan -> prepare with a short deadline slice ->
-if not ready, act on its lists again -> ... until ready or the deadline. Then commit every
-endpoint and resume every endpoint. On failure or deadline: resume every endpoint and raise
+ACK last (an ACK cannot be taken back). Phase 1, per endpoint concurrently: status -> act on the
+plan (adopt, retire; **no ACK**) -> prepare with a short deadline slice -> ... until the endpoint
+is ready, or ready but for completed results the gate will release (nothing running, admission
+closed, every completed un-ACKed attempt one the plan ACKs), or the deadline. Phase 2, only when
+every endpoint got there: ACK those results and prepare again (ready at once), then commit every
+endpoint; resume every endpoint in any case. A checkpoint that fails in phase 1 (the deadline,
+a conflict, an endpoint down) has ACKed nothing; it resumes every endpoint and raises
 :class:`CheckpointFailed` with the blockers per endpoint.
 
 Attempts the book never heard of are not retired while admission is still open and some owner is
@@ -38,7 +42,7 @@ from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
-from rl_gym_actors.core.prepare_plan import PrepareAction, gym_attempts, plan_endpoint
+from rl_gym_actors.core.prepare_plan import PrepareAction, Step, gym_attempts, plan_endpoint
 from rl_gym_actors.errors import (
     CheckpointConflict,
     CheckpointFailed,
@@ -47,13 +51,14 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
-from rl_gym_actors.protocol import StatusReport
+from rl_gym_actors.protocol import ExecutionState, StatusReport
 
 logger = logging.getLogger(__name__)
 
 
 RESUME_SLACK_S = 0.4  # a failed checkpoint still resumes every endpoint within this slack
 FIRST_SLICE_S = 0.5  # the prepare that closes admission while unknown runs are deferred
+_COMPLETED_STATE = ExecutionState.COMPLETED.value
 
 
 class CheckpointGate:
@@ -102,13 +107,22 @@ class CheckpointGate:
             min(prepare_deadline, start + _flush_budget(prepare_deadline - start))
         )
         try:
-            await self._until(
+            await self._until(  # phase 1: everything but the release
                 deadline_ts,
                 [
-                    self._make_ready(t, c, checkpoint_id, prepare_deadline)
+                    self._make_ready(t, c, checkpoint_id, prepare_deadline, hold=True)
                     for t, c in zip(self._tallies, self._clients, strict=True)
                 ],
             )
+            if all(t.ready or t.held_ready for t in self._tallies):
+                await self._until(  # phase 2: release (ACK) and prepare again
+                    deadline_ts,
+                    [
+                        self._make_ready(t, c, checkpoint_id, prepare_deadline, hold=False)
+                        for t, c in zip(self._tallies, self._clients, strict=True)
+                        if not t.ready
+                    ],
+                )
             if all(t.ready for t in self._tallies):
                 metrics.CHECKPOINT_PREPARE_SECONDS.observe(self._clock() - start)
                 await self._until(
@@ -197,10 +211,10 @@ class CheckpointGate:
     # ------------------------------------------------------------------ one endpoint
 
     async def _make_ready(
-        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float
+        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float, *, hold: bool
     ) -> None:
         try:
-            await self._prepare_loop(tally, client, cid, deadline_ts)
+            await self._prepare_loop(tally, client, cid, deadline_ts, hold=hold)
         except asyncio.CancelledError:
             tally.error = tally.error or "deadline passed"
             raise
@@ -211,13 +225,19 @@ class CheckpointGate:
             tally.error = f"{type(exc).__name__}: {exc}"
 
     async def _prepare_loop(
-        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float
+        self, tally: EndpointTally, client: GymClient, cid: str, deadline_ts: float, *, hold: bool
     ) -> None:
+        """Phase 1 (``hold``): until ready, or ready but for ``tally.held``. Phase 2: the same
+        loop with ACKs, entered with admission closed and nothing running: the first round
+        releases what phase 1 held and its prepare is ready."""
         url = tally.endpoint.url
+        performer = StepPerformer(self._book, self._owners, tally, client, cid)
+        if not hold:
+            await performer.release(tally.held, deadline_ts)
         status = await client.status(cid, deadline_ts=deadline_ts)
         tally.last = status
         # with no live owner, nobody can have dispatched a try the book has not heard of yet
-        retire_unknown = not self._owners.live()
+        retire_unknown = not self._owners.live() or not hold
         while True:
             round_start = self._clock()
             steps = plan_endpoint(
@@ -231,9 +251,7 @@ class CheckpointGate:
             deferred = any(
                 s.action is PrepareAction.WAIT and s.owner is None and not s.foreign for s in steps
             )
-            await StepPerformer(self._book, self._owners, tally, client, cid).perform(
-                steps, deadline_ts
-            )
+            held = await performer.perform(steps, deadline_ts, hold_acks=hold)
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
             try:
@@ -251,6 +269,9 @@ class CheckpointGate:
             tally.last = status
             if status.ready_to_commit:
                 tally.ready = True
+                return
+            if hold and closed and retire_unknown and _only_held(status, held):
+                tally.held, tally.held_ready = held, True
                 return
             if tally.rounds >= self._config.prepare_rounds:
                 tally.error = f"not ready after {tally.rounds} prepare rounds"
@@ -355,6 +376,21 @@ class CheckpointGate:
         except RlGymError as exc:
             tally.error = tally.error or f"resume failed: {type(exc).__name__}: {exc}"
             logger.warning("resume %s on %s failed: %r", cid, tally.endpoint.label, exc)
+
+
+def _only_held(status: StatusReport, held: list[Step]) -> bool:
+    """Whether a not-ready endpoint waits only for results the gate is about to release: nothing
+    runs, nothing is parked without a boundary, and every completed un-ACKed attempt it lists
+    (it lists them all) is one of ``held``."""
+    completed = {
+        key for key, info in gym_attempts(status).items() if info.state == _COMPLETED_STATE
+    }
+    return (
+        status.running == 0
+        and status.parked_without_boundary == 0
+        and status.completed_unacknowledged == len(completed)
+        and completed <= {s.key for s in held}
+    )
 
 
 def _flush_budget(left: float) -> float:

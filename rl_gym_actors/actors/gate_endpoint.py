@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
@@ -58,6 +58,8 @@ class EndpointTally:
     resumed: bool = False
     may_hold: bool = False  # a prepare was sent that the server did not refuse
     conflict: str | None = None  # the checkpoint id that held the server at our last prepare
+    held: list[Any] = field(default_factory=list)  # plan steps: completed results to release
+    held_ready: bool = False  # ready but for ``held``: nothing runs, admission is closed
 
     def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
         """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on

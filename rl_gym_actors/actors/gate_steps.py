@@ -2,7 +2,9 @@
 
 The plan (:func:`~rl_gym_actors.core.prepare_plan.plan_endpoint`) says per attempt ADOPT (ask
 its owner to seal and ACK it), RETIRE (tombstone it on Gym) or ORPHAN_ACK (ACK its completed
-result, nobody will). Adopts and retires run first, concurrently (at most :data:`CONCURRENCY`
+result, nobody will). The gate holds every ACK back (``hold_acks``) until all endpoints are ready
+but for the results it will release, then releases them (:meth:`StepPerformer.release`): an ACK
+cannot be taken back. Adopts and retires run first, concurrently (at most :data:`CONCURRENCY`
 calls at a time); what they turn into orphans joins the ACK phase: receipts fetched where the
 status had none, then ACKed in chunks of :data:`ACK_CHUNK` (one by one when Gym rejects a chunk).
 The book learns what each call did.
@@ -40,8 +42,12 @@ class StepPerformer:
         self.client = client
         self.cid = cid
 
-    async def perform(self, steps: list[Step], deadline_ts: float) -> None:
-        """Adopt and retire what the steps say, then ACK every orphan."""
+    async def perform(
+        self, steps: list[Step], deadline_ts: float, *, hold_acks: bool = False
+    ) -> list[Step]:
+        """Adopt and retire what the steps say, then ACK every orphan; with ``hold_acks``
+        nothing is ACKed: the orphans (completed results to release) are returned for
+        :meth:`release`, which the gate calls only once every endpoint is ready but for them."""
         tally, client, cid = self.tally, self.client, self.cid
         limit = asyncio.Semaphore(CONCURRENCY)
         orphans = [s for s in steps if s.action is PrepareAction.ORPHAN_ACK]
@@ -80,8 +86,16 @@ class StepPerformer:
             *(adopt(s) for s in steps if s.action is PrepareAction.ADOPT),
             *(retire(s) for s in steps if s.action is PrepareAction.RETIRE),
         )
+        if hold_acks:
+            return orphans
         if orphans:
             await self._ack_orphans(orphans, deadline_ts, limit)
+        return []
+
+    async def release(self, steps: list[Step], deadline_ts: float) -> None:
+        """ACK the completed results ``steps`` name (receipts fetched where missing)."""
+        if steps:
+            await self._ack_orphans(steps, deadline_ts, asyncio.Semaphore(CONCURRENCY))
 
     async def _ack_orphans(
         self, steps: list[Step], deadline_ts: float, limit: asyncio.Semaphore
