@@ -26,6 +26,8 @@ _LAZY = {
     "IndexedOutcome": "rl_gym_actors.orchestrator",
     "Outcome": "rl_gym_actors.outcome",
     "GymClient": "rl_gym_actors.gym.agent_checkpoint.client",
+    "local_gym_server": "rl_gym_actors.local_gym",
+    "LocalGym": "rl_gym_actors.local_gym",
 }
 
 

@@ -175,6 +175,31 @@ def snapshot_table(name: str, snap: LedgerSnapshot) -> str:
     return "\n".join(out)
 
 
+def snapshot_summary(snap: Any) -> str:
+    """An orchestrator's snapshot in a few lines: the pool, the rollouts, the ledger and each
+    endpoint (actor names and leases stay in ``snap.pool``)."""
+    p, led, a = snap.pool, snap.ledger, snap.actors
+    lines = [
+        f"orchestrator {snap.orchestrator_id}: {len(p.actors)} rollout actor(s) x "
+        f"{p.rollouts_per_actor} slot(s), {p.leased} leased, {p.replaced} replaced, "
+        f"started in {p.startup_s:.1f} s; {snap.known_rollouts} rollouts known, "
+        f"{snap.in_flight} in flight",
+        f"  rollouts: {a.sealed} sealed, {a.failed} failed, {a.abandoned} abandoned; "
+        f"{a.tries} tries, {a.adoptions} adopted, {a.acks} ACKed",
+        f"  ledger: {led.rollouts} rollouts, {led.attempts} attempts; checkpoints "
+        f"{led.checkpoints_committed} committed, {led.checkpoints_failed} failed "
+        f"(last: {led.last_checkpoint_id or '-'}); book "
+        f"{'consistent' if led.invariant_ok else 'BROKEN'}",
+    ]
+    for e in led.endpoints.values():
+        lines.append(
+            f"  {e.endpoint}: {e.dispatched} dispatched = {e.running} running + "
+            f"{e.completed_unacked} un-ACKed + {e.acked} ACKed + {e.tombstoned} tombstoned "
+            f"({e.adopted} adopted)"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- fetching
 
 

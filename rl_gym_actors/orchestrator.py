@@ -119,6 +119,13 @@ class OrchestratorSnapshot(BaseModel):
     known_rollouts: int
     in_flight: int
 
+    def __str__(self) -> str:  # print(): a summary (observe.snapshot_summary), no actor names
+        from rl_gym_actors.observe import snapshot_summary
+
+        return snapshot_summary(self)
+
+    __repr__ = __str__
+
 
 class Orchestrator:
     """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
