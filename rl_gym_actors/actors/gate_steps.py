@@ -17,7 +17,7 @@ import logging
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.gate_endpoint import EndpointTally, OwnerAnswer, Owners
-from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_book import AttemptBook, GateAck
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, orphan_step
 from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, StaleAttempt
@@ -150,9 +150,9 @@ class StepPerformer:
             kinds = [
                 self._book.record_gate_acked(url, r.rollout_id, r.attempt_index) for r in acked
             ]
-            counted = kinds.count("orphan")
+            counted = kinds.count(GateAck.ORPHAN)
             tally.orphans_acked += counted
-            tally.sealed_acked += kinds.count("sealed")
+            tally.sealed_acked += kinds.count(GateAck.SEALED)
             metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
 
     @staticmethod

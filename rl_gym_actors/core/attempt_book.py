@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -59,6 +60,14 @@ _BUCKET = {
     AttemptState.ACKED: "acked",
     AttemptState.TOMBSTONED: "tombstoned",
 }
+
+
+class GateAck(Enum):
+    """What an ACK by the checkpoint gate was, as the book saw it."""
+
+    SEALED = "sealed"  # a rollout had sealed it: its result is the trainer's
+    ORPHAN = "orphan"  # nobody had sealed it: an orphan
+    KNOWN = "known"  # the book knew it ACKed already (its owner got there first): not counted
 
 
 class EndpointSnapshot(BaseModel):
@@ -222,19 +231,19 @@ class AttemptBook:
         """The gate ACKed the attempt (an orphan, or a result a rollout sealed and left to the
         checkpoint). False (and not counted) when the book already knew it as ACKed: its owner
         got there first and Gym answered idempotently."""
-        return self.record_gate_acked(endpoint, rollout_id, attempt_index) != ""
+        return self.record_gate_acked(endpoint, rollout_id, attempt_index) is not GateAck.KNOWN
 
-    def record_gate_acked(self, endpoint: str, rollout_id: str, attempt_index: int) -> str:
-        """The gate ACKed the attempt: ``"sealed"`` when a rollout had sealed it (its result is
-        the trainer's), ``"orphan"`` for any other, ``""`` when the book knew it ACKed already."""
+    def record_gate_acked(self, endpoint: str, rollout_id: str, attempt_index: int) -> GateAck:
+        """The gate ACKed the attempt: what it was (see :class:`GateAck`); counted unless
+        ``KNOWN``."""
         attempt = self._attempts.get((rollout_id, attempt_index))
         if attempt is not None and attempt.state is AttemptState.ACKED:
-            kind = ""
+            kind = GateAck.KNOWN
         elif attempt is not None and attempt.state is AttemptState.SEALED:
-            kind = "sealed"
+            kind = GateAck.SEALED
             self.sealed_acked += 1
         else:
-            kind = "orphan"
+            kind = GateAck.ORPHAN
             self.orphans_acked += 1
         self.record(endpoint, rollout_id, attempt_index, AttemptState.ACKED)
         return kind

@@ -173,20 +173,20 @@ class GymRolloutEnv(CheckpointCalls):
                 f"{snap.pool.size} rollout actors did not answer"
             )
         for url, answer in (await self._gym_status(STATUS_CHECKPOINT_ID)).items():
-            if isinstance(answer, str) and not answer.startswith("rejected"):
-                raise RolloutTransportError(f"Gym server {url} did not answer: {answer}")
+            # a refusal (GymRejected) still proves the server is up
+            if isinstance(answer, RlGymError) and not isinstance(answer, GymRejected):
+                raise RolloutTransportError(
+                    f"Gym server {url} did not answer: {type(answer).__name__}: {answer}"
+                )
 
-    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | str]:
-        """Every Gym server's status, or the text of why there is none (``rejected: ...``
-        when it answered with a refusal, which still proves it is up)."""
+    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | RlGymError]:
+        """Every Gym server's status, or the typed error of why there is none."""
 
-        async def one(endpoint: GymEndpoint) -> StatusReport | str:
+        async def one(endpoint: GymEndpoint) -> StatusReport | RlGymError:
             try:
                 return await fetch_status(endpoint, checkpoint_id)
-            except GymRejected as exc:
-                return f"rejected: {exc}"
             except RlGymError as exc:
-                return f"{type(exc).__name__}: {exc}"
+                return exc
 
         answers = await asyncio.gather(*(one(e) for e in self.endpoints))
         return {e.url: a for e, a in zip(self.endpoints, answers, strict=True)}
@@ -434,7 +434,7 @@ class GymRolloutEnv(CheckpointCalls):
             out["gym"] = {
                 url: a.model_dump(mode="json", exclude={"executions"})
                 if isinstance(a, StatusReport)
-                else {"error": a}
+                else {"error": f"{type(a).__name__}: {a}"}
                 for url, a in gym.items()
             }
         return out
