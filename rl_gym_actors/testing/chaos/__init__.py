@@ -1,0 +1,95 @@
+"""Chaos scenarios: one fault each, on real processes, and what came of it as one row.
+
+Shared by ``benchmarks/chaos.py`` (the table in RESULTS.md) and the tests (``tests/test_chaos.py``
+and the issue-9 tests), so that the table and the tests say the same thing. Every scenario takes
+a :class:`Sizes` and a scratch directory, needs a local Ray already connected (except
+:func:`node_loss`, which makes its own 3-node cluster and so runs in a process of its own), and
+returns a :class:`ChaosRow`:
+
+- rows sealed / failed with a reason / failed without one (the last must be 0);
+- Gym's running and un-ACKed attempts after the scenario's last checkpoint (both must be 0
+  where a checkpoint committed);
+- whether the checkpoint that follows the fault committed (``None``: not expected to);
+- the time from the fault to recovery (the first committed checkpoint after it, or, where none
+  can commit, to the typed failure);
+- rewards counted twice: rollout ids handed to the trainer sealed more than once.
+
+``expected`` says what a user expects; ``ok`` whether the row shows it.
+
+Here: :mod:`.common` (sizes, the row, the helpers every scenario uses), :mod:`.gym_faults` (Gym
+restarted, dead, frozen; two runs on one Gym), :mod:`.ray_faults` (ledger, rollout actor, driver,
+node), and :data:`SCENARIOS` / :func:`run` below.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from rl_gym_actors.testing.chaos.common import FULL, QUICK, ChaosRow, Sizes, gym_counts
+from rl_gym_actors.testing.chaos.gym_faults import gym_dead, gym_frozen, gym_restart, two_runs
+from rl_gym_actors.testing.chaos.ray_faults import (
+    driver_killed,
+    ledger_mid_batch,
+    ledger_mid_checkpoint,
+    node_loss,
+    rollout_actor_killed,
+)
+
+__all__ = [
+    "FULL",
+    "OWN_PROCESS",
+    "QUICK",
+    "SCENARIOS",
+    "ChaosRow",
+    "Sizes",
+    "driver_killed",
+    "gym_counts",
+    "gym_dead",
+    "gym_frozen",
+    "gym_restart",
+    "ledger_mid_batch",
+    "ledger_mid_checkpoint",
+    "node_loss",
+    "rollout_actor_killed",
+    "run",
+    "server_has_leases",
+    "two_runs",
+]
+
+
+def server_has_leases() -> bool:
+    """Whether ``gym serve`` takes ``--checkpoint-lease-s`` (the server side of issue 9)."""
+    import contextlib
+    import io
+
+    from rl_gym_actors.cli import build_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            build_parser().parse_args(["gym", "serve", "--checkpoint-lease-s", "1"])
+    except SystemExit:
+        return False
+    return True
+
+
+SCENARIOS: dict[str, Callable[[Sizes, Path], ChaosRow]] = {
+    "gym_restart": gym_restart,
+    "gym_dead": gym_dead,
+    "gym_frozen": gym_frozen,
+    "ledger_mid_batch": ledger_mid_batch,
+    "ledger_mid_checkpoint": ledger_mid_checkpoint,
+    "rollout_actor_killed": rollout_actor_killed,
+    "driver_killed": driver_killed,
+    "driver_killed_lease": lambda sizes, tmp: driver_killed(sizes, tmp, use_lease=True),
+    "two_runs": two_runs,
+    "node_loss": node_loss,
+}
+OWN_PROCESS = {"node_loss"}  # makes its own Ray cluster
+
+
+def run(name: str, sizes: Sizes = QUICK, tmp: Path | None = None) -> ChaosRow:
+    """One scenario in a fresh scratch directory."""
+    with tempfile.TemporaryDirectory(prefix=f"rlga-chaos-{name}-") as scratch:
+        return SCENARIOS[name](sizes, Path(tmp or scratch))
