@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
 OTHER_ROUTE = "other"
 RETIRE_ROUTE = f"{CONTROL_PREFIX}/retire"
+RETIRE_BATCH_ROUTE = f"{CONTROL_PREFIX}/retire-batch"  # (ext): one answer per key
 
 # Seconds; fits HTTP control calls (milliseconds) and agent runs (seconds to minutes).
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -179,6 +180,14 @@ class GymServerMetrics:
                 return
             if isinstance(answer, dict) and answer.get("tombstoned") is True:
                 self.retired.inc()
+        elif route == RETIRE_BATCH_ROUTE and body:
+            try:
+                answers = json.loads(body).get("retired")
+            except (ValueError, AttributeError):
+                return
+            if isinstance(answers, list):
+                tombstoned = sum(1 for a in answers if isinstance(a, dict) and a.get("tombstoned"))
+                self.retired.inc(tombstoned)
 
 
 def _field(obj: Any, name: str) -> float:
@@ -218,8 +227,8 @@ class MetricsMiddleware:
         if scope.get("path", "") == METRICS_PATH and method in ("GET", "HEAD"):
             await self._exposition(scope, receive, send)
             return
-        # only a retire's answer is read (whether it tombstoned); every other body streams past
-        keep_body = scope.get("path", "") == RETIRE_ROUTE
+        # only a retire's answers are read (whether it tombstoned); every other body streams past
+        keep_body = scope.get("path", "") in (RETIRE_ROUTE, RETIRE_BATCH_ROUTE)
         started = self._clock()
         status = 500
         replayed = False

@@ -240,6 +240,27 @@ class RetireRequest(PhaseRequest):
     attempt_index: AttemptIndex
 
 
+class RetireKey(_Strict):
+    rollout_id: RolloutId
+    attempt_index: AttemptIndex
+
+
+MAX_RETIRE_BATCH = 10_000  # keys per (ext) retire-batch request
+
+
+class RetireBatchRequest(PhaseRequest):
+    """(ext) Body of ``retire-batch``: many keys, each retired as ``retire`` would."""
+
+    executions: Annotated[list[RetireKey], Field(min_length=1, max_length=MAX_RETIRE_BATCH)]
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> RetireBatchRequest:
+        keys = {(k.rollout_id, k.attempt_index) for k in self.executions}
+        if len(keys) != len(self.executions):
+            raise ValueError("executions: keys must be unique")
+        return self
+
+
 class CommitRequest(PhaseRequest):
     checkpoint_dir: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 
@@ -272,6 +293,23 @@ class RetireAnswer(_Lenient):
     tombstoned: bool
     completed_unacknowledged: bool = False
     acknowledged: bool | None = None  # (ext) true when the key was already released
+
+
+class RetireKeyAnswer(RetireAnswer):
+    """(ext) One key's answer in a ``retire-batch`` answer: ``retire``'s answer and its key."""
+
+    rollout_id: str
+    attempt_index: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.rollout_id, self.attempt_index)
+
+
+class RetireBatchAnswer(_Lenient):
+    """(ext) ``retire-batch``'s answer: one per key sent, in the order sent."""
+
+    retired: list[RetireKeyAnswer]
 
 
 class AttemptInfo(_Lenient):

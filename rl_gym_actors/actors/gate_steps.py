@@ -5,9 +5,10 @@ its owner to seal and ACK it), RETIRE (tombstone it on Gym) or ORPHAN_ACK (ACK i
 result, nobody will). The gate holds every ACK back (``hold_acks``) until all endpoints are ready
 but for the results it will release, then releases them (:meth:`StepPerformer.release`): an ACK
 cannot be taken back. Adopts and retires run first, concurrently (at most :data:`CONCURRENCY`
-calls at a time); what they turn into orphans joins the ACK phase: receipts fetched where the
-status had none, then ACKed in chunks of :data:`ACK_CHUNK` (one by one when Gym rejects a chunk).
-The book learns what each call did.
+calls at a time; retires go :data:`RETIRE_CHUNK` keys per call to a server that offers the
+(ext) ``retire-batch``, one call per key otherwise); what they turn into orphans joins the ACK
+phase: receipts fetched where the status had none, then ACKed in chunks of :data:`ACK_CHUNK`
+(one by one when Gym rejects a chunk). The book learns what each call did.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, orphan_step
 from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.protocol import CompletionReceipt
+from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
 
 logger = logging.getLogger(__name__)
 
 ACK_CHUNK = 500  # receipts per acknowledge-completed request
 CONCURRENCY = 32  # per endpoint: concurrent retire / receipt / adopt calls
+RETIRE_BATCH = "retire-batch"  # the (ext) feature: many retires in one call
+RETIRE_CHUNK = 2000  # keys per retire-batch request
 
 
 class StepPerformer:
@@ -63,6 +66,13 @@ class StepPerformer:
             elif answer in (OwnerAnswer.REFUSED, OwnerAnswer.GONE):
                 orphans.append(orphan_step(step))
 
+        def retired(step: Step, answer: RetireAnswer) -> None:
+            if answer.completed_unacknowledged:
+                orphans.append(orphan_step(step))
+            elif answer.tombstoned:
+                tally.retired += 1
+                self._book.record_retired(tally.endpoint.url, step.rollout_id, step.attempt_index)
+
         async def retire(step: Step) -> None:
             async with limit:
                 try:
@@ -76,15 +86,35 @@ class StepPerformer:
                     # checkpoint_conflict / admission closed from a real Gym: the next round
                     logger.debug("retire %s on %s: %r", step.key, tally.endpoint.label, exc)
                     return
-            if answer.completed_unacknowledged:
-                orphans.append(orphan_step(step))
-            elif answer.tombstoned:
-                tally.retired += 1
-                self._book.record_retired(tally.endpoint.url, step.rollout_id, step.attempt_index)
+            retired(step, answer)
 
+        async def retire_batch(chunk: list[Step]) -> None:
+            async with limit:
+                try:
+                    answers = await client.retire_batch(
+                        [(s.rollout_id, s.attempt_index) for s in chunk],
+                        checkpoint_id=cid,
+                        deadline_ts=deadline_ts,
+                    )
+                except (GymError, GymUnavailable) as exc:
+                    logger.debug("retire-batch on %s: %r", tally.endpoint.label, exc)
+                    return
+            for step, answer in zip(chunk, answers, strict=True):
+                retired(step, answer)
+
+        retires = [s for s in steps if s.action is PrepareAction.RETIRE]
+        # one call per RETIRE_CHUNK keys where the server offers it (ours), else one per key
+        batched = bool(retires) and await client.offers(RETIRE_BATCH, deadline_ts=deadline_ts)
         await asyncio.gather(
             *(adopt(s) for s in steps if s.action is PrepareAction.ADOPT),
-            *(retire(s) for s in steps if s.action is PrepareAction.RETIRE),
+            *(
+                (
+                    retire_batch(retires[i : i + RETIRE_CHUNK])
+                    for i in range(0, len(retires), RETIRE_CHUNK)
+                )
+                if batched
+                else (retire(s) for s in retires)
+            ),
         )
         if hold_acks:
             return orphans

@@ -4,7 +4,8 @@ docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real
 differ from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
-- no (ext) routes: ``GET /ng-control/v1/capabilities`` and ``GET .../receipt`` answer 404
+- no (ext) routes: ``GET /ng-control/v1/capabilities``, ``GET .../receipt`` and
+  ``POST .../retire-batch`` answer 404
   ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` header is dropped;
 - the prepare 409 ``agent_prepare_incomplete`` carries only ``error`` (counts in its detail),
   no ``report``;
@@ -44,7 +45,7 @@ from rl_gym_actors.protocol import (
 )
 
 HOST = "127.0.0.1"
-_EXT_ROUTES = (CAPABILITIES_PATH, CONTROL_PREFIX + "/receipt")
+_EXT_ROUTES = (CAPABILITIES_PATH, CONTROL_PREFIX + "/receipt", CONTROL_PREFIX + "/retire-batch")
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
@@ -159,7 +160,7 @@ class RealGymStandIn:
         self, session: aiohttp.ClientSession, request: web.Request
     ) -> web.StreamResponse:
         path = request.path
-        if request.method == "GET" and path in _EXT_ROUTES:
+        if path in _EXT_ROUTES:
             return _json(404, {"detail": "Not Found"})
         raw_in = await request.read()
         key = self._run_key(raw_in) if path == "/run" else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -72,6 +72,10 @@ from rl_gym_actors.protocol import (
     ReceiptAnswer,
     ResumeAnswer,
     RetireAnswer,
+    RetireBatchAnswer,
+    RetireBatchRequest,
+    RetireKey,
+    RetireKeyAnswer,
     RetireRequest,
     StatusReport,
     is_valid_rollout_id,
@@ -161,6 +165,8 @@ class GymClient(GymTransport):
     """Async client of one Gym server speaking the agent-checkpoint protocol; one per process
     or actor, shared by its coroutines. Construction, pickling, pools and loop binding are
     :class:`~rl_gym_actors.gym.transport.GymTransport`'s."""
+
+    _features: frozenset[str] | None = None  # the server's capabilities, once asked
 
     # ------------------------------------------------------------ data plane
 
@@ -287,6 +293,37 @@ class GymClient(GymTransport):
             rollout_id=rollout_id,
             attempt_index=attempt_index,
         )
+
+    async def retire_batch(
+        self, keys: Sequence[tuple[str, int]], *, checkpoint_id: str, deadline_ts: float
+    ) -> list[RetireKeyAnswer]:
+        """(ext) ``retire`` of many keys in one call, answered per key in the order sent; only
+        for a server that offers ``retire-batch`` (see :meth:`offers`)."""
+        for rollout_id, attempt_index in keys:
+            _rollout_key(rollout_id, attempt_index)
+        answer = await self._phase_call(
+            RetireBatchAnswer,
+            RetireBatchRequest,
+            "/retire-batch",
+            deadline_ts,
+            RetryOn.IDEMPOTENT,
+            checkpoint_id=checkpoint_id,
+            executions=[RetireKey(rollout_id=r, attempt_index=i) for r, i in keys],
+        )
+        if [a.key for a in answer.retired] != [tuple(k) for k in keys]:
+            raise ProtocolViolation(f"{self.endpoint.label}: retire-batch answered other keys")
+        return answer.retired
+
+    async def offers(self, feature: str, *, deadline_ts: float) -> bool:
+        """(ext) Whether the server lists ``feature`` in its capabilities (asked once and kept;
+        a server without the route offers nothing)."""
+        if self._features is None:
+            try:
+                caps = await self.capabilities(deadline_ts=deadline_ts)
+            except RlGymError:
+                return False  # not kept: asked again next time
+            self._features = frozenset(caps.features) if caps is not None else frozenset()
+        return feature in self._features
 
     async def status(self, checkpoint_id: str, *, deadline_ts: float) -> StatusReport:
         """The participant's status, as seen for ``checkpoint_id``."""

@@ -323,6 +323,23 @@ class Participant:
         await self._notify()
         return answer
 
+    async def retire_batch(
+        self, checkpoint_id: str, keys: Sequence[ExecutionKey], deadline_ts: float | None = None
+    ) -> list[RetireAnswer]:
+        """(ext) ``retire`` of each key in one decision: one durable write, one notify."""
+        self._admit()
+        answers = []
+        for key in keys:
+            answer, cancel = self.core.retire(checkpoint_id, key)
+            task = self._runs.pop(key, None) if cancel else None
+            if task is not None:
+                task.cancel()
+            answers.append(answer)
+        self._renew(checkpoint_id, deadline_ts)
+        await self._durable()
+        await self._notify()
+        return answers
+
     async def prepare(self, checkpoint_id: str, deadline_ts: float) -> StatusReport:
         """Close admission; wait until nothing runs or ``deadline_ts``; ready or 409."""
         self._admit()

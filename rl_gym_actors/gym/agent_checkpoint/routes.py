@@ -56,6 +56,9 @@ from rl_gym_actors.protocol import (
     CompletionReceipt,
     ExecutionKey,
     PhaseRequest,
+    RetireBatchAnswer,
+    RetireBatchRequest,
+    RetireKeyAnswer,
     RetireRequest,
     is_valid_attempt_index,
     is_valid_checkpoint_id,
@@ -231,6 +234,21 @@ def create_app(
         return json_response(
             await participant.retire(
                 req.checkpoint_id, (req.rollout_id, req.attempt_index), req.deadline_ts
+            )
+        )
+
+    @app.post(CONTROL_PREFIX + "/retire-batch", dependencies=guarded)
+    async def retire_batch(request: Request) -> Response:
+        """(ext) Many retires in one call, answered per key in the order sent."""
+        req = parse(RetireBatchRequest, await body(request))
+        keys = [(k.rollout_id, k.attempt_index) for k in req.executions]
+        answers = await participant.retire_batch(req.checkpoint_id, keys, req.deadline_ts)
+        return json_response(
+            RetireBatchAnswer(
+                retired=[
+                    RetireKeyAnswer(rollout_id=k[0], attempt_index=k[1], **a.model_dump())
+                    for k, a in zip(keys, answers, strict=True)
+                ]
             )
         )
 
