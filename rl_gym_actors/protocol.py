@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints, model_validator
 
@@ -229,8 +229,10 @@ def capture_key(rollout_id: str, attempt_index: int) -> str:
 
 
 class PhaseRequest(_Strict):
-    """Body of prepare and resume."""
+    """Body of prepare and resume (and, with more fields, of retire and commit). Carries
+    ``schema_version`` 1, as a real Gym's and NeMo RL's checkpoint requests do."""
 
+    schema_version: Literal[1] = 1
     checkpoint_id: CheckpointId
     deadline_ts: FiniteFloat
 

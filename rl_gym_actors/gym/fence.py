@@ -54,7 +54,7 @@ class CheckpointPhase(str, Enum):
     IDLE = "idle"
     PREPARING = "preparing"
     PREPARED = "prepared"
-    COMMITTED = "committed"
+    COMMITTED = "committed_paused"  # the name a real Gym and NeMo RL's client use
 
 
 # (operation, phase before) -> phase after; a pair not in the table is an illegal transition

@@ -7,10 +7,10 @@ unknown fields, so an (ext) field of ours in the wrong place fails these tests.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal
 
 import nemo_rl_checkpoint_models as models
-import pytest
 from pydantic import Field, model_validator
 
 from rl_gym_actors.gym.agents import LineagedReply, simulated_agent
@@ -82,18 +82,35 @@ async def test_capabilities_validate_in_every_phase(wire):
     await wire.resume("cp-n1")
 
 
-@pytest.mark.parametrize("route", ["/receipt", "/completion-receipt"])
-async def test_both_receipt_routes_answer_a_strict_receipt(wire, route):
+async def test_completion_receipt_is_the_bare_receipt_and_receipt_keeps_its_state(wire):
     await wire.run("rN")
-    got = await wire.request(
-        "GET",
-        "/ng-control/v1/agent-checkpoint" + route,
-        params={"rollout_id": "rN", "attempt_index": "0"},
+    prefix = "/ng-control/v1/agent-checkpoint"
+    params = {"rollout_id": "rN", "attempt_index": "0"}
+    bare = await wire.request("GET", prefix + "/completion-receipt", params=params)
+    receipt = StrictReceipt.model_validate(bare.json)  # NeMo RL PR #4093 validates it bare
+    assert receipt.manifest_capture_key is None and "manifest_capture_key" not in bare.json
+    ours = await wire.request("GET", prefix + "/receipt", params=params)
+    assert ours.json == {"state": "completed", "completion_receipt": bare.json}  # (ext)
+    # no receipt to give: the real participant's 409 completed_execution_acknowledgement_error
+    none = await wire.request(
+        "GET", prefix + "/completion-receipt", params={"rollout_id": "rZ", "attempt_index": "0"}
     )
-    assert got.status == 200 and got.json["state"] == "completed"
-    receipt = StrictReceipt.model_validate(got.json["completion_receipt"])
-    assert receipt.manifest_capture_key is None  # neither field, not nulls
-    assert "manifest_capture_key" not in got.json["completion_receipt"]
+    assert (none.status, none.code) == (409, "completed_execution_acknowledgement_error")
+
+
+async def test_pr_4093_control_bodies_with_schema_version_are_accepted(wire, tmp_path):
+    prefix = "/ng-control/v1/agent-checkpoint"
+    body = {"schema_version": 1, "checkpoint_id": "pr-1", "deadline_ts": time.time() + 30}
+    retire = {**body, "rollout_id": "rX", "attempt_index": 0}
+    assert (await wire.request("POST", prefix + "/retire", body=retire)).status == 200
+    assert (await wire.request("POST", prefix + "/prepare", body=body)).status == 200
+    commit = {**body, "checkpoint_dir": str(tmp_path)}
+    assert (await wire.request("POST", prefix + "/commit", body=commit)).status == 200
+    caps = StrictCapabilities.model_validate((await wire.capabilities()).json)
+    assert caps.phase == "committed_paused"
+    assert (await wire.request("POST", prefix + "/resume", body=body)).status == 200
+    bad = await wire.request("POST", prefix + "/prepare", body={**body, "schema_version": 2})
+    assert (bad.status, bad.code) == (422, "invalid_request")
 
 
 async def test_lineage_fields_pass_through_receipt_status_and_ack(wire_for):

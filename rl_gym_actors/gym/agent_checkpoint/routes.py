@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from rl_gym_actors.errors import InvalidRequest
+from rl_gym_actors.errors import AckRejected, GymRejected, InvalidRequest
 from rl_gym_actors.gym.agent_checkpoint.core import PrepareIncomplete
 from rl_gym_actors.gym.agent_checkpoint.participant import Participant, StoreUnavailable
 from rl_gym_actors.gym.web import (
@@ -190,7 +190,8 @@ def create_app(
 
     guarded = [Depends(auth)]  # every control route: the one bearer dependency
 
-    @app.get(CAPABILITIES_PATH, dependencies=guarded)
+    # as a real Gym's control plane serves it: without a token (it names no rollout)
+    @app.get(CAPABILITIES_PATH)
     async def capabilities(request: Request) -> Response:
         return json_response(Capabilities(features=features(), **participant.capabilities()))
 
@@ -204,12 +205,29 @@ def create_app(
             *(name for extension in extensions for name in extension.features),
         ]
 
+    @app.get(CONTROL_PREFIX + "/receipt", dependencies=guarded)
     async def receipt(request: Request) -> Response:
+        """(ext) ``{"state", "completion_receipt"}`` for a completed or ACKed key."""
         return json_response(await participant.receipt(query_key(request)))
 
-    # ours, and the name NeMo RL's checkpoint client fetches
-    for name in ("/receipt", "/completion-receipt"):
-        app.add_api_route(CONTROL_PREFIX + name, receipt, methods=["GET"], dependencies=guarded)
+    @app.get(CONTROL_PREFIX + "/completion-receipt", dependencies=guarded)
+    async def completion_receipt(request: Request) -> Response:
+        """The bare receipt, as a real Gym's later participant answers it and NeMo RL's
+        checkpoint client (PR #4093) validates it; a key with no receipt to give is 409
+        ``completed_execution_acknowledgement_error`` (the real participant's code)."""
+        key = query_key(request)
+        try:
+            answer = await participant.receipt(key)
+        except GymRejected as exc:
+            raise AckRejected(
+                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt ({exc.code})",
+                status=409,
+            ) from None
+        if answer.completion_receipt is None:
+            raise AckRejected(
+                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt", status=409
+            )
+        return json_response(answer.completion_receipt)
 
     @app.get(CONTROL_PREFIX + "/status", dependencies=guarded)
     async def status(request: Request) -> Response:
