@@ -14,7 +14,7 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPol
 from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
 
 if TYPE_CHECKING:
-    from rl_gym_actors.gym.client import GymClient
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
     from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
     from rl_gym_actors.outcome import Outcome
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _rebuild(cls: type, message: str, fields: dict[str, Any]) -> RlGymError:
+def _rebuild(cls: type[RlGymError], message: str, fields: dict[str, Any]) -> RlGymError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(fields)

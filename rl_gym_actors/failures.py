@@ -41,6 +41,7 @@ class FailureKind(str, Enum):
 
     transport: bool
     repeat: Repeat
+    _raised_by: tuple[type[BaseException], ...]
 
     def __new__(
         cls, code: str, transport: bool, repeat: Repeat, *raised_by: type[BaseException]

@@ -97,7 +97,9 @@ class _ParticipantCounts:
         ):
             # counters carry the server's start as their _created sample, as the
             # prometheus_client counters beside them do
-            created = {"created": self._created} if kind is CounterMetricFamily else {}
+            created: dict[str, Any] = (
+                {"created": self._created} if kind is CounterMetricFamily else {}
+            )
             if value is None:
                 families.append(kind(f"{p}_{name}", text, **created))
             else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import socket
 import sys
 import time
@@ -81,7 +82,7 @@ def status_table(
 ) -> str:
     """A Gym status object as text: the counts, then the attempts standing in a checkpoint's way
     (running or parked without a boundary, and completed but not ACKed), at most ``limit``."""
-    head = [
+    head: list[list[Any]] = [
         ["state", report.state],
         ["ready_to_commit", _yes(report.ready_to_commit)],
         ["running", report.running],
@@ -228,7 +229,7 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
             address=address or "auto",
             namespace=RAY_NAMESPACE,
             log_to_driver=False,
-            logging_level="ERROR",
+            logging_level=logging.ERROR,
             configure_logging=False,
         )
     names = sorted(
@@ -237,7 +238,7 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
         if a.get("namespace") == RAY_NAMESPACE and a.get("name", "").startswith(LEDGER_PREFIX)
     )
     found: dict[str, Any] = {}
-    refs = {}
+    refs: dict[str, Any] = {}  # ledger name -> its snapshot's ObjectRef
     for name in names:
         try:
             refs[name] = ray.get_actor(name, namespace=RAY_NAMESPACE).snapshot.remote()

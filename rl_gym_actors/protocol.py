@@ -117,8 +117,9 @@ def result_identity(reply: Any, digest: str | None = None) -> str:
         if isinstance(rid, str) and rid:
             return rid
         resp = reply.get("response")
-        if isinstance(resp, dict) and isinstance(resp.get("id"), str) and resp["id"]:
-            return resp["id"]
+        inner = resp.get("id") if isinstance(resp, dict) else None
+        if isinstance(inner, str) and inner:
+            return inner
     return digest or result_digest(reply)
 
 

@@ -183,8 +183,8 @@ class AsIsRunner:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending)
-        for i, out in enumerate(outcomes):
-            if out is None:
+        for i, kept in enumerate(outcomes):
+            if kept is None:
                 self.stats.rollouts_abandoned += 1
                 att, ep = current.get(i, (None, ""))
                 if att is not None:
@@ -286,9 +286,12 @@ class AsIsRunner:
             )
         except (GymUnavailable, GymError) as exc:
             raise _TryLost("receipt", exc) from exc
-        if answer.completion_receipt.result_digest != result.digest:
+        receipt = answer.completion_receipt
+        if receipt is None:
+            raise ProtocolViolation(f"{rollout_id}/{attempt}: replied, yet no completion receipt")
+        if receipt.result_digest != result.digest:
             raise ProtocolViolation(f"{rollout_id}/{attempt}: reply digest differs from receipt")
-        return result.reply, answer.completion_receipt
+        return result.reply, receipt
 
     async def _ack(self, client: GymClient, receipt: CompletionReceipt) -> bool:
         try:

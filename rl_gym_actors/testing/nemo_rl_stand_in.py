@@ -151,7 +151,8 @@ def spinup_nemo_gym_actor(
             },
         }
     }
-    actor = NemoGym.options(**options).remote(cfg)
+    # @ray.remote's stubs keep the class's own type; the ActorClass it returns has .options
+    actor = NemoGym.options(**options).remote(cfg)  # type: ignore[attr-defined]
     ray.get(actor._spinup.remote())
     ray.get(actor.set_tokenizer.remote(tokenizer))
     return actor

@@ -91,6 +91,8 @@ class StandInOwner:
     async def _seal_and_ack(self, rid: str, att: int, digest: str, *, adopted: bool) -> None:
         deadline = time.time() + self._control_s
         receipt = (await self._client.receipt(rid, att, deadline_ts=deadline)).completion_receipt
+        if receipt is None:
+            raise ProtocolViolation(f"{rid}/{att}: replied, yet no completion receipt")
         if receipt.result_digest != digest:
             raise ProtocolViolation(f"{rid}/{att}: reply digest differs from its receipt")
         self._report(rid, att, AttemptState.SEALED, adopted=adopted)

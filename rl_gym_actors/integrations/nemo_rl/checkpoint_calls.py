@@ -13,11 +13,13 @@ from rl_gym_actors.integrations.nemo_rl import participants as shapes
 from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl.dropin_part import read_part, write_part
 from rl_gym_actors.integrations.nemo_rl.participants import CheckpointDeadline, ReceiptBook
+from rl_gym_actors.protocol import StatusReport
 
 
 class CheckpointCalls:
     """Mixed into the drop-in, which provides ``_steps``, ``_orch``, ``endpoints``,
-    ``receipts`` (a :class:`ReceiptBook`), ``_held_count()`` and ``_require_spinup()``."""
+    ``receipts`` (a :class:`ReceiptBook`), ``_held_count()``, ``_require_spinup()`` and
+    ``_gym_status()``."""
 
     _steps: CheckpointSteps
     _orch: Any
@@ -27,9 +29,14 @@ class CheckpointCalls:
     _topology: dict[str, Any] | None
     _book: Any  # a RolloutBook: its run id and call counter are this actor's checkpoint part
 
-    def _require_spinup(self) -> None: ...
+    def _require_spinup(self) -> None:
+        raise NotImplementedError  # the drop-in's
 
-    def _held_count(self) -> int: ...
+    def _held_count(self) -> int:
+        raise NotImplementedError  # the drop-in's
+
+    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | str]:
+        raise NotImplementedError  # the drop-in's
 
     def _identities(self) -> list[dict[str, str]]:
         return shapes.identities(self.endpoints, self._participant_names)

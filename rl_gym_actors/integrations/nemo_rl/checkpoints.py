@@ -204,7 +204,13 @@ class CheckpointSteps:
                 },
             )
             self.committed += 1
-        return self._fence.recorded(checkpoint_id, "commit")
+        answer = self._fence.recorded(checkpoint_id, "commit")
+        if answer is None:  # the fence no longer knows this id (forgotten while the gate ran)
+            raise CheckpointFailed(
+                f"checkpoint {checkpoint_id} left the fence while it committed",
+                checkpoint_id=checkpoint_id,
+            )
+        return answer
 
     def end(self, checkpoint_id: str) -> dict[str, Any]:
         """Resume or abort: reopen admission; the id is spent. Repeats answer the same."""

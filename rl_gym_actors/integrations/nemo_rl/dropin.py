@@ -158,6 +158,11 @@ class GymRolloutEnv(CheckpointCalls):
         if self._orch is None:
             raise RuntimeError("the Gym drop-in was not spun up: call _spinup() first")
 
+    def _spun_up_feed(self) -> RolloutFeed:
+        if self._feed is None:
+            raise RuntimeError("the Gym drop-in was not spun up (or is shut down)")
+        return self._feed
+
     async def health_check(self) -> None:
         """Raise when the ledger, a rollout actor or a Gym server does not answer."""
         self._require_spinup()
@@ -271,6 +276,7 @@ class GymRolloutEnv(CheckpointCalls):
                 watch(claim, row)
             while pending or held is not None:
                 if not pending:
+                    assert held is not None  # the loop runs while either is left
                     out = emit(held, timer.metrics(time.monotonic() - started))
                     held = None
                     if out is not None:
@@ -383,7 +389,7 @@ class GymRolloutEnv(CheckpointCalls):
                 # the orchestrator remembers the rollout's earlier tries: a rollout that comes
                 # again retires its last try first, and adopts it if it had finished
                 check_json(row)  # a bad row fails alone, not the shared stream
-                outcome = await self._feed.run(row)
+                outcome = await self._spun_up_feed().run(row)
         except asyncio.CancelledError:
             self._book.settle(rid, ok=False, now=time.time())
             raise

@@ -102,7 +102,7 @@ def contract(identity: dict[str, str], capabilities: dict[str, Any] | None) -> d
     """The topology entry of one participant, from its capabilities (defaults where the server
     says nothing: a server of ours before it spoke NeMo RL's schema)."""
     caps = capabilities or {}
-    entry = {
+    entry: dict[str, Any] = {
         k: caps[k] if caps.get(k) is not None else DEFAULT_CONTRACT[k] for k in CAPABILITY_FIELDS
     }
     entry["admission_states"] = sorted(entry["admission_states"])

@@ -75,13 +75,12 @@ def detect_flags(
     """``(is_invalid_tool_call, has_malformed_thinking)`` of a turn's last output item."""
     patterns = patterns or list(INVALID_TOOL_CALL_PATTERNS)
     tags = tags or list(THINKING_TAGS)
-    content, summary = item.get("content"), item.get("summary")
-    if _first_text(content) is not None:
-        text = _first_text(content)
+    text = _first_text(item.get("content"))
+    if text is not None:
         return any(p in text for p in patterns), any(t in text for t in tags)
-    if item.get("type") == "reasoning" and _first_text(summary) is not None:
-        text = _first_text(summary)
-        return any(p in text for p in patterns), any(text.count(t) > 1 for t in tags)
+    summary = _first_text(item.get("summary")) if item.get("type") == "reasoning" else None
+    if summary is not None:
+        return any(p in summary for p in patterns), any(summary.count(t) > 1 for t in tags)
     return False, False
 
 
@@ -274,7 +273,9 @@ def _tokenized(
             for o in response.get("output") or []
             if isinstance(o, Mapping) and o.get("type", "message") == "message"
         )
-    text = text or (reply.get("output_text") if isinstance(reply.get("output_text"), str) else "")
+    if not text:
+        output_text = reply.get("output_text")
+        text = output_text if isinstance(output_text, str) else ""
     generated = list(tokenizer.encode(text)) if text else []
     return [
         {"role": "user", "content": "", "token_ids": tensor(prompt_ids)},

@@ -94,5 +94,5 @@ def use_in_nemo_rl(module: ModuleType | str = NEMO_GYM_MODULE) -> NemoGymChooser
     if isinstance(current, NemoGymChooser):
         return current
     chooser = NemoGymChooser(current)
-    mod.NemoGym = chooser
+    mod.NemoGym = chooser  # type: ignore[attr-defined]  # a module's attribute: no stub has it
     return chooser
