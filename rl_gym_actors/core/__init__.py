@@ -5,6 +5,6 @@
 - ``rollout_record.py``: what a rollout is across its rows: the one state table and its record;
   ``rollout_memory.py``: the records of every rollout id and the plan for a row.
 - ``attempt_reports.py``: what an owner reports of each attempt, and the one order of attempt
-  states; ``book.py``: the ledger's fold of those reports; ``ledger.py``, ``prepare_plan.py``:
-  the checkpoint gate's pure decisions.
+  states; ``attempt_book.py``: the ledger's fold of those reports; ``prepare_plan.py``,
+  ``checkpoint_report.py``: the checkpoint gate's pure decisions and what it reports.
 """
