@@ -35,7 +35,7 @@ class CheckpointCalls:
     def _held_count(self) -> int:
         raise NotImplementedError  # the drop-in's
 
-    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | str]:
+    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | RlGymError]:
         raise NotImplementedError  # the drop-in's
 
     def _identities(self) -> list[dict[str, str]]:

@@ -114,7 +114,7 @@ class GymRolloutEnv(CheckpointCalls):
         self._participant_names: dict[str, str] = {}
         self._topology: dict[str, Any] | None = None
         self.stats = DropInStats()
-        self.stream_tuple = 3 if self.cfg.stream_tuple == "auto" else self.cfg.stream_tuple
+        self.stream_tuple: int = 3 if self.cfg.stream_tuple == "auto" else self.cfg.stream_tuple
 
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
 

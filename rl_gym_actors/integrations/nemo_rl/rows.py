@@ -278,13 +278,13 @@ class RolloutBook:
             return best
         base = rid = derived_id(self.prefix, call, rowidx, digest)
         n = 0
-        entry = self._entries.get(rid)
-        while entry is not None and entry.state is RolloutState.SEALED:
+        known = self._entries.get(rid)
+        while known is not None and known.state is RolloutState.SEALED:
             n += 1  # a reclaim in the call that minted this id, after it was handed out
             rid = f"{base}-{n}"
-            entry = self._entries.get(rid)
-        if entry is not None:
-            return entry
+            known = self._entries.get(rid)
+        if known is not None:
+            return known
         entry = _Entry(rid, digest, RolloutState.NEW, now)
         self._entries[rid] = entry
         self._by_digest.setdefault(digest, []).append(rid)
