@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -52,6 +53,7 @@ from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCoun
 
 # runtime sets Ray's env before Ray loads
 from rl_gym_actors.actors.runtime import LoopThread, ensure_ray
+from rl_gym_actors.checkpoint_part import load_part, restore_run, write_memory_part
 from rl_gym_actors.config import (
     GymEndpoint,
     LedgerConfig,
@@ -65,6 +67,7 @@ from rl_gym_actors.config import (
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
+from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
 from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed
 from rl_gym_actors.gym.probe import probe_endpoints
@@ -129,8 +132,9 @@ class OrchestratorSnapshot(BaseModel):
 
 class Orchestrator:
     """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
-    :meth:`astart` (or the first call). ``progress`` draws a progress bar for each batch: None
-    (the default) only on a terminal, False never."""
+    :meth:`astart` (or the first call). ``progress``: a bar per batch (None: on a terminal only).
+    ``restore_from``: a checkpoint dir whose part (:mod:`rl_gym_actors.checkpoint_part`) this run
+    resumes from; ``keep_results``: parts keep replies; ``sealed_retention``: sealed ids kept."""
 
     def __init__(
         self,
@@ -148,6 +152,9 @@ class Orchestrator:
         warn_unacked: int = WARN_UNACKED,
         check_endpoints: bool = True,
         start: bool = True,
+        restore_from: str | os.PathLike[str] | None = None,
+        keep_results: bool = False,
+        sealed_retention: int = DEFAULT_RETENTION,
     ) -> None:
         self.endpoints = endpoint_list(endpoints)
         self.policy = policy_with_ack(policy or TryPolicy(), ack)
@@ -160,6 +167,9 @@ class Orchestrator:
         self.id = orchestrator_id or uuid.uuid4().hex[:12]
         if not is_valid_rollout_id(self.id):
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
+        self.keep_results = bool(keep_results)
+        # restore_from: the run id, results and sealed ids of a checkpoint's part
+        run_id, part, sealed = restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
         self.progress = progress
@@ -169,6 +179,7 @@ class Orchestrator:
         self._runner: RowRunner | None = None
         # what is known of every rollout id
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)
+        load_part(self._memory, part, sealed)
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._unacked = UnackedCount(self.warn_unacked, self.policy.ack)
         self._chunks = ChunkSender()
@@ -438,14 +449,14 @@ class Orchestrator:
         return stream
 
     async def _checkpoint(
-        self,
-        checkpoint_id: str,
-        checkpoint_dir: str,
-        deadline_s: float,
-        sweep_foreign: bool = False,
+        self, checkpoint_id: str, checkpoint_dir: str, deadline_s: float, sweep_foreign: bool
     ) -> CheckpointReport:
         _, _, ledger = await self._ready()
         deadline_s = deadline_s_arg(deadline_s)
+        # the layer's part first (checked id and dir): nothing is released before it is durable
+        await write_memory_part(
+            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results
+        )
         claims = sorted(self._claims)
         report = await ledger.checkpoint(
             checkpoint_id,
@@ -461,10 +472,8 @@ class Orchestrator:
         return report
 
     def _committed(self) -> None:
-        """A checkpoint committed: the trainer's state now holds every sealed result handed out,
-        and Gym has released them. Forget those rollouts (a row sent again later fails typed,
-        ``forgotten_rollout``); keep the ones in flight, failed, or holding a result the trainer
-        has not taken yet."""
+        """Committed: forget the sealed rollouts handed out (their ids go to the sealed-id record:
+        sent again, ``forgotten_rollout``, no run); keep the others."""
         self._unacked.reset()
         self._memory.forget_settled()
 

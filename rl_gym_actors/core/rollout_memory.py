@@ -26,6 +26,8 @@ from rl_gym_actors.core.rollout_record import (
     RolloutState,
     RolloutView,
 )
+from rl_gym_actors.core.sealed_ids import SealedIds
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome
 
 _AS_READY = dict(status="sealed", reason=None, failure=None, tries=0)
@@ -56,6 +58,16 @@ class Dispatch:
         return self.previous_attempt
 
 
+def forgotten(rollout_id: str) -> Outcome:
+    """The answer to a rollout id that sealed and was forgotten at a commit: no result, no run."""
+    return Outcome(
+        rollout_id=rollout_id,
+        status="failed",
+        reason=f"rollout id {rollout_id} sealed before and was forgotten at a checkpoint",
+        failure=FailureKind.FORGOTTEN,
+    )
+
+
 class RolloutMemory:
     """One record per rollout id, at most ``capacity`` of them (the least recently touched that
     are not running go first). ``view``: keep the rollout actor's :class:`RolloutView` only;
@@ -67,6 +79,8 @@ class RolloutMemory:
         self._record: type[RolloutView] = RolloutView if view else RolloutRecord
         self._records: OrderedDict[str, RolloutView] = OrderedDict()
         self._running = 0
+        # ids that sealed and were forgotten at a commit: never run again (orchestrator only)
+        self.sealed: SealedIds | None = None
 
     def __len__(self) -> int:
         return len(self._records)
@@ -94,6 +108,8 @@ class RolloutMemory:
         k-1 first: it may have finished on Gym before a restart."""
         rec = self._full(rollout_id)
         first = max(named_attempt, rec.next_fresh if rec else 0)
+        if rec is None and self.sealed is not None and rollout_id in self.sealed:
+            return Dispatch(first, None, forgotten(rollout_id))
         if rec is None or rec.current is None:
             return Dispatch(first, named_attempt - 1 if named_attempt > 0 else None)
         if rec.state is RolloutState.KEPT:
@@ -116,7 +132,9 @@ class RolloutMemory:
             self.begin(rollout_id)
             return
         rec = self._full(rollout_id)
-        assert rec is not None, "a ready result comes from a record"
+        if rec is None:  # sealed and forgotten: answered FORGOTTEN, nothing to record
+            assert plan.ready.failure is FailureKind.FORGOTTEN
+            return
         kept = rec.kept
         rec.move(RolloutEvent.HAND_OUT, rollout_id)
         if kept is not None:
@@ -169,8 +187,36 @@ class RolloutMemory:
             if rec.state is not RolloutState.SEALED or rec.abandons
         )
         gone = len(self._records) - len(keep)
+        if self.sealed is not None:  # what outlives the record: 8 bytes per id
+            self.sealed.add(rid for rid in self._records if rid not in keep)
+            self.sealed.seal_generation()
         self._records = keep  # rebuilt: a dict never shrinks its table on deletes
         return gone
+
+    def results(self) -> tuple[list[Outcome], list[Outcome]]:
+        """What a checkpoint part holds: the sealed results handed out since the last commit,
+        and the results nobody took yet (kept for their rollouts' next rows)."""
+        handed: list[Outcome] = []
+        undelivered: list[Outcome] = []
+        for rec in self._records.values():
+            if isinstance(rec, RolloutRecord):
+                if rec.state is RolloutState.SEALED and rec.result is not None:
+                    handed.append(rec.result)
+                elif rec.state is RolloutState.KEPT and rec.kept is not None:
+                    undelivered.append(rec.kept)
+        return handed, undelivered
+
+    def restore(self, outcome: Outcome, *, delivered: bool) -> None:
+        """A result from a checkpoint part: handed out before (sent again, it is ``repeated``)
+        or not yet delivered (the rollout's next row gets it), through the table's own moves."""
+        rid = outcome.rollout_id
+        if self.state(rid) is not RolloutState.NEW or outcome.attempt_index is None:
+            return
+        plan = Dispatch(outcome.attempt_index, None)
+        self.begin(rid)
+        self.end(rid, plan, outcome.model_copy(update={"status": "sealed", "acked": False}))
+        if not delivered:
+            self.keep(outcome)
 
     # ------------------------------------------------------------ a rollout actor's questions
 

@@ -3,6 +3,7 @@ test can SIGKILL it (with its local Ray) or run two of them against one Gym serv
 
     python -m rl_gym_actors.testing.driver --url URL --token T --run-id R --rows 8 \\
         --checkpoint-id C [--slow-row-s 30] [--ray-address ADDR] [--ack on_seal] [--go-file F]
+        [--restore-from DIR] [--hold-after-s S]
 
 It prints JSON lines on stdout: ``{"event": "started", "pid": ...}``, then
 ``{"event": "batch", ...}`` with counts of the outcomes, then ``{"event": "checkpointing"}`` right
@@ -62,6 +63,7 @@ async def _main(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         progress=False,
         start=False,
+        restore_from=args.restore_from,
     ) as orch:
         await orch.astart()
         _say(event="started", pid=os.getpid(), orchestrator_id=orch.id)
@@ -81,6 +83,8 @@ async def _main(args: argparse.Namespace) -> int:
             rows=len(rows),
             sealed=sum(o.status == "sealed" for o in outcomes),
             failed=sum(o.status == "failed" for o in outcomes),
+            repeated=sum(o.repeated for o in outcomes),
+            rewards=[o.reward for o in outcomes],
             reasons=sorted({o.reason or "" for o in outcomes if o.status == "failed"}),
         )
         _say(event="checkpointing", checkpoint_id=args.checkpoint_id)
@@ -106,6 +110,9 @@ async def _main(args: argparse.Namespace) -> int:
             )
         if slow is not None:
             await slow
+        if args.hold_after_s:  # alive after the checkpoint: the moment a test kills it
+            _say(event="holding")
+            await asyncio.sleep(args.hold_after_s)
     return 0
 
 
@@ -125,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ack", default=None)
     p.add_argument("--ray-address", default=None)
     p.add_argument("--go-file", default=None, help="start the batch once this file exists")
+    p.add_argument("--restore-from", default=None, help="a checkpoint dir with the layer's part")
+    p.add_argument("--hold-after-s", type=float, default=0.0)
     args = p.parse_args(argv)
     from rl_gym_actors.actors.runtime import ensure_ray
 

@@ -1,0 +1,197 @@
+"""The layer's own part of a checkpoint: what it is about to release, made durable first.
+
+``Orchestrator.checkpoint(id, dir)`` writes it under ``<dir>/rl_gym_actors/`` before the ledger
+is asked to ACK anything (docs: README "When Gym lets go of a result"):
+
+- ``sealed.u64``: the compact record of sealed rollout ids (:class:`SealedIds`);
+- ``part.json``, written last (it names the other file and its SHA-256): the run id, the
+  checkpoint id, the sealed results handed to the trainer since the last committed checkpoint
+  (``handed``: each outcome, its reply left out unless ``keep_results``) and the results the
+  trainer has not been handed yet (``undelivered``, in full).
+
+Each file is written as ``name.tmp`` in the same directory, flushed, fsynced and renamed over
+``name``; the directory is fsynced after. A part with no ``part.json``, or whose file digest does
+not match, is refused with ConfigError: never half used. ``Orchestrator(..., restore_from=dir)``
+reads it back (:func:`read_part`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rl_gym_actors.config import checkpoint_id_arg
+from rl_gym_actors.core.rollout_memory import RolloutMemory
+from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION, SealedIds
+from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.outcome import Outcome
+
+PART_DIR = "rl_gym_actors"
+PART_FILE = "part.json"
+SEALED_FILE = "sealed.u64"
+SCHEMA = 1
+
+
+class SealedFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    ids: int
+    sha256: str
+
+
+class CheckpointPart(BaseModel):
+    """``part.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA
+    run_id: str
+    checkpoint_id: str
+    created_ts: float
+    keep_results: bool = False
+    handed: list[Outcome] = []
+    undelivered: list[Outcome] = []
+    sealed: SealedFile
+
+
+def part_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
+    return Path(checkpoint_dir) / PART_DIR
+
+
+def write_part(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    run_id: str,
+    checkpoint_id: str,
+    handed: list[Outcome],
+    undelivered: list[Outcome],
+    sealed: SealedIds,
+    keep_results: bool = False,
+) -> CheckpointPart:
+    """Write the part durably (see the module docstring); return what ``part.json`` holds."""
+    directory = part_dir(checkpoint_dir)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        data = sealed.to_bytes()
+        _write_atomic(directory / SEALED_FILE, data)
+        part = CheckpointPart(
+            run_id=run_id,
+            checkpoint_id=checkpoint_id,
+            created_ts=time.time(),
+            keep_results=keep_results,
+            handed=[o if keep_results else o.model_copy(update={"reply": None}) for o in handed],
+            undelivered=list(undelivered),
+            sealed=SealedFile(
+                name=SEALED_FILE, ids=len(sealed), sha256=hashlib.sha256(data).hexdigest()
+            ),
+        )
+        _write_atomic(directory / PART_FILE, part.model_dump_json().encode())
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
+    return part
+
+
+def read_part(
+    checkpoint_dir: str | os.PathLike[str], retention: int = DEFAULT_RETENTION
+) -> tuple[CheckpointPart, SealedIds]:
+    """The part a checkpoint wrote under ``checkpoint_dir``, and its sealed-id record."""
+    directory = part_dir(checkpoint_dir)
+    try:
+        raw = (directory / PART_FILE).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"no checkpoint part under {directory}: {exc}") from exc
+    try:
+        part = CheckpointPart.model_validate_json(raw)
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{directory / PART_FILE} is not a checkpoint part: {exc}") from exc
+    if part.schema_version != SCHEMA:
+        raise ConfigError(f"{directory / PART_FILE}: unknown schema {part.schema_version}")
+    try:
+        data = (directory / part.sealed.name).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"checkpoint part under {directory}: {exc}") from exc
+    if hashlib.sha256(data).hexdigest() != part.sealed.sha256:
+        raise ConfigError(f"{directory / part.sealed.name} does not match {PART_FILE}")
+    try:
+        sealed = SealedIds.from_bytes(data, retention)
+    except ValueError as exc:
+        raise ConfigError(f"{directory / part.sealed.name}: {exc}") from exc
+    return part, sealed
+
+
+def restore_run(
+    restore_from: str | os.PathLike[str] | None, run_id: str | None, retention: int
+) -> tuple[str | None, CheckpointPart | None, SealedIds]:
+    """The run id to use, the part to load (None without ``restore_from``) and the sealed-id
+    record. A ``run_id`` given beside ``restore_from`` must be the part's."""
+    if restore_from is None:
+        try:
+            return run_id, None, SealedIds(retention)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    part, sealed = read_part(restore_from, retention)
+    if run_id is not None and run_id != part.run_id:
+        raise ConfigError(f"run_id {run_id!r} differs from {part.run_id!r} of the part restored")
+    return part.run_id, part, sealed
+
+
+def load_part(memory: RolloutMemory, part: CheckpointPart | None, sealed: SealedIds) -> None:
+    """Give ``memory`` the sealed-id record and the part's results: handed ones answer a row
+    sent again as ``repeated``, undelivered ones are the next row's result (no agent run)."""
+    memory.sealed = sealed
+    if part is not None:
+        for outcome in part.handed:
+            memory.restore(outcome, delivered=True)
+        for outcome in part.undelivered:
+            memory.restore(outcome, delivered=False)
+
+
+async def write_memory_part(
+    memory: RolloutMemory,
+    checkpoint_id: str,
+    checkpoint_dir: str | os.PathLike[str],
+    run_id: str,
+    keep_results: bool,
+) -> CheckpointPart:
+    """Check the id and dir, then write ``memory``'s part (the files in a thread)."""
+    checkpoint_id_arg(checkpoint_id)
+    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
+        raise ConfigError("checkpoint_dir must be a non-empty path")
+    handed, undelivered = memory.results()
+    sealed = memory.sealed if memory.sealed is not None else SealedIds()
+    sealed.seal_generation()  # on the caller's loop: the thread only reads it
+    return await asyncio.to_thread(
+        write_part,
+        checkpoint_dir,
+        run_id=run_id,
+        checkpoint_id=checkpoint_id,
+        handed=handed,
+        undelivered=undelivered,
+        sealed=sealed,
+        keep_results=keep_results,
+    )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
