@@ -25,7 +25,7 @@ from rl_gym_actors.actors.ledger_client import LedgerClient
 from rl_gym_actors.actors.messages import RolloutTask
 from rl_gym_actors.actors.pool import WarmPool
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import LedgerLost, RlGymError
+from rl_gym_actors.errors import ConfigError, LedgerLost, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.rows import RowItem
@@ -51,6 +51,8 @@ class UnackedCount:
     and at each doubling of it."""
 
     def __init__(self, threshold: int, ack: str) -> None:
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
+            raise ConfigError(f"warn_unacked must be an int >= 1, got {threshold!r}")
         self.threshold = threshold
         self.ack = ack
         self.count = 0

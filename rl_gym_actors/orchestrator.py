@@ -158,8 +158,7 @@ class Orchestrator:
     ) -> None:
         self.endpoints = endpoint_list(endpoints)
         self.policy = policy_with_ack(policy or TryPolicy(), ack)
-        if not isinstance(warn_unacked, int) or isinstance(warn_unacked, bool) or warn_unacked < 1:
-            raise ConfigError(f"warn_unacked must be an int >= 1, got {warn_unacked!r}")
+        self._unacked = UnackedCount(warn_unacked, self.policy.ack)  # checks warn_unacked
         self.warn_unacked = warn_unacked
         self.check_endpoints = check_endpoints
         self.pool_config = pool_with(pool or PoolConfig(), pool_size, rollouts_per_actor)
@@ -167,8 +166,7 @@ class Orchestrator:
         self.id = orchestrator_id or uuid.uuid4().hex[:12]
         if not is_valid_rollout_id(self.id):
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
-        self.keep_results = bool(keep_results)
-        # restore_from: the run id, results and sealed ids of a checkpoint's part
+        self.keep_results = bool(keep_results)  # restore_from: run id, results, sealed ids
         run_id, part, sealed = restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
@@ -177,11 +175,9 @@ class Orchestrator:
         self._ledger: LedgerClient | None = None
         self._pool: WarmPool | None = None
         self._runner: RowRunner | None = None
-        # what is known of every rollout id
-        self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)
+        self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
         load_part(self._memory, part, sealed)
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
-        self._unacked = UnackedCount(self.warn_unacked, self.policy.ack)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
