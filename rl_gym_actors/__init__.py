@@ -3,6 +3,14 @@
 Retire, then adopt or cancel: a rollout that gives up on a try first retires it on Gym; a try that
 was still running is cancelled, a try that had finished is adopted (its stored reply replayed,
 sealed and ACKed) instead of rerun. A ledger gates every checkpoint on all Gym servers.
+
+From the bottom up (docs/ARCHITECTURE.md draws the floors and follows a row and a checkpoint):
+``errors``, ``protocol``, ``failures``, ``config``, ``outcome`` and ``metrics`` are the shared
+vocabulary; ``core/`` holds the pure state machines and tables; ``gym/`` both sides of the Gym
+wire; ``actors/`` the Ray actors; ``orchestrator`` (with ``rows``, ``stream``, ``dispatch``) the
+trainer's API, ``observe`` and ``progress`` what it shows; ``cli`` and ``local_gym`` the command
+line and a local server; ``integrations/`` the trainers' adapters; ``testing/`` the fakes and faults
+that tests, examples and benchmarks share.
 """
 
 from __future__ import annotations
