@@ -1,6 +1,9 @@
 """A participant's checkpoint files: its records (one canonical JSON line per execution), then
 ``manifest.json`` last, each written to a temporary name, fsynced and renamed, and the directory
-fsynced; and :func:`confine`, which keeps commit's ``checkpoint_dir`` inside a root."""
+fsynced; and :func:`confine`, which keeps commit's ``checkpoint_dir`` inside a root.
+
+The durable-file steps every protocol's files share: :func:`write_file_atomically` (temporary
+name, fsync, rename) and :func:`fsync_dir` (the directory entry made durable)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, never a part (call :func:`fsync_dir` to
+    make the new name durable)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -27,7 +32,7 @@ def _write_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -58,7 +63,7 @@ def write_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
     records = b"".join(line + b"\n" for line in lines)
-    _write_file(directory / RECORDS_NAME, records)
+    write_file_atomically(directory / RECORDS_NAME, records)
     manifest = canonical_json(
         {
             "format": MANIFEST_FORMAT,
@@ -68,8 +73,8 @@ def write_checkpoint(
             "records_sha256": hashlib.sha256(records).hexdigest(),
         }
     )
-    _write_file(directory / MANIFEST_NAME, manifest)
-    _fsync_dir(directory)
+    write_file_atomically(directory / MANIFEST_NAME, manifest)
+    fsync_dir(directory)
     return {"records": len(lines), "manifest_digest": hashlib.sha256(manifest).hexdigest()}
 
 

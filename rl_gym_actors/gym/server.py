@@ -1,11 +1,13 @@
 """Serving a Gym participant over HTTP: uvicorn on a socket bound first, clean shutdown.
 
-:class:`GymServer` serves an agent-checkpoint participant's app
-(:func:`rl_gym_actors.gym.agent_checkpoint.routes.create_app`) on a socket it binds itself (port
-0: a free port, known before serving starts), from the CLI (``rl-gym-actors gym serve``) or
-in-process; ``extensions`` (:class:`~rl_gym_actors.gym.web.Extension`) wrap the app in middleware
-its routes never see. :func:`bind_socket`, :func:`http_protocol`, :func:`resolve_token` and
-:func:`run_event_loop` serve every protocol's server.
+:class:`GymServer` is the one server class of every protocol: it serves ``app_factory(participant,
+token=..., max_body_bytes=..., extensions=...)`` (the protocol's app; by default the
+agent-checkpoint one, :func:`rl_gym_actors.gym.agent_checkpoint.routes.create_app`; v2's is
+:func:`rl_gym_actors.gym.v2.routes.create_app`) on a socket it binds itself (port 0: a free port,
+known before serving starts), from the CLI (``rl-gym-actors gym serve``) or in-process. The
+participant is anything :class:`Served`. ``extensions`` (:class:`~rl_gym_actors.gym.web.Extension`)
+wrap the app in middleware its routes never see. :func:`bind_socket`, :func:`http_protocol`,
+:func:`resolve_token` and :func:`run_event_loop` are the serving parts.
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
+from fastapi import FastAPI
 
 from rl_gym_actors.config import TOKEN_ENV
-from rl_gym_actors.gym.agent_checkpoint.participant import Participant
 from rl_gym_actors.gym.agent_checkpoint.routes import create_app
 from rl_gym_actors.gym.web import DEFAULT_MAX_BODY_BYTES, Extension
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "AppFactory",
     "GymServer",
+    "Served",
     "bind_socket",
     "create_app",
     "http_protocol",
@@ -38,6 +42,35 @@ __all__ = [
     "serve",
     "serve_async",
 ]
+
+
+class Served(Protocol):
+    """What :class:`GymServer` needs of a participant: its lifecycle."""
+
+    async def start(self) -> None:
+        """In the serving loop, before the first request."""
+
+    async def stop_runs(self) -> None:
+        """First thing in shutdown: cancel running work, answer its callers."""
+
+    async def aclose(self) -> None:
+        """After serving: close what it holds (its store included)."""
+
+    def crash(self) -> None:
+        """Stop writing at once, as a crash would (for in-process restart tests)."""
+
+
+class AppFactory(Protocol):
+    """A protocol's app: its routes around ``participant``, guarded by ``token``."""
+
+    def __call__(
+        self,
+        participant: Any,
+        *,
+        token: str,
+        max_body_bytes: int,
+        extensions: Sequence[Extension],
+    ) -> FastAPI: ...
 
 
 def resolve_token(token: str | None) -> tuple[str, str]:
@@ -160,15 +193,17 @@ class _Uvicorn(uvicorn.Server):
 
 
 class GymServer:
-    """One participant served over HTTP. Bind happens at construction, so ``url`` is known
-    before :meth:`serve`; :meth:`serve` runs until :meth:`stop` (or a signal, with
-    ``handle_signals``) and then closes the participant (its store included)."""
+    """One participant served over HTTP by its protocol's ``app_factory``. Bind happens at
+    construction, so ``url`` is known before :meth:`serve`; :meth:`serve` runs until
+    :meth:`stop` (or a signal, with ``handle_signals``) and then closes the participant (its
+    store included)."""
 
     def __init__(
         self,
-        participant: Participant,
+        participant: Any,
         *,
         token: str,
+        app_factory: AppFactory = create_app,
         host: str = "127.0.0.1",
         port: int = 0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -176,17 +211,12 @@ class GymServer:
         log_level: str = "warning",
         handle_signals: bool = False,
         graceful_s: float = 5.0,
-        metrics: bool = True,
         http: str = "auto",
     ) -> None:
         self.participant = participant
         self.token = token
-        self.app = create_app(
-            participant,
-            token=token,
-            max_body_bytes=max_body_bytes,
-            metrics=metrics,
-            extensions=extensions,
+        self.app = app_factory(
+            participant, token=token, max_body_bytes=max_body_bytes, extensions=extensions
         )
         self.socket = bind_socket(host, port)
         bound_host, bound_port = self.socket.getsockname()[:2]
@@ -257,13 +287,13 @@ class GymServer:
     def kill(self) -> None:
         """Stop as a crash would: the store stops writing at once, nothing is shut down
         gracefully. For in-process tests of a restart (safe from any thread)."""
-        self.participant.store.crash()
+        self.participant.crash()
         if self._uvicorn is not None:
             self._uvicorn.request_exit(force=True)
 
 
 async def serve_async(
-    participant: Participant,
+    participant: Served,
     *,
     token: str,
     host: str = "127.0.0.1",
@@ -285,6 +315,6 @@ async def serve_async(
     await server.serve(on_ready=None if on_ready is None else lambda: on_ready(server.url))
 
 
-def serve(participant: Participant, **kwargs: Any) -> None:
+def serve(participant: Served, **kwargs: Any) -> None:
     """The blocking form of :func:`serve_async`."""
     run_event_loop(serve_async(participant, **kwargs))

@@ -11,7 +11,8 @@
 - Request bodies: :func:`read_body` (413 ``payload_too_large`` past the limit, checked on the
   declared length and while streaming) and :func:`parse` (strict pydantic, 422 on failure).
 - Extensions: :class:`Extension`, an ASGI middleware wrapped around the app (e.g.
-  :func:`rl_gym_actors.gym.faults.fault_injection`), which the routes never see.
+  :func:`rl_gym_actors.gym.agent_checkpoint.faults.fault_injection`), which the routes never
+  see; :func:`add_extensions` wraps them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,6 +48,12 @@ class Extension:
     middleware: type[Any]
     options: Mapping[str, Any] = field(default_factory=dict)
     features: tuple[str, ...] = ()
+
+
+def add_extensions(app: FastAPI, extensions: Sequence[Extension]) -> None:
+    """Wrap ``app`` in ``extensions``' middleware, the first outermost."""
+    for extension in reversed(extensions):  # the last added is the outermost
+        app.add_middleware(extension.middleware, **extension.options)
 
 
 # ---------------------------------------------------------------- answers
@@ -80,7 +87,8 @@ def install_error_handlers(app: FastAPI) -> None:
         error = {"code": exc.code, "detail": exc.detail}
         if isinstance(exc.body, Mapping):  # named fields of the error (ext)
             error.update({k: v for k, v in exc.body.items() if k not in error})
-        return json_response({"error": error}, exc.status or 409)
+        headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+        return json_response({"error": error}, exc.status or 409, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -152,8 +160,9 @@ def validation_detail(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse(model: type[M], raw: bytes) -> M:
+def parse(model: type[M], raw: bytes, *, strict: bool = True) -> M:
+    """``raw`` as ``model``; 422 ``invalid_request`` naming each field that fails."""
     try:
-        return model.model_validate_json(raw, strict=True)
+        return model.model_validate_json(raw, strict=strict)
     except ValidationError as exc:
         raise InvalidRequest(validation_detail(exc), status=422) from exc

@@ -62,8 +62,9 @@ class V2ServerThread(_Base):
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser
+        from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.v2.participant import V2Participant
-        from rl_gym_actors.gym.v2.routes import V2Server
+        from rl_gym_actors.gym.v2.routes import create_app
         from rl_gym_actors.gym.v2.stepped import make_step_agent
 
         cli = build_parser().parse_args(["gym", "serve", "--protocol", "v2", *self.args])
@@ -72,7 +73,14 @@ class V2ServerThread(_Base):
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
         )
-        self.server = V2Server(participant, token=self.token, host=HOST, port=port, graceful_s=2.0)
+        self.server = GymServer(
+            participant,
+            token=self.token,
+            app_factory=create_app,
+            host=HOST,
+            port=port,
+            graceful_s=2.0,
+        )
         self.url = self.server.url
         self._port = self.server.port
 

@@ -450,6 +450,10 @@ class Participant:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def crash(self) -> None:
+        """Stop writing at once, as a crash would (the server's ``kill``)."""
+        self.store.crash()
+
     async def aclose(self) -> None:
         await self.stop_runs()
         close = getattr(self.agent, "aclose", None)

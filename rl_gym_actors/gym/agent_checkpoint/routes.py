@@ -32,6 +32,7 @@ from rl_gym_actors.gym.agent_checkpoint.participant import Participant, StoreUna
 from rl_gym_actors.gym.web import (
     DEFAULT_MAX_BODY_BYTES,
     Extension,
+    add_extensions,
     bearer_auth,
     error_response,
     install_error_handlers,
@@ -152,8 +153,7 @@ def create_app(
     app.state.participant = participant
     if metrics:
         app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
-    for extension in reversed(extensions):  # the last added is the outermost
-        app.add_middleware(extension.middleware, **extension.options)
+    add_extensions(app, extensions)
     install_error_handlers(app)
 
     @app.exception_handler(PrepareIncomplete)

@@ -419,6 +419,10 @@ class V2Participant:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
+    def crash(self) -> None:
+        """As a crash would: nothing more is written (the server's ``kill``)."""
+        self._closing = True
+
     async def aclose(self) -> None:
         await self.stop_runs()
         if self._lease_timer is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_gym_actors.errors import CheckpointStateInvalid
+from rl_gym_actors.gym.checkpoint_files import fsync_dir
 
 SCHEMA_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -37,14 +38,6 @@ def participant_dir(checkpoint_dir: str | Path, kind: str, instance: str) -> Pat
         if not _NAME.match(name):
             raise _bad(f"invalid participant name {name!r}")
     return Path(checkpoint_dir) / "gym" / kind / instance
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_state(
@@ -99,7 +92,7 @@ def write_state(
                     raise _bad(f"{where} already holds a different commit") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
-        _fsync_dir(where)
+        fsync_dir(where)
     except OSError as exc:
         raise _bad(f"cannot write {where}: {exc}") from exc
     return manifest
