@@ -155,7 +155,7 @@ async def test_give_up_reopens_without_spending_the_id_and_commit_takes_its_own_
     await s.commit("ck", "/ckpt", gate, deadline_ts=time.time() + 60)
     assert 50 < gate.calls[0][2] <= 60  # the commit's deadline, not prepare's
     s.give_up("ck")  # committed: give_up leaves it
-    assert s.snapshot()["checkpoint"]["phase"] == "committed"
+    assert s.snapshot()["checkpoint"]["phase"] == "committed_paused"
 
 
 async def test_give_up_reopens_admission_without_spending_the_id():
