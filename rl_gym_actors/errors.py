@@ -33,6 +33,7 @@
     │   └── EndpointDown                marked down after consecutive failures; not sent at all
     ├── ProtocolViolation           an answer that breaks the contract (digest mismatch, bad body)
     ├── CheckpointFailed            the checkpoint gate gave up; ``blockers`` says on what
+    │   └── GymStateLost                a Gym server lost sealed results it held (``lost``)
     ├── LedgerLost                  the ledger actor is gone and Ray could not bring it back
     ├── IllegalTransition           a state machine got an event its table has no entry for (a bug)
     ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
@@ -254,6 +255,25 @@ class CheckpointFailed(RlGymError):
         self.checkpoint_id = checkpoint_id
         self.blockers = blockers or {}
         super().__init__(message)
+
+
+class GymStateLost(CheckpointFailed):
+    """A Gym server no longer holds sealed results the ledger's book has as completed and
+    un-ACKed there (restarted on an empty or other state dir, or without one): ``lost`` maps
+    each such endpoint to how many. Nothing was ACKed or committed; the results are the
+    trainer's (handed out, and in the checkpoint's part), and the book counts them settled, so
+    the next checkpoint can commit."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        checkpoint_id: str = "",
+        blockers: dict[str, Any] | None = None,
+        lost: dict[str, int] | None = None,
+    ) -> None:
+        self.lost = lost or {}
+        super().__init__(message, checkpoint_id=checkpoint_id, blockers=blockers)
 
 
 class LedgerLost(RlGymError):

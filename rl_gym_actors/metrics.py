@@ -385,6 +385,12 @@ ORPHANS_ACKED = RayMetric(
     "Completed attempts with no owner that the ledger ACKed.",
     ("endpoint",),
 )
+GYM_STATE_LOST = RayMetric(
+    "counter",
+    "rlga_gym_state_lost_total",
+    "Sealed results a Gym server no longer held at a checkpoint (it lost its state).",
+    ("endpoint",),
+)
 CHECKPOINTS = RayMetric(
     "counter",
     "rlga_checkpoints_total",

@@ -39,14 +39,17 @@ from rl_gym_actors.actors.gate_endpoint import (
     endpoint_dir,
 )
 from rl_gym_actors.actors.gate_steps import StepPerformer
+from rl_gym_actors.actors.gym_memory import vanished_results
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, gym_attempts, plan_endpoint
 from rl_gym_actors.errors import (
     CheckpointConflict,
     CheckpointFailed,
     DeadlineExceeded,
+    GymStateLost,
     RlGymError,
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
@@ -142,6 +145,7 @@ class CheckpointGate:
                     for t, c in zip(self._tallies, self._clients, strict=True)
                 ],
             )
+        self._gym_state_lost(checkpoint_id)
         if not all(t.ready and t.commit is not None and t.resumed for t in self._tallies):
             bad = [t for t in self._tallies if not t.ready or t.error] or self._tallies
             raise CheckpointFailed(
@@ -170,6 +174,26 @@ class CheckpointGate:
                 )
                 for t in self._tallies
             ],
+        )
+
+    def _gym_state_lost(self, checkpoint_id: str) -> None:
+        """Raise GymStateLost when an endpoint lost sealed results; the book counts them
+        settled (the trainer holds them), so the next checkpoint can commit."""
+        lost = {t.endpoint.label: t.lost for t in self._tallies if t.lost}
+        if not lost:
+            return
+        for tally in self._tallies:
+            for rid, att in tally.lost:
+                self._book.record(tally.endpoint.url, rid, att, AttemptState.TOMBSTONED)
+            metrics.GYM_STATE_LOST.inc(len(tally.lost), tags={"endpoint": tally.endpoint.url})
+        logger.error("checkpoint %s: Gym lost sealed results it held: %s", checkpoint_id, lost)
+        raise GymStateLost(
+            f"checkpoint {checkpoint_id}: Gym lost sealed results it held ("
+            + ", ".join(f"{label}: {len(keys)}" for label, keys in lost.items())
+            + "); nothing was ACKed or committed",
+            checkpoint_id=checkpoint_id,
+            blockers={t.endpoint.label: t.failure(self._foreign) for t in self._tallies if t.lost},
+            lost={label: len(keys) for label, keys in lost.items()},
         )
 
     def _foreign(self, rollout_id: str) -> bool:
@@ -236,6 +260,11 @@ class CheckpointGate:
             await performer.release(tally.held, deadline_ts)
         status = await client.status(cid, deadline_ts=deadline_ts)
         tally.last = status
+        if hold:  # Gym's memory is checked before anything is released
+            tally.lost = await vanished_results(self._book, client, status, deadline_ts)
+            if tally.lost:
+                tally.error = f"Gym lost {len(tally.lost)} sealed results it held"
+                return
         # with no live owner, nobody can have dispatched a try the book has not heard of yet
         retire_unknown = not self._owners.live() or not hold
         while True:

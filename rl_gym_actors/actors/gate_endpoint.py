@@ -60,6 +60,7 @@ class EndpointTally:
     conflict: str | None = None  # the checkpoint id that held the server at our last prepare
     held: list[Any] = field(default_factory=list)  # plan steps: completed results to release
     held_ready: bool = False  # ready but for ``held``: nothing runs, admission is closed
+    lost: list[tuple[str, int]] = field(default_factory=list)  # sealed results Gym lost
 
     def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
         """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on

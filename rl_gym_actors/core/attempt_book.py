@@ -376,6 +376,14 @@ class AttemptBook:
             return None
         return attempt.owner
 
+    def sealed_unacked(self, endpoint: str) -> list[tuple[str, int]]:
+        """Attempts sealed by a rollout on ``endpoint`` and not yet ACKed: Gym must hold them."""
+        return [
+            key
+            for key, a in self._attempts.items()
+            if a.state is AttemptState.SEALED and a.endpoint == endpoint
+        ]
+
     def settle_unlisted(
         self, endpoint: str, listed: Set[tuple[str, int]], live_owners: Set[str]
     ) -> int:

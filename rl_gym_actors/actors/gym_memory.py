@@ -1,0 +1,54 @@
+"""Gym's memory is checked, not assumed: :func:`vanished_results`.
+
+A Gym server that restarts on an empty state dir (or without one) forgets every result it held.
+The ledger's book knows which sealed results each endpoint must still hold (sealed, not yet
+ACKed); at a checkpoint the gate compares them with the endpoint's listing before it releases
+anything. A result the listing lacks is asked for by key: ACKed meanwhile (its owner's report
+not yet folded) is fine; unknown or tombstoned (lost in a restart) means the server lost it.
+Any other answer is no verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_reports import AttemptState
+from rl_gym_actors.core.prepare_plan import gym_attempts
+from rl_gym_actors.errors import GymError, GymUnavailable, StaleAttempt, UnknownExecution
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.protocol import ExecutionState, StatusReport
+
+logger = logging.getLogger(__name__)
+
+CONCURRENCY = 16
+_COMPLETED = ExecutionState.COMPLETED.value
+
+
+async def vanished_results(
+    book: AttemptBook, client: GymClient, status: StatusReport, deadline_ts: float
+) -> list[tuple[str, int]]:
+    """The sealed, un-ACKed results of the book that the endpoint no longer holds."""
+    url = client.endpoint.url
+    listed = {key for key, info in gym_attempts(status).items() if info.state == _COMPLETED}
+    candidates = [key for key in book.sealed_unacked(url) if key not in listed]
+    if not candidates:
+        return []
+    limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def lost(key: tuple[str, int]) -> bool:
+        async with limit:
+            try:
+                answer = await client.receipt(key[0], key[1], deadline_ts=deadline_ts)
+            except (UnknownExecution, StaleAttempt):
+                return True
+            except (GymError, GymUnavailable) as exc:  # no verdict
+                logger.debug("receipt %s on %s: %r", key, url, exc)
+                return False
+        if answer.state == "acknowledged":  # its owner ACKed it; the report comes
+            book.record(url, key[0], key[1], AttemptState.ACKED)
+        return False
+
+    answers = await asyncio.gather(*(lost(k) for k in candidates))
+    return [k for k, gone in zip(candidates, answers, strict=True) if gone]
