@@ -76,8 +76,9 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--state-dir",
         default=None,
-        help="keep replies, receipts, ACK fences and tombstones here (SQLite); "
-        "without it everything lives in memory",
+        help="keep replies, receipts, ACK fences and tombstones here (SQLite; with --protocol "
+        "v2: kept replies, retired marks and committed answers); without it everything lives "
+        "in memory",
     )
     serve.add_argument(
         "--token",
@@ -175,9 +176,15 @@ def gym_serve(args: argparse.Namespace) -> int:
             print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
             return 2
     if args.protocol == "v2":
+        import sqlite3
+
         from rl_gym_actors.gym.v2.routes import v2_server_from_args
 
-        server = v2_server_from_args(args, token)
+        try:
+            server = v2_server_from_args(args, token)
+        except (ConfigError, OSError, sqlite3.Error) as exc:
+            print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
+            return 2
         return _serve_until_stopped(server, token, source, args.loop)
     try:
         agent = make_agent(args.agent)

@@ -4,7 +4,7 @@ Client side: :mod:`.wire` (episode ids, request and answer models), :mod:`.clien
 on the shared transport), :mod:`.discover` (which protocol a server speaks), :mod:`.coordinate`
 (the controller's steps over several participants, forget hygiene). Server side: :mod:`.machine`
 (phases, fencing, lease, retired marks: a pure table), :mod:`.episodes` (episodes, boundaries,
-restored and kept state: pure), :mod:`.participant` (the async shell), :mod:`.records` (a
-commit's files), :mod:`.stepped` (agents with step boundaries) and :mod:`.routes` (the app
-factory ``gym serve --protocol v2`` serves).
+restored and kept state: pure), :mod:`.participant` (the async shell), :mod:`.state` ((ext) what
+``--state-dir`` keeps across a crash), :mod:`.records` (a commit's files), :mod:`.stepped` (agents
+with step boundaries) and :mod:`.routes` (the app factory ``gym serve --protocol v2`` serves).
 """

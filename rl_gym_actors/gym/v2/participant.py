@@ -4,7 +4,9 @@
 
 It runs each ``/run`` as a task of its own (a caller that goes away never cancels it; only
 retire and shutdown do), parks episodes at boundaries, waits in prepare, writes and reads the
-checkpoint files in a thread, and reopens admission on its own when the lease runs out. Every
+checkpoint files in a thread, and reopens admission on its own when the lease runs out. With a
+:class:`~rl_gym_actors.gym.v2.state.V2State` ((ext) ``--state-dir``) it loads the kept replies,
+retired marks and committed answers at construction and writes each change before answering. Every
 transition holds one lock; prepare waits for readiness outside it, so a resume can end a waiting
 prepare. Rejections are the typed errors of :mod:`rl_gym_actors.errors`, with their HTTP status.
 """
@@ -35,6 +37,7 @@ from rl_gym_actors.errors import (
 from rl_gym_actors.gym.v2 import records as files
 from rl_gym_actors.gym.v2.episodes import Episode, EpisodeTable, Replay
 from rl_gym_actors.gym.v2.machine import Machine
+from rl_gym_actors.gym.v2.state import V2State
 from rl_gym_actors.gym.v2.stepped import StepAgent
 from rl_gym_actors.gym.v2.wire import (
     CheckpointRequest,
@@ -91,6 +94,7 @@ class V2Participant:
         instance: str = "agent",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         restart_only: bool = False,
+        state: V2State | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.agent = agent
@@ -99,6 +103,9 @@ class V2Participant:
         self.machine = Machine(lease_grace_s=lease_grace_s)
         self.table = EpisodeTable(restart_only=restart_only, retired=self.machine.retired)
         self.steps_run = 0  # (ext) boundaries reached by agents, all episodes together
+        self.state = state
+        if state is not None:
+            self._load(state)
         self._clock = clock
         self._tasks: dict[str, asyncio.Task[bytes]] = {}
         self._lock = asyncio.Lock()
@@ -106,6 +113,15 @@ class V2Participant:
         self._write: _Write | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
         self._closing = False
+
+    def _load(self, state: V2State) -> None:
+        loaded = state.load()
+        self.table.kept.update(loaded.kept)
+        self.machine.retired.mark(
+            EpisodeId(rollout_id=r, attempt=a) for r, a in loaded.marks.items()
+        )
+        for checkpoint_id, answer in loaded.committed.items():
+            self.machine.record(checkpoint_id, "commit", answer)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -166,6 +182,9 @@ class V2Participant:
                 self.table.finish(episode, None)
                 raise AgentFailed(repr(exc), status=500) from exc
             self.table.finish(episode, raw)
+            e = episode.episode_id
+            if self.state is not None and self.table.kept.get(e.rollout_id, {}).get(e.attempt):
+                await self.state.keep(e, raw)  # durable before it is answered
             return raw
         finally:
             if self._tasks.get(rollout) is asyncio.current_task():
@@ -199,6 +218,7 @@ class V2Participant:
             "restart_only": self.restart_only,  # (ext)
             "kept_replies": sum(len(k) for k in self.table.kept.values()),  # (ext)
             "steps_run": self.steps_run,  # (ext)
+            "durable": self.state is not None,  # (ext)
         }
 
     async def prepare(self, req: CheckpointRequest) -> dict[str, Any]:
@@ -244,6 +264,8 @@ class V2Participant:
         async with self._lock:
             self._outside(req, "retire")
             self.machine.retired.mark(req.episode_ids)  # before anything stops, and for good
+            if self.state is not None:
+                await self.state.retire(req.episode_ids)
             stopping = [ep for e in req.episode_ids for ep in self.table.retire(e)]
             tasks = []
             for ep in stopping:
@@ -263,6 +285,8 @@ class V2Participant:
         async with self._lock:
             self._outside(req, "forget")
             self.table.forget(req.rollout_ids)
+            if self.state is not None:
+                await self.state.forget(req.rollout_ids)
         return {"forgotten": sorted(req.rollout_ids)}
 
     async def commit(self, req: CommitRequest) -> dict[str, Any]:
@@ -301,6 +325,8 @@ class V2Participant:
                 ),
             }
             self.machine.record(cid, "commit", answer)
+            if self.state is not None:
+                await self.state.committed(cid, answer)
             return answer
 
     def _start_write(self, req: CommitRequest) -> _Write:
@@ -370,6 +396,8 @@ class V2Participant:
             answer, reopen = self.machine.resume(req.checkpoint_id)
             if reopen:
                 await self._reopen()
+            if self.state is not None:
+                await self.state.resumed(req.checkpoint_id)
         return answer
 
     async def _reopen(self) -> None:
@@ -405,11 +433,13 @@ class V2Participant:
             )
             self.machine.close_checkpoint(cid)
             await self._reopen()
+            if self.state is not None:
+                await self.state.resumed(cid)
 
     # ------------------------------------------------------------ serving
 
     async def start(self) -> None:
-        """Nothing to load: a v2 participant keeps nothing across a restart."""
+        """Nothing to arm: what a state dir keeps was loaded at construction."""
 
     async def stop_runs(self) -> None:
         self._closing = True
@@ -422,11 +452,15 @@ class V2Participant:
     def crash(self) -> None:
         """As a crash would: nothing more is written (the server's ``kill``)."""
         self._closing = True
+        if self.state is not None:
+            self.state.crash()
 
     async def aclose(self) -> None:
         await self.stop_runs()
         if self._lease_timer is not None:
             self._lease_timer.cancel()
+        if self.state is not None:
+            await asyncio.to_thread(self.state.close)
 
 
 def _record_episode(record: dict[str, Any]) -> EpisodeId:

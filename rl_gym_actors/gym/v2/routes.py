@@ -157,12 +157,14 @@ def create_app(
 def v2_server_from_args(args: Any, token: str) -> GymServer:
     """The server ``gym serve --protocol v2`` runs (its flags as parsed by the CLI)."""
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
+    from rl_gym_actors.gym.v2.state import V2State
     from rl_gym_actors.gym.v2.stepped import make_step_agent
 
     participant = V2Participant(
         make_step_agent(args.agent),
         lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
         restart_only=args.restart_only,
+        state=None if args.state_dir is None else V2State(args.state_dir),
     )
     return GymServer(
         participant,
