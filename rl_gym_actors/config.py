@@ -218,3 +218,4 @@ class LedgerConfig(_Settings):
     flush_interval_s: Annotated[float, Field(gt=0)] = 0.05
     prepare_rounds: Annotated[int, Field(ge=1)] = 20
     prepare_slice_s: Annotated[float, Field(gt=0)] = 10.0
+    forget_batch: Annotated[int, Field(ge=1)] = 500  # Gym v2: rollout ids per forget call

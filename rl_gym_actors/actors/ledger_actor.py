@@ -34,9 +34,10 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rl_gym_actors import metrics
-from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_everywhere
+from rl_gym_actors.actors.checkpoint_abort import AbortReport
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
+from rl_gym_actors.actors.gate_select import GateSelect
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import (
@@ -160,6 +161,7 @@ class LedgerActor:
             GymClient(e, control_limit=CONCURRENCY, retry=self._policy.retry)
             for e in self._endpoints
         ]
+        self._select = GateSelect(self._endpoints, self._clients)  # protocol per server
         self._gate_lock = asyncio.Lock()
         self._owner_pattern = owner_pattern
         self._run_id = run_id
@@ -230,9 +232,7 @@ class LedgerActor:
         """Resume ``checkpoint_id`` on every endpoint (see :func:`abort_everywhere`). Does not
         wait for a checkpoint of this ledger's own that is running."""
         checkpoint_id_arg(checkpoint_id)
-        return await abort_everywhere(
-            self._clients, checkpoint_id, time.time() + deadline_s_arg(deadline_s)
-        )
+        return await self._select.abort(checkpoint_id, time.time() + deadline_s_arg(deadline_s))
 
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""
@@ -271,18 +271,32 @@ class LedgerActor:
                 checkpoint_id=checkpoint_id,
                 blockers={},
             ) from None
-        try:
-            gate = CheckpointGate(
+
+        def agent_gate(
+            endpoints: Sequence[GymEndpoint], clients: Sequence[GymClient]
+        ) -> CheckpointGate:
+            return CheckpointGate(
                 self._book,
-                self._endpoints,
-                self._clients,
+                endpoints,
+                clients,
                 self._owners,
                 self._config,
                 run_id=self._run_id,
                 sweep_foreign=bool(sweep_foreign),
                 claims=frozenset(claims),
             )
-            report = await gate.run(checkpoint_id, checkpoint_dir, deadline_ts)
+
+        try:  # each server's gate by the protocol it speaks (see actors/gate_select.py)
+            report = await self._select.checkpoint(
+                self._book,
+                self._owners,
+                agent_gate,
+                checkpoint_id,
+                checkpoint_dir,
+                deadline_ts,
+                control_s=self._policy.control_s,
+                forget_batch=self._config.forget_batch,
+            )
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)
             metrics.CHECKPOINTS.inc(tags={"result": "failed"})
@@ -292,6 +306,11 @@ class LedgerActor:
         self._book.record_checkpoint(checkpoint_id, committed=True)
         metrics.CHECKPOINTS.inc(tags={"result": "committed"})
         return report
+
+    async def protocols(self) -> dict[str, str]:
+        """Each Gym endpoint's checkpoint protocol (``"agent"`` or ``"v2"``), asked once."""
+        await self._select.discover(time.time() + 10.0)
+        return self._select.protocols()
 
     async def close(self) -> None:
         """Close the Gym clients (the orchestrator calls it before killing the actor)."""

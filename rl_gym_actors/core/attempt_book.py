@@ -402,6 +402,40 @@ class AttemptBook:
             self.record(endpoint, rid, att, AttemptState.TOMBSTONED)
         return len(stale)
 
+    def running_on(self, endpoint: str) -> list[tuple[str, int]]:
+        """(rollout id, attempt index) of every attempt the book has as running on ``endpoint``,
+        sorted."""
+        return sorted(
+            key
+            for key, a in self._attempts.items()
+            if a.state is AttemptState.RUNNING and a.endpoint == endpoint
+        )
+
+    def finished_on(self, endpoints: Set[str], live_owners: Set[str]) -> list[str]:
+        """Rollouts finished for good that touched ``endpoints``: no live owner holds them and
+        no attempt of theirs is running (each sealed, ACKed or tombstoned). Sorted ids; what a
+        protocol without ACKs (Gym v2) forgets after a committed checkpoint."""
+        running = {rid for (rid, _), a in self._attempts.items() if a.state is AttemptState.RUNNING}
+        touched = {rid for (rid, _), a in self._attempts.items() if a.endpoint in endpoints}
+        return sorted(
+            rid
+            for rid in touched
+            if rid not in running and self._holder(rid, self._rollouts.get(rid)) not in live_owners
+        )
+
+    def record_forgotten(self, rollout_ids: Iterable[str]) -> int:
+        """Gym forgot these finished rollouts: their sealed attempts count as ACKed (released on
+        Gym), so the next prune drops them. How many attempts changed."""
+        ids = set(rollout_ids)
+        sealed = [
+            (a.endpoint, rid, att)
+            for (rid, att), a in self._attempts.items()
+            if rid in ids and a.state is AttemptState.SEALED
+        ]
+        for endpoint, rid, att in sealed:
+            self.record(endpoint, rid, att, AttemptState.ACKED)
+        return len(sealed)
+
     def owners(self) -> dict[str, int]:
         """Owner name -> how many rollouts it holds (current try reported, not released)."""
         return dict(self._held)

@@ -16,7 +16,9 @@ from rl_gym_actors.protocol import CommitAnswer
 class EndpointCheckpoint(BaseModel):
     """What the gate did on one endpoint: ``adopted`` (owners asked, answered True),
     ``orphans_acked``, ``sealed_acked`` (results rollouts sealed, ACKed with this checkpoint:
-    ``ack="at_checkpoint"``), ``retired``, ``prepare_rounds`` and Gym's commit answer."""
+    ``ack="at_checkpoint"``), ``retired``, ``prepare_rounds`` and Gym's commit answer. On a v2
+    server (``protocol="v2"``) ``commit`` holds the manifest's record count and records digest
+    (and the exported ``episode_ids``); ``renewals`` and ``forgotten`` say what the v2 gate did."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -29,6 +31,9 @@ class EndpointCheckpoint(BaseModel):
     retired: int = 0
     prepare_rounds: int = 0
     commit: CommitAnswer
+    protocol: str = "agent"  # the server's checkpoint protocol: "agent" or "v2"
+    renewals: int = 0  # v2: lease renewals while the checkpoint was open
+    forgotten: int = 0  # v2: finished rollouts forgotten after the commit
 
 
 class CheckpointReport(BaseModel):

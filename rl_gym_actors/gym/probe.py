@@ -1,7 +1,9 @@
 """Before any row runs: is each Gym endpoint there, and does it take our control token?
 
-:func:`probe_endpoints` asks every endpoint for its participant status (a control route, so the
-bearer token is checked) under a checkpoint id no checkpoint ever uses, and raises
+:func:`probe_endpoints` asks every endpoint which checkpoint protocol it speaks (the v2 status
+route, :mod:`rl_gym_actors.gym.v2.discover`) and, on an agent-checkpoint server, for its
+participant status under a checkpoint id no checkpoint ever uses (both are control routes, so the
+bearer token is checked), and raises
 :class:`~rl_gym_actors.errors.EndpointCheckFailed` naming the first endpoint that is down, refuses
 the token, or answers something that is no status.
 """
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import EndpointCheckFailed, RlGymError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
 
 PROBE_S = 10.0
 
@@ -24,8 +27,11 @@ async def probe_endpoint(endpoint: GymEndpoint, *, timeout_s: float = PROBE_S) -
     """Raise EndpointCheckFailed unless ``endpoint`` answers a status with our token."""
     probe_id = f"rlga-probe-{uuid.uuid4().hex[:16]}"
     async with GymClient(endpoint, control_limit=1) as client:
+        deadline_ts = time.time() + timeout_s
         try:
-            await client.status(probe_id, deadline_ts=time.time() + timeout_s)
+            found = await discover_protocol(client, deadline_ts=deadline_ts)
+            if found.protocol is CheckpointProtocol.AGENT:
+                await client.status(probe_id, deadline_ts=deadline_ts)
         except RlGymError as exc:
             raise EndpointCheckFailed(
                 f"Gym endpoint {endpoint.label} failed its start check: {type(exc).__name__}: "

@@ -6,6 +6,10 @@ rollout actor does: it makes sure the attempt ends sealed and ACKed by replaying
 answers the stored reply; the agent does not run again), checking the digest and ACKing the
 receipt. A run whose reply is lost (``drop_reply`` rows, a deadline) stays "running" in its mind
 until the ledger asks it to adopt.
+
+With ``v2=True`` it speaks to a Gym v2 server: no receipt and no ACK exist, so a reply in hand
+is reported sealed and the rollout released (the ledger's v2 gate forgets it after a commit);
+``adopt`` replays ``/run`` of the same attempt (our server keeps a finished reply, (ext)).
 """
 
 from __future__ import annotations
@@ -31,9 +35,16 @@ class StandInOwner:
     """``start`` runs tries; the ledger calls ``adopt``, ``flush_reports`` and ``ping``."""
 
     def __init__(
-        self, name: str, endpoint: GymEndpoint, ledger: ActorHandle, control_s: float = 10.0
+        self,
+        name: str,
+        endpoint: GymEndpoint,
+        ledger: ActorHandle,
+        control_s: float = 10.0,
+        v2: bool = False,
     ) -> None:
         self._name = name
+        self._v2 = v2
+        self.replies: dict[str, Any] = {}  # v2: "rid/att" -> the reply body
         self._endpoint = endpoint
         self._client = GymClient(endpoint)
         self._ledger = ledger
@@ -46,11 +57,20 @@ class StandInOwner:
         self._tasks: set[asyncio.Task] = set()
 
     def _report(
-        self, rid: str, att: int, state: AttemptState, *, adopted: bool = False, late: bool = False
+        self,
+        rid: str,
+        att: int,
+        state: AttemptState,
+        *,
+        adopted: bool = False,
+        late: bool = False,
+        released: bool = False,
     ) -> None:
         self._states[(rid, att)] = state
         (self._late if late else self._pending).append(
-            AttemptReport(rid, att, self._endpoint.url, state, self._name, adopted=adopted)
+            AttemptReport(
+                rid, att, self._endpoint.url, state, self._name, adopted=adopted, released=released
+            )
         )
 
     async def start(
@@ -86,6 +106,10 @@ class StandInOwner:
             logger.debug("%s: run %s/%s failed: %r", self._name, rid, att, exc)
             self._report(rid, att, AttemptState.TOMBSTONED)
             return
+        if self._v2:
+            self.replies[f"{rid}/{att}"] = {"reply": result.reply, "replayed": result.replayed}
+            self._report(rid, att, AttemptState.SEALED, released=True)
+            return
         await self._seal_and_ack(rid, att, result.digest, adopted=False)
 
     async def _seal_and_ack(self, rid: str, att: int, digest: str, *, adopted: bool) -> None:
@@ -107,6 +131,21 @@ class StandInOwner:
             return False
         if self._states.get(key) is AttemptState.ACKED:
             return True
+        if self._v2:  # the same attempt's /run again: the kept reply, not a rerun
+            result = await self._client.run(
+                self._rows[key],
+                rollout_id=rollout_id,
+                attempt_index=attempt_index,
+                deadline_ts=time.time() + self._control_s,
+            )
+            self.replies[f"{rollout_id}/{attempt_index}"] = {
+                "reply": result.reply,
+                "replayed": result.replayed,
+            }
+            self._report(
+                rollout_id, attempt_index, AttemptState.SEALED, adopted=True, released=True
+            )
+            return True
         result = await self._client.replay(
             self._rows[key],
             rollout_id=rollout_id,
@@ -124,6 +163,10 @@ class StandInOwner:
 
     async def ping(self) -> str:
         return self._name
+
+    async def reply_bodies(self) -> dict[str, Any]:
+        """v2: ``"rid/att" -> reply body`` of every reply in hand."""
+        return dict(self.replies)
 
     async def states(self) -> dict[str, str]:
         """``"rid/att" -> state`` as this actor sees its attempts."""

@@ -41,6 +41,7 @@ PREPARE_ORDER = KINDS  # environment, model, agent, resources
 RETIRE_ORDER: tuple[tuple[str, ...], ...] = (("environment",), ("agent",), ("model", "resources"))
 MAX_RENEW_EVERY_S = 10.0
 CLEANUP_MIN_S = 30.0  # a failed restore's cleanup gets at least this long
+RESUME_SLACK_S = 2.0  # a checkpoint with a deadline still resumes within this past it
 
 
 @dataclass(frozen=True)
@@ -320,17 +321,32 @@ async def checkpoint(
     continued: Iterable[EpisodeId],
     *,
     timeout_s: float,
+    deadline_ts: float | None = None,
     clock: Callable[[], float] = time.time,
 ) -> CheckpointOutcome:
-    """One checkpoint (see the module docstring); every step's deadline is ``now + timeout_s``."""
+    """One checkpoint (see the module docstring). Every step's deadline is ``now + timeout_s``;
+    with ``deadline_ts``, prepare waits until a little before it (room left for the commit),
+    commit runs until it, and resume gets :data:`RESUME_SLACK_S` past it. Leases are renewed to
+    ``now + timeout_s`` either way."""
     parts = ordered(participants)
+
+    def by(stage: str) -> float:
+        now = clock()
+        if deadline_ts is None:
+            return now + timeout_s
+        if stage == "prepare":
+            return deadline_ts - min(1.0, 0.1 * max(deadline_ts - now, 0.0))
+        if stage == "commit":
+            return deadline_ts
+        return max(deadline_ts, now) + RESUME_SLACK_S
+
     episodes = list(continued)
     failure: CheckpointFailed | None = None
     outcome: CheckpointOutcome | None = None
     renewer = Renewer(parts, checkpoint_id, timeout_s, clock)
     try:
         async with renewer:
-            prepared = await prepare(parts, checkpoint_id, deadline_ts=clock() + timeout_s)
+            prepared = await prepare(parts, checkpoint_id, deadline_ts=by("prepare"))
             if not prepared.prepared:
                 blockers = prepared.blockers()
                 failure = CheckpointFailed(
@@ -345,7 +361,7 @@ async def checkpoint(
             else:
                 scope = prepared.continued(episodes)
                 commits = await commit(
-                    parts, checkpoint_id, checkpoint_dirs, scope, deadline_ts=clock() + timeout_s
+                    parts, checkpoint_id, checkpoint_dirs, scope, deadline_ts=by("commit")
                 )
                 outcome = CheckpointOutcome(
                     checkpoint_id, scope, sorted(prepared.restarts()), commits, renewer.renewals
@@ -358,7 +374,7 @@ async def checkpoint(
         )
     finally:
         try:
-            await resume(parts, checkpoint_id, deadline_ts=clock() + timeout_s)
+            await resume(parts, checkpoint_id, deadline_ts=by("resume"))
         except CoordinationError as exc:
             if failure is None and outcome is not None:
                 logger.warning("checkpoint %s committed but resume failed: %s", checkpoint_id, exc)

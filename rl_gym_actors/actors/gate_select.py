@@ -1,0 +1,180 @@
+"""Which checkpoint gate each Gym server gets: chosen per server by asking it.
+
+:class:`GateSelect` discovers each server's protocol once (``GET .../checkpoint/status`` answers:
+v2; 404/405: the agent-checkpoint routes; see :mod:`rl_gym_actors.gym.v2.discover`) and keeps
+it. A checkpoint then runs the agent-checkpoint gate (:class:`CheckpointGate`, unchanged) over
+the agent-checkpoint servers and the v2 gate (:class:`~rl_gym_actors.actors.v2_gate.V2Gate`)
+over the v2 ones, both at once, and merges their reports in the order the endpoints were given.
+A server that cannot be asked is not guessed at: the checkpoint fails naming it, and it is asked
+again at the next one. The trainer sees one :class:`CheckpointReport` whatever its servers speak
+(each entry says its ``protocol``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort, abort_everywhere
+from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
+from rl_gym_actors.actors.gate_endpoint import Owners, dir_labels
+from rl_gym_actors.actors.v2_gate import V2Gate
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
+from rl_gym_actors.errors import CheckpointFailed, RlGymError
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.v2.client import V2Client
+from rl_gym_actors.gym.v2.coordinate import Participant
+from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+
+DISCOVER_S = 10.0  # at most this long (and half the checkpoint's budget) to ask the servers
+
+
+class GateSelect:
+    """The per-server protocol choice of one ledger (``clients`` line up with ``endpoints``)."""
+
+    def __init__(self, endpoints: Sequence[GymEndpoint], clients: Sequence[GymClient]) -> None:
+        self._endpoints = list(endpoints)
+        self._clients = list(clients)
+        self._labels = dir_labels(self._endpoints) if len(self._endpoints) > 1 else [""]
+        self._found: dict[int, Participant | None] = {}  # index -> v2 participant, or None: agent
+
+    def protocols(self) -> dict[str, str]:
+        """What has been found so far: endpoint URL -> ``"v2"`` or ``"agent"``."""
+        return {
+            self._endpoints[i].url: (
+                CheckpointProtocol.AGENT if p is None else CheckpointProtocol.V2
+            ).value
+            for i, p in sorted(self._found.items())
+        }
+
+    async def discover(self, deadline_ts: float) -> dict[int, BaseException]:
+        """Ask every server not yet known; the errors of those that could not be asked."""
+        missing = [i for i in range(len(self._endpoints)) if i not in self._found]
+        answers = await asyncio.gather(
+            *(discover_protocol(self._clients[i], deadline_ts=deadline_ts) for i in missing),
+            return_exceptions=True,
+        )
+        failed: dict[int, BaseException] = {}
+        for i, answer in zip(missing, answers, strict=True):
+            if isinstance(answer, asyncio.CancelledError):
+                raise answer
+            if isinstance(answer, BaseException):
+                failed[i] = answer
+            elif answer.protocol is CheckpointProtocol.V2 and answer.kind is not None:
+                client = V2Client(self._clients[i])
+                self._found[i] = Participant(self._endpoints[i].label, answer.kind, client)
+            else:
+                self._found[i] = None
+        return failed
+
+    async def checkpoint(
+        self,
+        book: AttemptBook,
+        owners: Owners,
+        make_agent_gate: Callable[[Sequence[GymEndpoint], Sequence[GymClient]], CheckpointGate],
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        deadline_ts: float,
+        *,
+        control_s: float,
+        forget_batch: int = 500,
+    ) -> CheckpointReport:
+        start = time.time()
+        failed = await self.discover(min(deadline_ts, start + DISCOVER_S))
+        if failed:
+            raise CheckpointFailed(
+                f"checkpoint {checkpoint_id}: could not ask "
+                + ", ".join(
+                    f"{self._endpoints[i].label} ({type(e).__name__}: {e})"
+                    for i, e in failed.items()
+                )
+                + " which checkpoint protocol it speaks",
+                checkpoint_id=checkpoint_id,
+                blockers={
+                    self._endpoints[i].label: {"error": f"discovery failed: {e}"}
+                    for i, e in failed.items()
+                },
+            )
+        agent = [i for i in range(len(self._endpoints)) if self._found[i] is None]
+        v2 = [i for i in range(len(self._endpoints)) if self._found[i] is not None]
+        if not v2:  # only agent-checkpoint servers: exactly the gate as it always was
+            return await make_agent_gate(self._endpoints, self._clients).run(
+                checkpoint_id, checkpoint_dir, deadline_ts
+            )
+        flushed = await owners.flush(min(deadline_ts, start + 0.2 * (deadline_ts - start) + 0.5))
+        v2_gate = V2Gate(
+            book,
+            [self._endpoints[i] for i in v2],
+            [self._labels[i] for i in v2],
+            [p for i in v2 if (p := self._found[i]) is not None],
+            owners,
+            control_s=control_s,
+            forget_batch=forget_batch,
+        )
+        jobs: list[asyncio.Future] = [
+            asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))
+        ]
+        if agent:
+            gate = make_agent_gate(
+                [self._endpoints[i] for i in agent], [self._clients[i] for i in agent]
+            )
+            jobs.append(asyncio.ensure_future(gate.run(checkpoint_id, checkpoint_dir, deadline_ts)))
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for r in errors:
+                if not isinstance(r, CheckpointFailed):
+                    raise r
+            blockers: dict[str, object] = {}
+            for r in errors:
+                assert isinstance(r, CheckpointFailed)
+                blockers.update(r.blockers)
+            raise CheckpointFailed(
+                "; ".join(str(r) for r in errors), checkpoint_id=checkpoint_id, blockers=blockers
+            )
+        by_url: dict[str, EndpointCheckpoint] = {}
+        v2_entries = results[0]
+        assert isinstance(v2_entries, list)
+        for entry in v2_entries:
+            by_url[entry.endpoint] = entry
+        if agent:
+            agent_report = results[1]
+            assert isinstance(agent_report, CheckpointReport)
+            flushed = max(flushed, agent_report.owners_flushed)
+            for entry in agent_report.endpoints:
+                by_url[entry.endpoint] = entry
+        return CheckpointReport(
+            checkpoint_id=checkpoint_id,
+            checkpoint_dir=checkpoint_dir,
+            owners_flushed=flushed,
+            elapsed_s=time.time() - start,
+            endpoints=[by_url[e.url] for e in self._endpoints],
+        )
+
+    async def abort(self, checkpoint_id: str, deadline_ts: float) -> AbortReport:
+        """Resume ``checkpoint_id`` everywhere, each server by its own protocol (a server not
+        yet asked is asked first; one that cannot be asked is tried as agent-checkpoint)."""
+        await self.discover(min(deadline_ts, time.time() + DISCOVER_S))
+
+        async def one(i: int) -> EndpointAbort:
+            part = self._found.get(i)
+            if part is None:
+                report = await abort_everywhere([self._clients[i]], checkpoint_id, deadline_ts)
+                return report.endpoints[0]
+            url = self._endpoints[i].url
+            try:
+                await part.client.resume(checkpoint_id, deadline_ts=deadline_ts)
+            except RlGymError as exc:
+                return EndpointAbort(
+                    endpoint=url,
+                    resumed=False,
+                    error=f"{type(exc).__name__}: {exc}",
+                    active_checkpoint_id=getattr(exc, "active_checkpoint_id", None),
+                )
+            return EndpointAbort(endpoint=url, resumed=True)
+
+        entries = await asyncio.gather(*(one(i) for i in range(len(self._endpoints))))
+        return AbortReport(checkpoint_id=checkpoint_id, endpoints=list(entries))

@@ -1,0 +1,170 @@
+"""The checkpoint gate on the Gym servers that speak v2 (``/ng-control/v1/checkpoint/*``).
+
+The book says what this run still has on each server; :mod:`rl_gym_actors.gym.v2.coordinate`
+performs the protocol. One :class:`V2Gate` runs one checkpoint:
+
+1. every owner flushes its reports (as on the agent-checkpoint gate);
+2. attempts the book has as running that no live owner holds (its owner died, or let go) are
+   retired, each on its own server, before prepare (a v2 participant takes a retire only while
+   no checkpoint is open);
+3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
+   open, commit scoped to the attempts live owners hold (less every restart a server reports),
+   resume whatever happened; :class:`~rl_gym_actors.errors.CheckpointFailed` names the blockers;
+4. after the commit, the rollouts finished for good (no owner holds them, nothing of theirs
+   runs) are forgotten on every server in batches of :data:`FORGET_BATCH`: their retired marks
+   (and our server's kept replies, (ext)) go away, and the book counts their sealed attempts as
+   released so it prunes them. A forget that fails leaves them for the next checkpoint.
+
+v2 has no ACK: a sealed reply is released by ``forget`` after a committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from rl_gym_actors.actors.gate_endpoint import Owners, endpoint_dir
+from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.checkpoint_report import EndpointCheckpoint
+from rl_gym_actors.errors import RlGymError
+from rl_gym_actors.gym.v2 import coordinate
+from rl_gym_actors.gym.v2.coordinate import Participant
+from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.protocol import CommitAnswer
+
+logger = logging.getLogger(__name__)
+
+FORGET_BATCH = 500  # rollout ids per forget call
+
+
+class V2Gate:
+    """One checkpoint over the v2 servers ``endpoints`` (``labels``: their sub-folders,
+    ``participants``: their v2 clients, same order)."""
+
+    def __init__(
+        self,
+        book: AttemptBook,
+        endpoints: Sequence[GymEndpoint],
+        labels: Sequence[str],
+        participants: Sequence[Participant],
+        owners: Owners,
+        *,
+        control_s: float,
+        forget_batch: int = FORGET_BATCH,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not len(endpoints) == len(labels) == len(participants):
+            raise ValueError("endpoints, labels and participants must line up")
+        self._book = book
+        self._endpoints = list(endpoints)
+        self._labels = list(labels)
+        self._parts = list(participants)
+        self._owners = owners
+        self._control_s = control_s
+        self._batch = max(1, forget_batch)
+        self._clock = clock
+
+    async def run(
+        self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
+    ) -> list[EndpointCheckpoint]:
+        live = self._owners.live()
+        retired = [
+            await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts)
+            for ep, part in zip(self._endpoints, self._parts, strict=True)
+        ]
+        live = self._owners.live()
+        continued = [
+            EpisodeId(rollout_id=rid, attempt=att)
+            for ep in self._endpoints
+            for rid, att in self._book.running_on(ep.url)
+            if self._book.claimant(rid, att, ep.url, live) is not None
+        ]
+        dirs = {
+            p.name: endpoint_dir(checkpoint_dir, label)
+            for p, label in zip(self._parts, self._labels, strict=True)
+        }
+        outcome = await coordinate.checkpoint(
+            self._parts,
+            checkpoint_id,
+            dirs,
+            continued,
+            timeout_s=self._control_s,
+            deadline_ts=deadline_ts,
+            clock=self._clock,
+        )
+        forgotten = await self._forget_finished(checkpoint_id)
+        out: list[EndpointCheckpoint] = []
+        for ep, part, n_retired in zip(self._endpoints, self._parts, retired, strict=True):
+            answer = outcome.commits[part.name]
+            out.append(
+                EndpointCheckpoint(
+                    endpoint=ep.url,
+                    label=ep.label,
+                    checkpoint_dir=dirs[part.name],
+                    retired=n_retired,
+                    prepare_rounds=1,
+                    commit=CommitAnswer(
+                        records=answer.manifest.record_count,
+                        manifest_digest=answer.manifest.records_sha256,
+                        episode_ids=list(answer.episode_ids),
+                        restarts=list(outcome.restarts),
+                    ),
+                    protocol="v2",
+                    renewals=outcome.renewals,
+                    forgotten=forgotten,
+                )
+            )
+        return out
+
+    async def _retire_unheld(
+        self,
+        endpoint: GymEndpoint,
+        part: Participant,
+        checkpoint_id: str,
+        live: frozenset[str],
+        deadline_ts: float,
+    ) -> int:
+        """Retire what the book has as running on ``endpoint`` that no live owner holds."""
+        stale = [
+            (rid, att)
+            for rid, att in self._book.running_on(endpoint.url)
+            if self._book.claimant(rid, att, endpoint.url, live) is None
+        ]
+        if not stale:
+            return 0
+        episodes = [EpisodeId(rollout_id=rid, attempt=att) for rid, att in stale]
+        try:
+            await coordinate.retire(
+                [part],
+                checkpoint_id,
+                episodes,
+                deadline_ts=min(deadline_ts, self._clock() + self._control_s),
+            )
+        except RlGymError as exc:  # prepare will name them as blockers if they still run
+            logger.warning("%s: retiring %d unheld attempts failed: %s", part.name, len(stale), exc)
+            return 0
+        for rid, att in stale:
+            self._book.record_retired(endpoint.url, rid, att)
+        return len(stale)
+
+    async def _forget_finished(self, checkpoint_id: str) -> int:
+        """Forget the rollouts finished for good, in batches; how many were forgotten."""
+        finished = self._book.finished_on({ep.url for ep in self._endpoints}, self._owners.live())
+        done = 0
+        for i in range(0, len(finished), self._batch):
+            chunk = finished[i : i + self._batch]
+            try:
+                await coordinate.forget(
+                    self._parts,
+                    checkpoint_id,
+                    chunk,
+                    deadline_ts=self._clock() + self._control_s,
+                )
+            except RlGymError as exc:
+                logger.info("forget of %d rollouts deferred: %s", len(finished) - done, exc)
+                break
+            self._book.record_forgotten(chunk)
+            done += len(chunk)
+        return done
