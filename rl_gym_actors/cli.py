@@ -108,14 +108,17 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--protocol",
         default="agent",
-        choices=["agent", "v2"],
-        help="checkpoint protocol: agent (/ng-control/v1/agent-checkpoint, ACK and receipts) or "
-        "v2 (NeMo Gym's /ng-control/v1/checkpoint: episodes, leases, retire/forget, restore)",
+        choices=["agent", "v2", "both"],
+        help="checkpoint protocol: agent (/ng-control/v1/agent-checkpoint, ACK and receipts), "
+        "v2 (NeMo Gym's /ng-control/v1/checkpoint: episodes, leases, retire/forget, restore), "
+        "or both on one server (the v2 participant admits each /run in front of the "
+        "agent-checkpoint one, which runs and keeps it)",
     )
     serve.add_argument(
         "--restart-only",
         action="store_true",
-        help="(v2) an agent that cannot be checkpointed: its runs are reported as restarts",
+        help="(v2, both) an agent that cannot be checkpointed: its runs are reported as "
+        "restarts on v2",
     )
     serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument(
@@ -156,10 +159,14 @@ def participant_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def gym_serve(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
+    from rl_gym_actors.gym.agent_checkpoint.routes import create_app
     from rl_gym_actors.gym.agents import make_agent
     from rl_gym_actors.gym.server import GymServer, resolve_token
     from rl_gym_actors.gym.store import open_store
+    from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
 
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -176,8 +183,6 @@ def gym_serve(args: argparse.Namespace) -> int:
             print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
             return 2
     if args.protocol == "v2":
-        import sqlite3
-
         from rl_gym_actors.gym.v2.routes import v2_server_from_args
 
         try:
@@ -193,6 +198,23 @@ def gym_serve(args: argparse.Namespace) -> int:
         print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
         return 2
     participant = Participant(agent, store, **participant_options(args))
+    served: Any = participant
+    app_factory: Any = create_app
+    if args.protocol == "both":  # the v2 participant in front of this one (gym/both.py)
+        from rl_gym_actors.gym import both
+
+        try:
+            served = both.both_participant(
+                participant,
+                lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
+                restart_only=args.restart_only,
+                state_dir=args.state_dir,
+            )
+        except (OSError, sqlite3.Error) as exc:
+            store.close()
+            print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
+            return 2
+        app_factory = both.create_app
     extensions = []
     if args.allow_faults:
         from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
@@ -200,8 +222,9 @@ def gym_serve(args: argparse.Namespace) -> int:
         extensions.append(fault_injection(FaultInjector(), participant.knows))
     try:
         server = GymServer(
-            participant,
+            served,
             token=token,
+            app_factory=app_factory,
             host=args.host,
             port=args.port,
             max_body_bytes=args.max_body_bytes,

@@ -17,7 +17,9 @@ server class: a participant served with its protocol's app factory under uvicorn
 Per protocol: :mod:`.agent_checkpoint` (``/ng-control/v1/agent-checkpoint/*`` beside ``/run``):
 its client calls, its server participant (table, core, shell), its routes and fault injection.
 :mod:`.v2` (NeMo Gym's v2, ``/ng-control/v1/checkpoint/*``): its wire models, client,
-discovery, the controller's steps, its participant (table, episodes, shell) and routes.
+discovery, the controller's steps, its participant (table, episodes, shell) and routes. :mod:`.both`
+(``gym serve --protocol both``): the two on one server, the v2 participant admitting each
+``/run`` in front of the agent-checkpoint one, which runs and keeps it.
 
 Nothing here imports :mod:`rl_gym_actors.core`, nor the reverse.
 """

@@ -28,7 +28,11 @@ from fastapi.responses import Response
 
 from rl_gym_actors.errors import AckRejected, GymRejected, InvalidRequest
 from rl_gym_actors.gym.agent_checkpoint.core import PrepareIncomplete
-from rl_gym_actors.gym.agent_checkpoint.participant import Participant, StoreUnavailable
+from rl_gym_actors.gym.agent_checkpoint.participant import (
+    Participant,
+    RunAnswer,
+    StoreUnavailable,
+)
 from rl_gym_actors.gym.web import (
     DEFAULT_MAX_BODY_BYTES,
     Extension,
@@ -133,6 +137,15 @@ def query_key(request: Request) -> ExecutionKey:
     return (rollout_id, int(attempt))
 
 
+def run_headers(answer: RunAnswer) -> dict[str, str]:
+    """The headers of a ``/run`` answer: the receipt (canonical JSON, ASCII), and
+    ``x-gym-replayed`` on a stored reply."""
+    headers = {RECEIPT_HEADER: answer.receipt.decode("ascii")}
+    if answer.replayed:
+        headers[REPLAYED_HEADER] = "1"
+    return headers
+
+
 # ---------------------------------------------------------------- the app
 
 
@@ -143,11 +156,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics: bool = True,
     extensions: Sequence[Extension] = (),
+    run_route: bool = True,
 ) -> FastAPI:
     """The HTTP app. ``token`` guards every control route (one dependency on the control
     router); ``metrics`` serves Prometheus text on ``GET /metrics`` (unauthenticated; counts
     only); ``extensions`` wrap the app in middleware its routes never see (the first
-    outermost)."""
+    outermost); ``run_route=False`` leaves ``/run`` to the caller (``--protocol both``, where
+    the v2 participant admits each run in front of this one)."""
     auth = bearer_auth(token)
     app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.participant = participant
@@ -168,17 +183,16 @@ def create_app(
 
     # ------------------------------------------------------------ data plane
 
-    @app.post("/run")
     async def run(request: Request) -> Response:
         try:
             row = json.loads(await body(request), parse_constant=reject_constant)
         except ValueError as exc:
             raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
         answer = await participant.run(run_key(row), row)
-        headers = {RECEIPT_HEADER: answer.receipt.decode("ascii")}  # canonical JSON, ASCII
-        if answer.replayed:
-            headers[REPLAYED_HEADER] = "1"
-        return json_response(answer.reply, headers=headers)
+        return json_response(answer.reply, headers=run_headers(answer))
+
+    if run_route:
+        app.add_api_route("/run", run, methods=["POST"])
 
     @app.get(READY_PATH)
     async def ready(request: Request) -> Response:

@@ -56,6 +56,7 @@ class EpisodeTable:
     """Every episode of one participant (see the module docstring)."""
 
     restart_only: bool = False
+    keep_replies: bool = True  # (ext) False when an owner behind keeps them (``--protocol both``)
     accepting: bool = True
     retired: RetiredMarks = field(default_factory=RetiredMarks)
     live: dict[str, Episode] = field(default_factory=dict)
@@ -119,7 +120,11 @@ class EpisodeTable:
         """The run ended: with its reply (kept), or without one (the agent failed)."""
         if self.is_current(episode):
             del self.live[episode.episode_id.rollout_id]
-            if reply is not None and not self.retired.refused(episode.episode_id):
+            if (
+                reply is not None
+                and self.keep_replies
+                and not self.retired.refused(episode.episode_id)
+            ):
                 e = episode.episode_id
                 self.kept.setdefault(e.rollout_id, {})[e.attempt] = reply
 

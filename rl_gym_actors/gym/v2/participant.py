@@ -17,8 +17,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -38,7 +38,7 @@ from rl_gym_actors.gym.v2 import records as files
 from rl_gym_actors.gym.v2.episodes import Episode, EpisodeTable, Replay
 from rl_gym_actors.gym.v2.machine import Machine
 from rl_gym_actors.gym.v2.state import V2State
-from rl_gym_actors.gym.v2.stepped import StepAgent
+from rl_gym_actors.gym.v2.stepped import RawReply, StepAgent
 from rl_gym_actors.gym.v2.wire import (
     CheckpointRequest,
     CommitRequest,
@@ -58,6 +58,7 @@ DEFAULT_LEASE_GRACE_S = 600.0  # Gym's default lease_grace_seconds
 class RunOutcome:
     reply: bytes
     replayed: bool
+    headers: Mapping[str, str] = field(default_factory=dict)  # from a RawReply
 
 
 @dataclass
@@ -75,6 +76,7 @@ class _EpisodeSteps:
     def __init__(self, owner: V2Participant, episode: Episode) -> None:
         self._owner = owner
         self._episode = episode
+        self.episode_id = episode.episode_id
         self.continuation = episode.continuation
 
     async def boundary(self, progress: Any) -> None:
@@ -94,6 +96,7 @@ class V2Participant:
         instance: str = "agent",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         restart_only: bool = False,
+        keep_replies: bool = True,
         state: V2State | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -101,13 +104,15 @@ class V2Participant:
         self.instance = instance
         self.restart_only = restart_only
         self.machine = Machine(lease_grace_s=lease_grace_s)
-        self.table = EpisodeTable(restart_only=restart_only, retired=self.machine.retired)
+        self.table = EpisodeTable(
+            restart_only=restart_only, keep_replies=keep_replies, retired=self.machine.retired
+        )
         self.steps_run = 0  # (ext) boundaries reached by agents, all episodes together
         self.state = state
         if state is not None:
             self._load(state)
         self._clock = clock
-        self._tasks: dict[str, asyncio.Task[bytes]] = {}
+        self._tasks: dict[str, asyncio.Task[RunOutcome]] = {}
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
         self._write: _Write | None = None
@@ -162,20 +167,27 @@ class V2Participant:
         task = asyncio.create_task(self._execute(episode, row), name=f"v2-run-{episode_id}")
         self._tasks[episode_id.rollout_id] = task
         try:
-            return RunOutcome(await asyncio.shield(task), replayed=False)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
             if task.cancelled():
                 raise StaleAttempt(f"{episode_id} was retired while it ran", status=409) from None
             raise
 
-    async def _execute(self, episode: Episode, row: dict[str, Any]) -> bytes:
+    async def _execute(self, episode: Episode, row: dict[str, Any]) -> RunOutcome:
         rollout = episode.episode_id.rollout_id
         try:
             await self._boundary(episode, episode.boundary)  # the start is a boundary
             try:
                 reply = await self.agent(row, _EpisodeSteps(self, episode))
-                raw = json.dumps(reply, separators=(",", ":"), allow_nan=False).encode()
+                if isinstance(reply, RawReply):
+                    raw, headers = reply.body, reply.headers
+                else:
+                    raw = json.dumps(reply, separators=(",", ":"), allow_nan=False).encode()
+                    headers = {}
             except asyncio.CancelledError:
+                raise
+            except GymError:  # a rejection of the participant behind, with its own code
+                self.table.finish(episode, None)
                 raise
             except Exception as exc:
                 logger.info("agent failed for %s: %r", episode.episode_id, exc)
@@ -185,7 +197,7 @@ class V2Participant:
             e = episode.episode_id
             if self.state is not None and self.table.kept.get(e.rollout_id, {}).get(e.attempt):
                 await self.state.keep(e, raw)  # durable before it is answered
-            return raw
+            return RunOutcome(raw, replayed=False, headers=headers)
         finally:
             if self._tasks.get(rollout) is asyncio.current_task():
                 del self._tasks[rollout]

@@ -45,7 +45,13 @@ from rl_gym_actors.gym.web import (
     reject_constant,
     validation_detail,
 )
-from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, REPLAYED_HEADER, ROLLOUT_ID_FIELD
+from rl_gym_actors.protocol import (
+    ATTEMPT_INDEX_FIELD,
+    MAX_JSON_DEPTH,
+    REPLAYED_HEADER,
+    ROLLOUT_ID_FIELD,
+    too_deep,
+)
 
 
 def episode_of(row: Any) -> EpisodeId:
@@ -79,9 +85,13 @@ def episode_of(row: Any) -> EpisodeId:
 
 
 async def read_row(request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """A ``/run`` body: a JSON object within the size limit, else 413 or 422."""
+    """A ``/run`` body: a JSON object within the size limit and nesting depth, else 413 or
+    422."""
+    raw = await read_body(request, max_body_bytes)
+    if too_deep(raw):  # refused before parsing: never a RecursionError
+        raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels", status=422)
     try:
-        row = json.loads(await read_body(request, max_body_bytes), parse_constant=reject_constant)
+        row = json.loads(raw, parse_constant=reject_constant)
     except ValueError as exc:
         raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
     if not isinstance(row, dict):
@@ -139,7 +149,7 @@ def create_app(
     async def run(request: Request) -> Response:
         row = await read_row(request, max_body_bytes)
         outcome = await participant.run(episode_of(row), row)
-        headers = {}
+        headers = dict(outcome.headers)
         if outcome.replayed:
             headers[REPLAYED_HEADER] = "1"
         if participant.restart_only:

@@ -2,10 +2,12 @@
 
 A step agent is ``async (row, steps) -> reply``. It reads ``steps.continuation`` (the progress a
 restored attempt continues from; None for a fresh run) and calls ``await
-steps.boundary(progress)`` after each step, with JSON progress that is enough to continue from.
-At a boundary the episode parks while a checkpoint is open; a checkpoint exports the latest
-progress; a restore hands it to the next attempt as its continuation. Only the steps after that
-boundary run again.
+steps.boundary(progress)`` after each step, with JSON progress that is enough to continue from;
+``steps.episode_id`` names the attempt. A reply may be a :class:`RawReply` (bytes and headers
+of the ``/run`` answer, as another participant behind this one answered them). At a boundary
+the episode parks while a checkpoint is open; a checkpoint exports the latest progress; a
+restore hands it to the next attempt as its continuation. Only the steps after that boundary
+run again.
 
 :func:`stepped_simulated_agent` reads ``steps`` (default 1), ``step_s`` (default ``sleep_s /
 steps``, ``sleep_s`` defaulting to 0), ``reward`` (1.0) and ``fail`` (false) from the row and
@@ -18,21 +20,33 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.agents import SIMULATED, Agent, SimulatedAgentError, make_agent
+from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 
 class Steps(Protocol):
+    episode_id: EpisodeId
     continuation: Any
 
     async def boundary(self, progress: Any) -> None: ...
 
 
 StepAgent = Callable[[dict[str, Any], Steps], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class RawReply:
+    """A reply a step agent hands back already encoded, with headers for the ``/run`` answer
+    (the agent-checkpoint participant behind the v2 one, ``--protocol both``)."""
+
+    body: bytes
+    headers: Mapping[str, str]
 
 
 def _number(row: dict[str, Any], name: str, default: float) -> float:
