@@ -7,9 +7,9 @@ import math
 import os
 import random
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tenacity import RetryCallState, wait_exponential
 from tenacity.wait import wait_base
 
@@ -64,13 +64,29 @@ class GymEndpoint(_Settings):
     token: str | None = None
     name: str | None = None
 
+    def __init__(self, **data: Any) -> None:
+        """A bad field is a :class:`ConfigError` naming it (one line), as every other setting
+        a caller passes to the package; ``model_validate`` still raises pydantic's error."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'endpoint'}: "
+                f"{e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise ConfigError(f"invalid GymEndpoint: {problems}") from None
+
     @field_validator("url")
     @classmethod
     def _strip(cls, v: str) -> str:
-        v = v.rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
-        return v
+        v = v.strip()
+        if "://" not in v:
+            raise ValueError(f"{v!r} has no scheme: write http://{v} (or https://)")
+        scheme, rest = v.split("://", 1)
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL of a host")
+        return v.rstrip("/")
 
     @property
     def resolved_token(self) -> str | None:

@@ -160,7 +160,7 @@ class Orchestrator:
         self.policy = policy_with_ack(policy or TryPolicy(), ack)
         self._unacked = UnackedCount(warn_unacked, self.policy.ack)  # checks warn_unacked
         self.warn_unacked = warn_unacked
-        self.check_endpoints = check_endpoints
+        self.check_endpoints = check_endpoints  # probed once, before Ray starts
         self.pool_config = pool_with(pool or PoolConfig(), pool_size, rollouts_per_actor)
         self.ledger_config = ledger or LedgerConfig()
         self.id = orchestrator_id or uuid.uuid4().hex[:12]
@@ -189,15 +189,19 @@ class Orchestrator:
     def start(self) -> Orchestrator:
         """Start Ray if needed, the ledger actor and the warm pool (idempotent)."""
         self._check_open()
+        if self.check_endpoints and self._pool is None:  # a bad URL or token: seconds, no Ray
+            self._loop.run(probe_endpoints(self.endpoints))
         ensure_ray()  # on the caller's thread: Ray wants the main thread
-        self._loop.run(self._start())
+        self._loop.run(self._start(probed=True))
         return self
 
     async def astart(self) -> Orchestrator:
         self._check_open()
+        if self.check_endpoints and self._pool is None:
+            await self._loop.arun(probe_endpoints(self.endpoints))
         if not ray.is_initialized():
             await asyncio.to_thread(ensure_ray)
-        await self._loop.arun(self._start())
+        await self._loop.arun(self._start(probed=True))
         return self
 
     def _sync(self, coro):
@@ -372,7 +376,7 @@ class Orchestrator:
 
     # ------------------------------------------------------------ on the private loop
 
-    async def _start(self) -> None:
+    async def _start(self, probed: bool = False) -> None:
         if self._closed:
             raise PoolClosed(f"orchestrator {self.id} is closed")
         if self._start_lock is None:
@@ -380,9 +384,9 @@ class Orchestrator:
         async with self._start_lock:
             if self._pool is not None:
                 return
-            ensure_ray()
-            if self.check_endpoints:
+            if self.check_endpoints and not probed:
                 await probe_endpoints(self.endpoints)
+            ensure_ray()
             ledger = await LedgerClient.start(
                 self.id,
                 self.endpoints,

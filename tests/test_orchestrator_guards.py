@@ -95,3 +95,59 @@ def test_start_checks_every_endpoint_and_its_token_before_any_row(ray_session, g
     with pytest.raises(EndpointCheckFailed) as info:
         Orchestrator([down], policy=POLICY, pool_size=1, progress=False)
     assert info.value.endpoint == "http://127.0.0.1:9"
+
+
+START_CHECK = """
+import json, sys, time
+from rl_gym_actors import GymEndpoint, Orchestrator
+from rl_gym_actors.errors import ConfigError, EndpointCheckFailed
+import ray
+
+found = {}
+for label, url, token in json.loads(sys.argv[1]):
+    started = time.monotonic()
+    try:
+        Orchestrator([GymEndpoint(url=url, token=token)], pool_size=1, progress=False)
+        found[label] = ["started", 0.0]
+    except (ConfigError, EndpointCheckFailed) as exc:
+        found[label] = [type(exc).__name__, time.monotonic() - started]
+found["ray_started"] = ray.is_initialized()
+print(json.dumps(found))
+"""
+
+
+def test_a_bad_url_or_token_fails_in_seconds_before_ray_starts(gym):
+    """In a fresh process: no Ray of the test session to hide a start."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rl_gym_actors.testing.polling import scaled
+
+    cases = [
+        ["no scheme", "127.0.0.1:9", "t"],
+        ["nobody listens", "http://127.0.0.1:9", "t"],
+        ["wrong token", gym.url, "not-the-token"],
+    ]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", START_CHECK, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=scaled(120),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["ray_started"] is False
+    assert found["no scheme"][0] == "ConfigError"
+    assert found["nobody listens"][0] == found["wrong token"][0] == "EndpointCheckFailed"
+    for label, _, _ in cases:
+        assert found[label][1] < scaled(2.0), (label, found[label])
