@@ -24,17 +24,25 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from rl_gym_actors import cli_support
+from rl_gym_actors.cli_support import CliError, Parser
 from rl_gym_actors.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
@@ -66,19 +74,25 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         help="serve a Gym agent that takes part in checkpoints",
         description="Serve /run and the checkpoint control plane (docs/PROTOCOL.md).",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0, help="0 (the default) picks a free port")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port",
+        type=cli_support.port,
+        default=0,
+        help="port to bind, 0-65535 (default: 0, a free one, printed on the first line)",
+    )
     serve.add_argument(
         "--agent",
         default="simulated",
-        help="'simulated', a Python 'module:function', or an upstream agent's http(s):// /run URL",
+        help="'simulated' (the default: reads reward, sleep_s, fail from each row), a Python "
+        "'module:function', or an upstream agent's http(s):// /run URL",
     )
     serve.add_argument(
         "--state-dir",
         default=None,
-        help="keep replies, receipts, ACK fences and tombstones here (SQLite; with --protocol "
-        "v2: kept replies, retired marks and committed answers); without it everything lives "
-        "in memory",
+        help="a directory (created if missing) for replies, receipts, ACK fences and "
+        "tombstones (SQLite; with --protocol v2: kept replies, retired marks and committed "
+        "answers); without it everything lives in memory",
     )
     serve.add_argument(
         "--token",
@@ -97,7 +111,7 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_CHECKPOINT_LEASE_S,
         help="a checkpoint id holds admission until this many seconds past its "
         "deadline_ts with no further call for it; then the server aborts it "
-        "(0: no lease)",
+        "(0: no lease; default: %(default)g)",
     )
     serve.add_argument(
         "--checkpoint-root",
@@ -120,7 +134,12 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         help="(v2, both) an agent that cannot be checkpointed: its runs are reported as "
         "restarts on v2",
     )
-    serve.add_argument("--max-body-bytes", type=_positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body taken (default: %(default)d)",
+    )
     serve.add_argument(
         "--http",
         default="auto",
@@ -134,7 +153,10 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         help="event loop (auto: uvloop when installed)",
     )
     serve.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="server log level on stderr (default: %(default)s)",
     )
     serve.set_defaults(func=gym_serve)
 
@@ -145,11 +167,11 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         "Works against our server and a real NeMo Gym alike.",
     )
     abort.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
-    abort.add_argument("--checkpoint-id", required=True)
     abort.add_argument(
-        "--token", default=None, help="control-plane bearer token (else $RL_GYM_CONTROL_TOKEN)"
+        "--checkpoint-id", required=True, help="the id that holds the server (status shows it)"
     )
-    abort.add_argument("--timeout-s", type=float, default=10.0)
+    cli_support.add_token(abort)
+    cli_support.add_timeout(abort, "the server's answer")
     abort.set_defaults(func=gym_abort)
 
 
@@ -177,26 +199,31 @@ def gym_serve(args: argparse.Namespace) -> int:
     if args.state_dir is not None:
         from rl_gym_actors.gym.state_lock import lock_state_dir
 
+        usable_state_dir(args.state_dir)
         try:  # one server per state dir; held until this process exits
             args.state_lock = lock_state_dir(args.state_dir)
-        except (ConfigError, OSError) as exc:
-            print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
-            return 2
+        except ConfigError as exc:
+            raise CliError(f"{exc}: stop that server, or give another --state-dir") from None
+        except OSError as exc:
+            raise state_dir_error(args.state_dir, exc) from None
     if args.protocol == "v2":
         from rl_gym_actors.gym.v2.routes import v2_server_from_args
 
         try:
             server = v2_server_from_args(args, token)
-        except (ConfigError, OSError, sqlite3.Error) as exc:
-            print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
-            return 2
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
+        except (OSError, sqlite3.Error) as exc:
+            raise state_dir_error(args.state_dir, exc) from None
         return _serve_until_stopped(server, token, source, args.loop)
     try:
         agent = make_agent(args.agent)
+    except ConfigError as exc:
+        raise CliError(f"--agent {args.agent}: {exc}") from None
+    try:
         store = open_store(args.state_dir)
-    except (ConfigError, OSError) as exc:
-        print(f"rl-gym-actors gym serve: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, sqlite3.Error) as exc:
+        raise state_dir_error(args.state_dir, exc) from None
     participant = Participant(agent, store, **participant_options(args))
     served: Any = participant
     app_factory: Any = create_app
@@ -235,12 +262,35 @@ def gym_serve(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         store.close()
-        print(
-            f"rl-gym-actors gym serve: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr
-        )
-        return 2
+        raise CliError(
+            f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}: pick another --port "
+            f"(0: a free one) or --host"
+        ) from None
 
     return _serve_until_stopped(server, token, source, args.loop)
+
+
+def usable_state_dir(path: str) -> None:
+    """Raise a CliError naming the fix unless ``path`` is (or can become) a writable directory."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise CliError(
+            f"--state-dir {path} is a file, not a directory: give a directory (created if missing)"
+        )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as exc:
+        raise state_dir_error(path, exc) from None
+
+
+def state_dir_error(path: str, exc: BaseException) -> CliError:
+    reason = getattr(exc, "strerror", None) or cli_support.one_line(exc)
+    return CliError(
+        f"--state-dir {path} is not usable ({reason}): give a directory this user can write, "
+        f"or leave --state-dir out to keep the state in memory"
+    )
 
 
 def _serve_until_stopped(server: Any, token: str, source: str, loop: str) -> int:
@@ -259,19 +309,13 @@ def _serve_until_stopped(server: Any, token: str, source: str, loop: str) -> int
 def gym_abort(args: argparse.Namespace) -> int:
     import time
 
-    from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
     from rl_gym_actors.errors import RlGymError
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
-    token = args.token or os.environ.get(TOKEN_ENV)
-    if not token:
-        print(
-            f"rl-gym-actors gym abort: a token is needed (--token or ${TOKEN_ENV})", file=sys.stderr
-        )
-        return 2
+    endpoint = cli_support.endpoint(args.url, args.token)
 
     async def abort() -> dict:
-        async with GymClient(GymEndpoint(url=args.url, token=token)) as client:
+        async with GymClient(endpoint) as client:
             answer = await client.resume(
                 args.checkpoint_id, deadline_ts=time.time() + args.timeout_s
             )
@@ -279,10 +323,9 @@ def gym_abort(args: argparse.Namespace) -> int:
 
     try:
         answer = asyncio.run(abort())
-    except (RlGymError, ValueError) as exc:
-        print(f"rl-gym-actors gym abort: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps({"checkpoint_id": args.checkpoint_id, "url": args.url, **answer}))
+    except RlGymError as exc:
+        raise cli_support.gym_failure(exc, endpoint.url, args.timeout_s) from None
+    print(json.dumps({"checkpoint_id": args.checkpoint_id, "url": endpoint.url, **answer}))
     return 0
 
 
@@ -299,10 +342,14 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_gym, add_obs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from rl_gym_actors import __version__
+
+    parser = Parser(
         prog="rl-gym-actors",
         description="Keep RL training on Ray from losing track of Gym environment work.",
+        epilog=cli_support.EXIT_CODES_HELP,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(subparsers)
@@ -310,11 +357,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure ends as one line on stderr and an exit code
+    (:mod:`rl_gym_actors.cli_support`)."""
     args = build_parser().parse_args(argv)
+    name = " ".join(
+        filter(None, ["rl-gym-actors", args.command, getattr(args, "gym_command", None)])
+    )
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
-        return 130
+        return cli_support.EXIT_INTERRUPTED
+    except BrokenPipeError:
+        cli_support.quiet_closed_stdout()
+        return cli_support.EXIT_OK
+    except CliError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return exc.code
+    except Exception as exc:
+        if cli_support.debugging():
+            raise
+        print(
+            f"{name}: unexpected {type(exc).__name__}: {cli_support.one_line(exc)} "
+            f"(set {cli_support.DEBUG_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return cli_support.EXIT_REFUSED
 
 
 if __name__ == "__main__":

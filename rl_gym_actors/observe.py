@@ -4,11 +4,13 @@ The command line's ``status`` and ``ledger`` subcommands live here (``cli.py`` r
 with :func:`add_commands`):
 
 - ``rl-gym-actors status URL [--token T] [--checkpoint-id C] [--json]``: the server's status
-  object as a readable table (or its JSON). Exit code 0 on an answer, 1 when the server cannot
-  be reached in time, 2 when it refuses (a wrong token, a spent checkpoint id).
-- ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to a running Ray cluster, finds
-  every ledger actor (named ``rlga-ledger-<id>`` in namespace ``rl_gym_actors``) and prints its
-  snapshot. Exit code 0 when at least one ledger answered, 1 otherwise.
+  object as a readable table (or its JSON), with the checkpoint holding the server, if any.
+- ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to a running Ray cluster (checked
+  first: :mod:`rl_gym_actors.ray_attach`), finds every ledger actor (named ``rlga-ledger-<id>``
+  in namespace ``rl_gym_actors``) and prints its snapshot.
+
+Exit codes and error lines are every command's (:mod:`rl_gym_actors.cli_support`): 0 done, 1 no
+answer in time (ledger: no ledger answered), 2 refused or bad input.
 
 Tables are plain text; nothing here reads private state (status objects and snapshots only).
 """
@@ -19,16 +21,18 @@ import argparse
 import asyncio
 import json
 import logging
-import socket
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from rl_gym_actors import cli_support
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
+from rl_gym_actors.cli_support import CliError
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
-from rl_gym_actors.errors import ConfigError, GymError, GymUnavailable, RlGymError
+from rl_gym_actors.errors import RlGymError
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 
 STATUS_CHECKPOINT_ID = "rlga-status"
@@ -93,10 +97,13 @@ def status_table(
         ["acknowledged_completed", report.acknowledged_completed],
         ["active", report.active],
     ]
-    out = [
-        f"Gym {url}  (status for checkpoint id {checkpoint_id})",
-        table(["FIELD", "VALUE"], head),
-    ]
+    if report.checkpoint_id and report.state != "accepting":
+        phase = f", {report.phase}" if report.phase else ""
+        head.insert(1, ["held by checkpoint", f"{report.checkpoint_id} ({report.state}{phase})"])
+    asked = (
+        "" if checkpoint_id == STATUS_CHECKPOINT_ID else f"  (asked as checkpoint {checkpoint_id})"
+    )
+    out = [f"Gym {url}{asked}", table(["FIELD", "VALUE"], head)]
     seen: set[tuple[str, int]] = set()
     blocking: list[AttemptInfo] = []
     for info in [*report.blocking_attempts, *report.completed_unacknowledged_attempts]:
@@ -223,8 +230,10 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
     import ray
 
     if not ray.is_initialized():
-        if address and address != "auto":
-            _check_reachable(address, timeout_s)  # ray.init would retry for minutes
+        from rl_gym_actors.ray_attach import check_ray_address
+
+        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        check_ray_address(target, timeout_s)  # ray.init would retry, logging, for ~20 s
         ray.init(
             address=address or "auto",
             namespace=RAY_NAMESPACE,
@@ -253,64 +262,72 @@ def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dic
     return dict(sorted(found.items()))
 
 
-def _check_reachable(address: str, timeout_s: float) -> None:
-    """Raise ConnectionError when nothing accepts connections at ``host:port``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return  # not host:port: let Ray interpret it
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConnectionError(f"nothing answers at {address}: {exc}") from exc
-
-
 # ---------------------------------------------------------------- commands
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``status`` and ``ledger``; each sets ``func`` to its entry point."""
-    p = subparsers.add_parser("status", help="print a Gym server's checkpoint status")
-    p.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument(
-        "--token", default=None, help="control-plane bearer token (default: $RL_GYM_CONTROL_TOKEN)"
+    p = subparsers.add_parser(
+        "status",
+        help="print a Gym server's checkpoint status",
+        description="A Gym server's checkpoint status: counts, the checkpoint holding it (if "
+        "any) and the attempts in a checkpoint's way. " + cli_support.EXIT_CODES_HELP,
     )
+    p.add_argument("url", help="the Gym server's base URL, e.g. http://127.0.0.1:8000")
+    cli_support.add_token(p)
     p.add_argument(
         "--checkpoint-id",
         default=STATUS_CHECKPOINT_ID,
-        help="checkpoint id to ask the status for (any id not yet spent)",
+        help="checkpoint id to ask the status for (any id not yet spent; default: %(default)s)",
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
-    p.add_argument("--limit", type=int, default=20, help="attempts listed at most")
+    cli_support.add_timeout(p, "an answer")
+    p.add_argument(
+        "--limit", type=int, default=20, help="attempts listed at most (default: %(default)d)"
+    )
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=status_command)
 
     p = subparsers.add_parser(
-        "ledger", help="print the ledgers' snapshots of a running Ray cluster"
+        "ledger",
+        help="print the ledgers' snapshots of a running Ray cluster",
+        description="Attach to a running Ray cluster and print every rl_gym_actors ledger's "
+        "book. Ray's token: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token. "
+        + cli_support.EXIT_CODES_HELP,
     )
-    p.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address, host:port of its GCS (default: $RAY_ADDRESS, else the "
+        "cluster this machine runs)",
+    )
+    cli_support.add_timeout(p, "the cluster and each ledger")
     p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
     p.set_defaults(func=ledger_command)
 
 
-def status_command(
-    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
-    err = err or sys.stderr
+def _reported(name: str, run: Any) -> Any:
+    """Run a command body with ``(args, out, err)``; a CliError becomes its one line on ``err``
+    and its exit code (so that the commands can be called in-process, as the tests do)."""
+
+    def command(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None):
+        err = err or sys.stderr
+        try:
+            return run(args, out or sys.stdout)
+        except CliError as exc:
+            print(f"rl-gym-actors {name}: {exc}", file=err)
+            return exc.code
+
+    command.__doc__ = run.__doc__
+    return command
+
+
+def _status(args: argparse.Namespace, out: TextIO) -> int:
+    """``rl-gym-actors status URL``."""
+    endpoint = cli_support.endpoint(args.url, args.token)
     try:
-        endpoint = GymEndpoint(url=args.url, token=args.token)
-    except ValueError as exc:
-        print(f"error: {exc}", file=err)
-        return 2
-    try:
-        report = asyncio.run(fetch_status(endpoint, args.checkpoint_id, timeout_s=args.timeout))
-    except GymUnavailable as exc:
-        print(f"error: {endpoint.url} did not answer: {exc}", file=err)
-        return 1
-    except (GymError, ConfigError) as exc:
-        print(f"error: {exc}", file=err)
-        return 2
+        report = asyncio.run(fetch_status(endpoint, args.checkpoint_id, timeout_s=args.timeout_s))
+    except RlGymError as exc:
+        raise cli_support.gym_failure(exc, endpoint.url, args.timeout_s) from None
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True), file=out)
     else:
@@ -320,22 +337,33 @@ def status_command(
             ),
             file=out,
         )
-    return 0
+    return cli_support.EXIT_OK
 
 
-def ledger_command(
-    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
-    err = err or sys.stderr
+def _ledger(args: argparse.Namespace, out: TextIO) -> int:
+    """``rl-gym-actors ledger``."""
+    from rl_gym_actors.ray_attach import RayAttachFailed
+
+    where = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        found = fetch_ledgers(args.address, timeout_s=args.timeout)
+        found = fetch_ledgers(args.address, timeout_s=args.timeout_s)
+    except RayAttachFailed as exc:
+        code = (
+            cli_support.EXIT_NO_ANSWER if exc.reason == "unreachable" else cli_support.EXIT_REFUSED
+        )
+        raise CliError(str(exc), code) from None
     except (ConnectionError, RlGymError, RuntimeError, ValueError) as exc:
-        print(f"error: cannot attach to Ray at {args.address or 'auto'}: {exc}", file=err)
-        return 1
+        raise CliError(
+            f"cannot attach to Ray at {where} ({type(exc).__name__}: {cli_support.one_line(exc)}): "
+            f"start it (`ray start --head`) or pass --address host:port",
+            cli_support.EXIT_NO_ANSWER,
+        ) from None
     if not found:
-        print("no ledger actors found (names rlga-ledger-*, namespace rl_gym_actors)", file=err)
-        return 1
+        raise CliError(
+            f"no ledger actors on the Ray at {where} (names rlga-ledger-*, namespace "
+            f"{RAY_NAMESPACE}): is an Orchestrator running on that cluster?",
+            cli_support.EXIT_NO_ANSWER,
+        )
     answered = {n: s for n, s in found.items() if isinstance(s, LedgerSnapshot)}
     if args.json:
         print(
@@ -359,4 +387,8 @@ def ledger_command(
             for n, s in found.items()
         ]
         print("\n\n".join(blocks), file=out)
-    return 0 if answered else 1
+    return cli_support.EXIT_OK if answered else cli_support.EXIT_NO_ANSWER
+
+
+status_command = _reported("status", _status)
+ledger_command = _reported("ledger", _ledger)

@@ -36,7 +36,7 @@ def run(url, **kw):
             "url": url,
             "token": "test-token",
             "checkpoint_id": "rlga-status",
-            "timeout": 5.0,
+            "timeout_s": 5.0,
             "limit": 20,
             "json": False,
             **kw,
@@ -79,7 +79,7 @@ def test_status_limit_cuts_the_list(gym, one_unacked):
 
 def test_wrong_token_is_refused_with_exit_2(gym):
     code, out, err = run(gym.url, token="wrong")
-    assert (code, out) == (2, "") and "unauthorized" in err
+    assert (code, out) == (2, "") and "refused the control-plane token" in err
 
 
 def test_unreachable_server_exits_1_within_its_timeout():
@@ -87,7 +87,7 @@ def test_unreachable_server_exits_1_within_its_timeout():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     started = time.monotonic()
-    code, _, err = run(f"http://127.0.0.1:{port}", timeout=1.0)
+    code, _, err = run(f"http://127.0.0.1:{port}", timeout_s=1.0)
     assert code == 1 and "did not answer" in err
     assert time.monotonic() - started < 5.0
 
@@ -95,7 +95,7 @@ def test_unreachable_server_exits_1_within_its_timeout():
 @pytest.mark.parametrize("kw", [{"url": "ftp://x"}, {"checkpoint_id": "bad id"}])
 def test_bad_arguments_exit_2(gym, kw):
     code, _, err = run(kw.pop("url", gym.url), **kw)
-    assert code == 2 and err.startswith("error:")
+    assert code == 2 and err.startswith("rl-gym-actors status: ") and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ def ledger(ray_session):
 
 
 def run(**kw):
-    args = argparse.Namespace(**{"address": None, "timeout": 10.0, "json": False, **kw})
+    args = argparse.Namespace(**{"address": None, "timeout_s": 10.0, "json": False, **kw})
     out, err = io.StringIO(), io.StringIO()
     code = ledger_command(args, out, err)
     return code, out.getvalue(), err.getvalue()
@@ -104,4 +104,5 @@ def test_no_ray_to_attach_to_exits_1():
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 1 and "cannot attach" in proc.stderr
+    assert proc.returncode == 1 and "nothing answers as Ray at 127.0.0.1:9" in proc.stderr
+    assert proc.stderr.count("\n") == 1  # one line, no traceback

@@ -1,0 +1,90 @@
+"""Before attaching to a running Ray cluster: does anything answer there, and does it take this
+client's token?
+
+``ray.init(address=...)`` against a cluster that refuses the token (Ray 2.60's token
+authentication) or that is not there retries for about 20 s and logs a line per try from Ray's
+C++ core on stderr. :func:`check_ray_address` asks the cluster's GCS for its cluster id once,
+with the token Ray itself would send (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
+``~/.ray/auth_token``), and raises :class:`RayAttachFailed` with a typed ``reason`` at once.
+When Ray's modules for that are missing (another Ray version), it checks nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rl_gym_actors.errors import RlGymError
+
+UNREACHABLE = "unreachable"
+TOKEN_REFUSED = "token_refused"
+NO_TOKEN = "no_token"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_HELP = (
+    "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the cluster's token: "
+    "`ray get-auth-token` on its head node prints it"
+)
+
+
+class RayAttachFailed(RlGymError):
+    """The Ray cluster at ``address`` cannot be attached to; ``reason`` is one of
+    ``unreachable``, ``token_refused``, ``no_token``."""
+
+    def __init__(self, message: str, *, address: str = "", reason: str = UNREACHABLE) -> None:
+        super().__init__(message)
+        self.address = address
+        self.reason = reason
+
+
+def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
+    """Raise RayAttachFailed unless the GCS at ``host:port`` answers this client. A cluster that
+    takes this client's token only with it turns token authentication on for this process (as
+    ``RAY_AUTH_MODE=token`` would), so that ``ray.init`` sends it too. Addresses that are not
+    ``host:port`` (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # another Ray: let ray.init find out
+        return
+    loader: Any = AuthenticationTokenLoader.instance()
+    has_token = bool(loader.has_token(ignore_auth_mode=True))
+    channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
+    stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+
+    def ask(metadata: tuple[tuple[str, str], ...]) -> Any:
+        try:
+            stub.GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
+            )
+        except grpc.RpcError as exc:
+            return exc.code()
+        return None
+
+    try:
+        code = ask(())
+        if code == grpc.StatusCode.UNAUTHENTICATED and has_token:
+            code = ask(tuple(loader.get_token_for_http_header().items()))
+            if code is None and AUTH_MODE_ENV not in os.environ:
+                os.environ[AUTH_MODE_ENV] = "token"  # ray.init sends the token too
+                Config.initialize("")
+    finally:
+        channel.close()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        what = "refused this client's token" if has_token else "needs a token"
+        raise RayAttachFailed(
+            f"Ray at {address} {what} (token authentication): {TOKEN_HELP}",
+            address=address,
+            reason=TOKEN_REFUSED if has_token else NO_TOKEN,
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        raise RayAttachFailed(
+            f"nothing answers as Ray at {address} within {timeout_s:g}s: start it "
+            f"(`ray start --head --port={port}`) or give the address `ray status` shows",
+            address=address,
+            reason=UNREACHABLE,
+        )
+    # any other answer: a GCS is there; ray.init handles the rest
