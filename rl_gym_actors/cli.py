@@ -175,7 +175,7 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
     abort.set_defaults(func=gym_abort)
 
 
-def participant_options(args: argparse.Namespace) -> dict[str, object]:
+def participant_options(args: argparse.Namespace) -> dict[str, Any]:
     """The Participant keyword arguments that ``gym serve`` flags set."""
     return {"lease_s": args.checkpoint_lease_s or None, "checkpoint_root": args.checkpoint_root}
 

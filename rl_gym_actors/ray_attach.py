@@ -45,8 +45,11 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
     if not sep or not port.isdigit() or "://" in address:
         return
     try:
-        import grpc
-        from ray._raylet import AuthenticationTokenLoader, Config
+        import grpc  # type: ignore[import-untyped]  # Ray's own dependency, no stubs
+        from ray._raylet import (  # type: ignore[attr-defined]  # Ray 2.60's token loader
+            AuthenticationTokenLoader,
+            Config,
+        )
         from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
     except ImportError:  # another Ray: let ray.init find out
         return
@@ -54,12 +57,11 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
     has_token = bool(loader.has_token(ignore_auth_mode=True))
     channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
     stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+    request = gcs_service_pb2.GetClusterIdRequest()  # type: ignore[attr-defined]
 
     def ask(metadata: tuple[tuple[str, str], ...]) -> Any:
         try:
-            stub.GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
-            )
+            stub.GetClusterId(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             return exc.code()
         return None
