@@ -5,6 +5,15 @@ driver. :class:`GymCalls` performs one waiting effect of a machine (``/run``, a 
 retire, replay, ACK, or a wait) on the rollout's Gym client and turns whatever came of it into
 the machine's next event: a call's failure comes back as an event with its
 :class:`~rl_gym_actors.failures.FailureKind`, never raised.
+
+On a Gym v2 server (found by asking it, once per endpoint: :mod:`rl_gym_actors.gym.v2.discover`)
+the same machine runs; three of its steps are v2's: a receipt is the reply's own digest (v2 has
+no receipts), an ACK is a no-op (v2 has none: the ledger's v2 gate forgets the rollout after a
+committed checkpoint), and a retire first asks our server for the attempt's kept reply ((ext)
+``/run?replay_only=1``): a reply finished but lost is adopted by the replay that follows, never
+rerun; otherwise the attempt is retired with v2's ``retire`` (refused, stopped, freed).
+``/run`` and its replay are the same call on both protocols; 409 ``admission_closed`` (a v2
+checkpoint is open) waits and resends without spending a try, as on the agent-checkpoint one.
 """
 
 from __future__ import annotations
@@ -20,7 +29,10 @@ from rl_gym_actors.core import rollout as core
 from rl_gym_actors.errors import InvalidRequest, NotCompleted, StaleAttempt
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.protocol import CompletionReceipt
+from rl_gym_actors.gym.v2.client import V2Client
+from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +79,7 @@ class GymCalls:
         self.retire_id = f"rlga-retire-{uuid.uuid4().hex[:16]}"
         self._counts = counts
         self._receipts_from_status: set[int] = set()  # endpoints without the receipt route
+        self._v2: dict[int, _V2 | None] = {}  # endpoint index -> its v2 client, None: agent
 
     def receipt_at_hand(self, live: LiveRollout, step: core.Effect | None) -> core.Event | None:
         """The event for a receipt fetch that the /run (or replay) answer already answered."""
@@ -112,6 +125,9 @@ class GymCalls:
         deadline = step.deadline_ts
         try:
             async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
+                v2 = await self._v2_of(live, deadline)
+                if v2 is not None and not isinstance(step, core.Replay):
+                    return await self._perform_v2(live, step, v2, deadline)
                 if isinstance(step, core.FetchReceipt):
                     receipt = await self._receipt(live, step.attempt_index, deadline)
                     return self._receipt_event(live, receipt, step.attempt_index)
@@ -135,6 +151,59 @@ class GymCalls:
         except Exception as exc:
             return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
         raise AssertionError(f"not a waiting effect: {step!r}")
+
+    async def _v2_of(self, live: LiveRollout, deadline: float) -> _V2 | None:
+        """The endpoint's v2 client, or None when it speaks the agent-checkpoint protocol."""
+        index = live.endpoint_index
+        if index not in self._v2:
+            found = await discover_protocol(live.client, deadline_ts=deadline)
+            if found.protocol is CheckpointProtocol.V2 and found.status is not None:
+                keeps = (found.status.model_extra or {}).get("kept_replies") is not None
+                self._v2[index] = _V2(V2Client(live.client), keeps)
+            else:
+                self._v2[index] = None
+        return self._v2[index]
+
+    async def _perform_v2(
+        self, live: LiveRollout, step: core.Effect, v2: _V2, deadline: float
+    ) -> core.Event:
+        m, clock = live.machine, self.clock
+        rid = m.rollout_id
+        if isinstance(step, core.FetchReceipt):
+            if m.reply is None:  # a stale first try: on v2 it was retired, nothing to adopt
+                return core.StepFailed(clock(), FailureKind.STALE, "v2: the attempt was retired")
+            key = EpisodeId(rollout_id=rid, attempt=step.attempt_index).capture_key
+            receipt = CompletionReceipt(
+                rollout_id=rid,
+                attempt_index=step.attempt_index,
+                execution_generation=1,
+                result_identity=f"v2:{key}",
+                result_digest=result_digest(m.reply),
+            )
+            return core.ReceiptReceived(clock(), receipt)
+        if isinstance(step, core.Ack):
+            return core.AckAnswered(clock())  # the ledger forgets it after a commit
+        if isinstance(step, core.Retire):
+            if v2.keeps_replies:
+                try:
+                    await v2.client.kept_reply(
+                        live.row, rollout_id=rid, attempt=step.attempt_index, deadline_ts=deadline
+                    )
+                    self._counts["v2_kept_replies_found"] += 1
+                    done = RetireAnswer(
+                        retired=False, tombstoned=False, completed_unacknowledged=True
+                    )
+                    return core.RetireAnswered(clock(), done)
+                except NotCompleted:
+                    pass  # running, or never started: retire it
+                except StaleAttempt:
+                    return core.RetireAnswered(
+                        clock(), RetireAnswer(retired=False, tombstoned=True)
+                    )
+            episode = EpisodeId(rollout_id=rid, attempt=step.attempt_index)
+            await v2.client.retire(self.retire_id, [episode], deadline_ts=deadline)
+            return core.RetireAnswered(clock(), RetireAnswer(retired=True, tombstoned=True))
+        raise AssertionError(f"not a v2 step: {step!r}")
 
     def _keep_receipt(self, live: LiveRollout, att: int, result: Any) -> None:
         """Keep the (ext) receipt a /run answer carried, for the fetch the machine asks next."""
@@ -168,6 +237,12 @@ class GymCalls:
         raise StaleAttempt(
             f"({rid}, {att}) is no longer completed (released or tombstoned)", status=409
         )
+
+
+@dataclass(frozen=True)
+class _V2:
+    client: V2Client
+    keeps_replies: bool  # our server ((ext) kept replies): a lost reply can be adopted
 
 
 def _detail(exc: BaseException) -> str:

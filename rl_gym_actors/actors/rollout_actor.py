@@ -78,6 +78,7 @@ class RolloutCounters(BaseModel):
     adopt_requests: int = 0
     receipts_with_run: int = 0  # receipts the /run answer carried (no fetch)
     receipts_fetched: int = 0
+    v2_kept_replies_found: int = 0  # Gym v2: lost replies found kept on our server (adopted)
 
 
 class RolloutActorSnapshot(RolloutCounters):

@@ -29,8 +29,11 @@ class V2ServerThread(_Base):
         token: str = "test-token",
         args: Sequence[str] = (),
         lease_grace_s: float | None = None,
+        allow_faults: bool = False,
     ) -> None:
         self.agent = agent
+        self.allow_faults = allow_faults  # the ``drop_reply`` row field, as on the agent server
+        self.faults: Any = None
         self.token = token
         self.args = list(args)
         self.lease_grace_s = lease_grace_s
@@ -73,10 +76,24 @@ class V2ServerThread(_Base):
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
         )
+        extensions = []
+        if self.allow_faults:
+            from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
+
+            table = participant.table
+
+            def known(key: tuple[str, int]) -> bool:
+                live = table.live.get(key[0])
+                running = live is not None and live.episode_id.attempt == key[1]
+                return running or key[1] in table.kept.get(key[0], {})
+
+            self.faults = self.faults or FaultInjector()
+            extensions.append(fault_injection(self.faults, known))
         self.server = GymServer(
             participant,
             token=self.token,
             app_factory=create_app,
+            extensions=extensions,
             host=HOST,
             port=port,
             graceful_s=2.0,

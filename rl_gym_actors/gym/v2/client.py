@@ -22,7 +22,7 @@ recorded result for the same id, and a prepare waits on the server until its dea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -33,6 +33,7 @@ from rl_gym_actors.gym.answers import as_model, encode, ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
 from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.gym.v2.wire import (
+    REPLAY_ONLY_PARAM,
     ROUTE_PREFIX,
     CheckpointRequest,
     CommitAnswer,
@@ -49,6 +50,7 @@ from rl_gym_actors.gym.v2.wire import (
     RetireRequest,
     StatusAnswer,
 )
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -193,6 +195,29 @@ class V2Client:
         return await self._call(
             "resume", ResumeAnswer, CheckpointRequest, deadline_ts, checkpoint_id=checkpoint_id
         )
+
+    async def kept_reply(
+        self, row: Mapping[str, Any], *, rollout_id: str, attempt: int, deadline_ts: float
+    ) -> Any:
+        """(ext) ``POST /run?replay_only=1`` on our server: the attempt's kept reply (the agent
+        never runs); ``NotCompleted`` when none is kept (it runs, or never started),
+        ``StaleAttempt`` when it was retired. Repeated inside the deadline (it starts nothing)."""
+        check_deadline(deadline_ts)
+        data = encode({**row, ROLLOUT_ID_FIELD: rollout_id, ATTEMPT_INDEX_FIELD: attempt})
+        gym = self.gym
+
+        async def once(try_deadline: float) -> Any:
+            answer = await gym._send(
+                "POST",
+                "/run",
+                control=False,
+                data=data,
+                params={REPLAY_ONLY_PARAM: "1"},
+                deadline_ts=try_deadline,
+            )
+            return ok(answer)
+
+        return await gym._with_retry(once, RetryOn.IDEMPOTENT, deadline_ts, "v2 kept reply")
 
     async def _call(
         self,

@@ -31,6 +31,7 @@ from rl_gym_actors.errors import (
     CheckpointStateInvalid,
     GymError,
     InvalidPhase,
+    NotCompleted,
     RestartInScope,
     StaleAttempt,
 )
@@ -172,6 +173,17 @@ class V2Participant:
             if task.cancelled():
                 raise StaleAttempt(f"{episode_id} was retired while it ran", status=409) from None
             raise
+
+    def kept_reply(self, episode_id: EpisodeId) -> RunOutcome:
+        """(ext) The attempt's kept reply, never a run: StaleAttempt when it was retired,
+        NotCompleted when nothing is kept (it runs, or never started)."""
+        self.table.retired.check(episode_id)
+        kept = self.table.kept.get(episode_id.rollout_id, {}).get(episode_id.attempt)
+        if kept is None:
+            live = self.table.live.get(episode_id.rollout_id)
+            what = "runs" if live is not None and live.episode_id == episode_id else "is not kept"
+            raise NotCompleted(f"{episode_id} {what}: no reply to replay", status=409)
+        return RunOutcome(kept, replayed=True)
 
     async def _execute(self, episode: Episode, row: dict[str, Any]) -> RunOutcome:
         rollout = episode.episode_id.rollout_id

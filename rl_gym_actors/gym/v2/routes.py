@@ -28,6 +28,7 @@ from rl_gym_actors.errors import InvalidRequest, RolloutIdRequired
 from rl_gym_actors.gym.server import GymServer
 from rl_gym_actors.gym.v2.participant import V2Participant
 from rl_gym_actors.gym.v2.wire import (
+    REPLAY_ONLY_PARAM,
     REQUEST_MODELS,
     RESTART_HEADER,
     ROUTE_PREFIX,
@@ -148,7 +149,10 @@ def create_app(
     @app.post("/run")
     async def run(request: Request) -> Response:
         row = await read_row(request, max_body_bytes)
-        outcome = await participant.run(episode_of(row), row)
+        if request.query_params.get(REPLAY_ONLY_PARAM) == "1":  # (ext): never starts anything
+            outcome = participant.kept_reply(episode_of(row))
+        else:
+            outcome = await participant.run(episode_of(row), row)
         headers = dict(outcome.headers)
         if outcome.replayed:
             headers[REPLAYED_HEADER] = "1"

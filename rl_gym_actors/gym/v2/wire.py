@@ -26,6 +26,10 @@ ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 STATUS_PATH = ROUTE_PREFIX + "/status"
 OPERATIONS = ("prepare", "renew", "retire", "forget", "commit", "restore", "resume")
 RESTART_HEADER = "x-ng-checkpoint-restart"  # "1" on a seed reply: the episode is a restart
+#: (ext) ``POST /run?replay_only=1``: answer the attempt's kept reply (``x-gym-replayed: 1``),
+#: or 409 ``not_completed`` when it has none (running, or never started), or ``stale_attempt``
+#: when it was retired; never start or join a run: a trainer adopts a lost reply, not reruns it.
+REPLAY_ONLY_PARAM = "replay_only"
 MAX_REPORTED_BLOCKERS = 100  # a prepare report lists at most this many; blocker_count is full
 KINDS = ("environment", "model", "agent", "resources")  # also the order prepare runs in
 ParticipantKind = Literal["environment", "model", "agent", "resources"]

@@ -1,0 +1,103 @@
+"""Rollout actors and the orchestrator against a Gym v2 server (``gym serve --protocol v2``):
+rows seal with no receipt route and no ACK; a checkpoint taken mid-batch parks multi-step
+episodes, commits them and they continue (no step rerun); a row refused with 409
+``admission_closed`` while the checkpoint is open waits for resume and spends no try; a reply
+lost after Gym finished is adopted from our server's kept reply ((ext) ``/run?replay_only=1``),
+not rerun; a rollout whose deadline fires while Gym still runs it is retired with v2's retire
+and tried again. Real parts: local Ray, the orchestrator's actors, the v2 server on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rl_gym_actors.config import TryPolicy
+from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.v2_server import V2ServerThread
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def orchestrator(server: V2ServerThread, policy: TryPolicy, **kw):
+    from rl_gym_actors.orchestrator import Orchestrator
+
+    return Orchestrator(
+        [server.endpoint],
+        policy=policy,
+        pool_size=1,
+        rollouts_per_actor=kw.pop("slots", 8),
+        progress=False,
+        start=False,
+        **kw,
+    )
+
+
+async def test_v2_batch_with_a_checkpoint_mid_batch(ray_session, tmp_path):
+    with V2ServerThread() as server:
+        policy = TryPolicy(rollout_s=30.0, max_tries=2, control_s=5.0, admission_wait_s=30.0)
+        rows = [
+            {"_ng_rollout_id": f"multi-{i}", "steps": 3, "step_s": 0.6, "reward": 0.1 * i}
+            for i in range(3)
+        ]
+        async with orchestrator(server, policy) as orch:
+            batch = asyncio.ensure_future(orch.arun_batch(rows))
+
+            async def running() -> bool:
+                return server.participant.status()["report"]["counts"]["episodes"] == 3
+
+            await until(running, timeout_s=20.0, what="3 episodes running")
+            report = await orch.acheckpoint("v2-mid", str(tmp_path), deadline_s=20.0)
+            assert report.endpoints[0].protocol == "v2"
+            assert report.endpoints[0].commit.records == 3  # parked at a boundary, exported
+            # a row sent while the checkpoint is open would get 409 admission_closed; it is
+            # resent after resume (spending no try): sent right after, it runs once
+            late = await orch.arun_batch([{"_ng_rollout_id": "late", "reward": 0.9}])
+            outcomes = await asyncio.wait_for(batch, 60.0)
+        assert [o.status for o in outcomes] == ["sealed"] * 3
+        assert [o.reward for o in outcomes] == pytest.approx([0.0, 0.1, 0.2])
+        assert all(o.attempt_index == 0 for o in outcomes)  # continued, not rerun
+        assert server.participant.steps_run == 10  # 3 steps each + the late row, none twice
+        assert late[0].status == "sealed" and late[0].attempt_index == 0
+
+
+async def test_v2_admission_closed_waits_for_resume_and_spends_no_try(ray_session, tmp_path):
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.gym.v2.client import V2Client
+
+    with V2ServerThread() as server:
+        policy = TryPolicy(rollout_s=30.0, max_tries=1, control_s=5.0, admission_wait_s=30.0)
+        async with GymClient(server.endpoint) as gym, orchestrator(server, policy) as orch:
+            v2 = V2Client(gym)
+            import time
+
+            await v2.prepare("held-open", deadline_ts=time.time() + 5)  # admission closed
+            batch = asyncio.ensure_future(
+                orch.arun_batch([{"_ng_rollout_id": "waits", "reward": 0.5}])
+            )
+            await asyncio.sleep(1.0)  # refused with admission_closed meanwhile (not a failure)
+            assert not batch.done()
+            await v2.resume("held-open", deadline_ts=time.time() + 5)
+            [outcome] = await asyncio.wait_for(batch, 30.0)
+        assert outcome.status == "sealed" and outcome.tries == 1 and outcome.attempt_index == 0
+
+
+async def test_v2_lost_reply_is_adopted_and_deadline_retires(ray_session):
+    with V2ServerThread(allow_faults=True) as server:
+        policy = TryPolicy(rollout_s=2.0, max_tries=2, control_s=5.0)
+        rows = [
+            {"_ng_rollout_id": "lost", "reward": 0.3, "drop_reply": True},
+            {"_ng_rollout_id": "slow", "sleep_s": 60.0, "reward": 0.4},
+        ]
+        async with orchestrator(server, policy) as orch:
+            lost, slow = await asyncio.wait_for(orch.arun_batch(rows), 60.0)
+            snap = await orch.asnapshot()
+        assert server.faults.dropped == 1
+        # the lost reply: adopted from the kept reply, the agent ran once
+        assert lost.status == "sealed" and lost.reward == 0.3 and lost.attempt_index == 0
+        assert snap.actors.v2_kept_replies_found == 1
+        # the slow one: its deadline fired twice, each try retired on Gym (stale from then on)
+        assert slow.status == "failed" and slow.tries == 2
+        status = server.participant.status()
+        assert status["retired_rollouts"] == 1 and status["report"]["counts"]["episodes"] == 0
