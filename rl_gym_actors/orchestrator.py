@@ -292,9 +292,9 @@ class Orchestrator:
         rest is abandoned); the stream ends once the rows end and every rollout has. Close it
         early with ``aclose()`` (or ``contextlib.aclosing``)."""
         self._check_open()
-        lazy = isinstance(rows, AsyncIterable)
+        lazy = rows if isinstance(rows, AsyncIterable) else None
         stream = await self._async(self._open_stream(None if lazy else row_list(rows), fail_fast))
-        feeder = asyncio.ensure_future(self._feed(stream, rows)) if lazy else None
+        feeder = asyncio.ensure_future(self._feed(stream, lazy)) if lazy is not None else None
         ended: list[IndexedOutcome] = []
         try:
             while (ended := await self._async(stream.next())) is not None:

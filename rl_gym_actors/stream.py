@@ -16,6 +16,7 @@ and ends.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ from rl_gym_actors.rows import RowItem, RowPlanner
 class IndexedOutcome(NamedTuple):
     """One streamed outcome and the index of its row (its position in the rows fed)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index: the public name of the field
     outcome: Outcome
 
 
@@ -62,7 +63,7 @@ class Stream:
         self._tasks.add(task)
         if item.ready is None:
             self._batch.waiting[item.rollout_id] = task
-        task.add_done_callback(lambda t, item=item: self._on_end(item, t))
+        task.add_done_callback(functools.partial(self._on_end, item))
         self.fed += 1
 
     async def add(self, row: Mapping[str, Any]) -> None:

@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-
 from rl_gym_actors import local_gym_server
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient

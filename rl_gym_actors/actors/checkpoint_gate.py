@@ -146,7 +146,10 @@ class CheckpointGate:
                 ],
             )
         self._gym_state_lost(checkpoint_id)
-        if not all(t.ready and t.commit is not None and t.resumed for t in self._tallies):
+        commits = [
+            t.commit for t in self._tallies if t.ready and t.resumed and t.commit is not None
+        ]
+        if len(commits) != len(self._tallies):
             bad = [t for t in self._tallies if not t.ready or t.error] or self._tallies
             raise CheckpointFailed(
                 f"checkpoint {checkpoint_id} failed on {len(bad)} of {len(self._tallies)} "
@@ -170,9 +173,9 @@ class CheckpointGate:
                     sealed_acked=t.sealed_acked,
                     retired=t.retired,
                     prepare_rounds=t.rounds,
-                    commit=t.commit,
+                    commit=commit,
                 )
-                for t in self._tallies
+                for t, commit in zip(self._tallies, commits, strict=True)
             ],
         )
 

@@ -82,7 +82,7 @@ class ChunkSender:
                         continue
                     if result.error is not None:
                         fut.set_exception(result.error)
-                    else:
+                    elif result.outcome is not None:
                         fut.set_result(result.outcome)
             error: BaseException = PoolClosed(
                 "the rollout actor ended a chunk without an outcome for this row"

@@ -148,10 +148,10 @@ class StepPerformer:
                 except (GymError, GymUnavailable) as exc:  # not completed, unknown, ...
                     logger.debug("receipt %s on %s: %r", step.key, tally.endpoint.label, exc)
                     return
-            if answer.state == "completed":
-                receipts.append(answer.completion_receipt)
-            else:  # ACKed meanwhile (by its owner)
+            if answer.state != "completed":  # ACKed meanwhile (by its owner)
                 self._book.record(url, step.rollout_id, step.attempt_index, AttemptState.ACKED)
+            elif answer.completion_receipt is not None:  # (a completed key always has one)
+                receipts.append(answer.completion_receipt)
 
         await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
         unique = list({r.key: r for r in receipts}.values())

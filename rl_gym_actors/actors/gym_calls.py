@@ -122,6 +122,8 @@ class GymCalls:
                 return core.RunFailed(clock(), failure, _detail(exc))
             self._keep_receipt(live, step.attempt_index, result)
             return core.RunReplied(clock(), result.reply, result.replayed)
+        if not isinstance(step, (core.FetchReceipt, core.Retire, core.Replay, core.Ack)):
+            raise AssertionError(f"not a waiting effect: {step!r}")
         deadline = step.deadline_ts
         try:
             async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
@@ -145,12 +147,10 @@ class GymCalls:
                     )
                     self._keep_receipt(live, step.attempt_index, result)
                     return core.ReplayReplied(clock(), result.reply)
-                if isinstance(step, core.Ack):
-                    await client.acknowledge(step.receipt, deadline_ts=deadline)
-                    return core.AckAnswered(clock())
+                await client.acknowledge(step.receipt, deadline_ts=deadline)  # an Ack
+                return core.AckAnswered(clock())
         except Exception as exc:
             return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
-        raise AssertionError(f"not a waiting effect: {step!r}")
 
     async def _v2_of(self, live: LiveRollout, deadline: float) -> _V2 | None:
         """The endpoint's v2 client, or None when it speaks the agent-checkpoint protocol."""
@@ -220,7 +220,7 @@ class GymCalls:
         self._counts["receipts_fetched"] += 1
         if live.endpoint_index not in self._receipts_from_status:
             try:
-                return (await client.receipt(rid, att, deadline_ts=deadline)).completion_receipt
+                answer = await client.receipt(rid, att, deadline_ts=deadline)
             except InvalidRequest as exc:
                 if exc.status not in (404, 405):
                     raise
@@ -228,6 +228,10 @@ class GymCalls:
                 logger.info(
                     "%s has no receipt route: receipts come from its status", client.endpoint.label
                 )
+            else:
+                if answer.completion_receipt is None:  # ACKed, its receipt no longer kept
+                    raise StaleAttempt(f"({rid}, {att}) is {answer.state}", status=409)
+                return answer.completion_receipt
         status = await client.status(self.retire_id, deadline_ts=deadline)
         for info in (*status.completed_unacknowledged_attempts, *status.executions):
             if info.key == (rid, att):

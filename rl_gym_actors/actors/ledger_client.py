@@ -47,7 +47,8 @@ class LedgerClient:
         """Create the orchestrator's ledger actor and wait until it answers. Ray restarts a
         ledger that dies and sends the calls in flight again; the restarted ledger rebuilds its
         book from the rollout actors it finds by name (``owner_pattern``)."""
-        handle = LedgerActor.options(
+        # @ray.remote's stubs keep the class's own type; the ActorClass it made has .options
+        handle = LedgerActor.options(  # type: ignore[attr-defined]
             name=ledger_name(orchestrator_id),
             namespace=RAY_NAMESPACE,
             num_cpus=0,

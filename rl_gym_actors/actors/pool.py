@@ -126,7 +126,8 @@ class WarmPool:
         )
         if self._config.spread:
             options["scheduling_strategy"] = "SPREAD"
-        handle = RolloutActor.options(**options).remote(
+        # @ray.remote's stubs keep the class's own type; the ActorClass it made has .options
+        handle = RolloutActor.options(**options).remote(  # type: ignore[attr-defined]
             name,
             self._endpoints,
             self._policy,

@@ -327,6 +327,7 @@ class RolloutWorker:
             if m.done:
                 assert m.outcome is not None
                 return m.outcome
+            assert step is not None  # a machine that is not done waits on an effect
             # a signal that arrived meanwhile may make this step obsolete before it starts
             at_hand = self._calls.receipt_at_hand(live, step)
             effects = (

@@ -124,7 +124,8 @@ async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
     from ray._private import worker
 
     job_id = ray.get_runtime_context().get_job_id()
-    gcs = worker.global_worker.gcs_client
+    # Ray's private worker: gcs_client is set when the worker connects, not declared on the class
+    gcs = worker.global_worker.gcs_client  # type: ignore[attr-defined]
     while True:
         await asyncio.sleep(interval_s)
         try:

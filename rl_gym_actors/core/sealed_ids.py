@@ -40,7 +40,7 @@ class SealedIds:
         if not isinstance(retention, int) or isinstance(retention, bool) or retention < 1:
             raise ValueError(f"retention must be an int >= 1, got {retention!r}")
         self.retention = retention
-        self._generations: list[array] = []
+        self._generations: list[array[int]] = []
         self._newest: set[int] = set()  # since the last seal_generation()
         self.dropped = 0  # ids dropped past the retention
 
@@ -119,7 +119,7 @@ class SealedIds:
         return out
 
 
-def _le(gen: array) -> bytes:
+def _le(gen: array[int]) -> bytes:
     if sys.byteorder == "little":
         return gen.tobytes()
     swapped = array("Q", gen)

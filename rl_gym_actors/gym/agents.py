@@ -85,9 +85,8 @@ def load_callable(spec: str) -> Agent:
         raise ConfigError(f"agent {spec!r}: {exc}") from exc
     if not callable(target):
         raise ConfigError(f"agent {spec!r} is not callable")
-    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)
-    ):
+    # an instance whose class defines ``async def __call__`` is awaited as well
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__):
         return target
 
     async def threaded(row: dict[str, Any]) -> Any:

@@ -418,11 +418,12 @@ class RolloutMachine:
         self.phase = phase
         budget = self.policy.receipt_s if phase is RolloutPhase.RECEIPT else self.policy.control_s
         call = STEP_CALLS[phase]
-        make: Callable[[float], events.Effect] = (
-            functools.partial(events.Ack, receipt)
-            if call is events.Ack
-            else functools.partial(call, self._attempt)
-        )
+        make: Callable[[float], events.Effect]
+        if issubclass(call, events.Ack):
+            assert receipt is not None  # the ACK phases are entered with the receipt they send
+            make = functools.partial(events.Ack, receipt)
+        else:
+            make = functools.partial(call, self._attempt)
         out.append(self._steps.begin(now, budget, make))
 
     def _may_repeat(self, failure: FailureKind, now: float, out: list[events.Effect]) -> bool:
