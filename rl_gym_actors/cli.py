@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from rl_gym_actors import cli_support
 from rl_gym_actors.cli_support import CliError, Parser
@@ -175,7 +175,12 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
     abort.set_defaults(func=gym_abort)
 
 
-def participant_options(args: argparse.Namespace) -> dict[str, Any]:
+class ParticipantOptions(TypedDict):
+    lease_s: float | None
+    checkpoint_root: str | None
+
+
+def participant_options(args: argparse.Namespace) -> ParticipantOptions:
     """The Participant keyword arguments that ``gym serve`` flags set."""
     return {"lease_s": args.checkpoint_lease_s or None, "checkpoint_root": args.checkpoint_root}
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints, model_validator
 
@@ -46,7 +46,7 @@ ExecutionKey = tuple[str, int]  # (rollout_id, attempt_index): one execution on 
 MAX_JSON_DEPTH = 64  # nesting of a body or row: deeper is refused (422 / ConfigError)
 
 
-def is_valid_rollout_id(value: object) -> bool:
+def is_valid_rollout_id(value: object) -> TypeGuard[str]:
     # fullmatch: Python's ``$`` also matches before a final newline ("x\n" is not an id)
     return (
         isinstance(value, str)
@@ -92,7 +92,7 @@ def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return opened > limit and json_depth(text) > limit
 
 
-def is_valid_attempt_index(value: object) -> bool:
+def is_valid_attempt_index(value: object) -> TypeGuard[int]:
     """An int (not a bool) in ``0 .. WIRE_INT_MAX``."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= WIRE_INT_MAX
 

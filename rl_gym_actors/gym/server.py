@@ -19,7 +19,7 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 import uvicorn
@@ -108,7 +108,7 @@ def http_protocol(choice: str = "auto") -> str:
     return "httptools"
 
 
-def run_event_loop(main: Awaitable[Any], choice: str = "auto") -> Any:
+def run_event_loop(main: Coroutine[Any, Any, Any], choice: str = "auto") -> Any:
     """Run ``main`` to completion on uvloop (when installed and ``choice`` allows), else on
     asyncio's own loop."""
     if choice in ("auto", "uvloop"):
@@ -165,7 +165,7 @@ class _Uvicorn(uvicorn.Server):
                 loop.call_soon_threadsafe(wake.set)
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self):
         if not self._handle_signals or threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -234,7 +234,8 @@ class GymServer:
             lifespan="off",
             http=http_protocol(http),
             loop="asyncio",
-            timeout_graceful_shutdown=graceful_s,
+            # annotated int, but uvicorn only hands it to asyncio.wait_for, which takes a float
+            timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
             backlog=2048,
         )
         self._handle_signals = handle_signals

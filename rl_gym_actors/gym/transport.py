@@ -87,7 +87,7 @@ class GymTransport:
             raise ConfigError("limit and control_limit must be >= 1")
         self.endpoint = endpoint
         self.retry = retry
-        self._options = dict(
+        self._options: dict[str, Any] = dict(  # also what a pickled client is rebuilt from
             limit=limit,
             control_limit=control_limit,
             retry=retry,

@@ -23,7 +23,13 @@ from enum import Enum
 
 import aiohttp
 
-from rl_gym_actors.errors import ConnectionLost, DeadlineExceeded, PoolClosed, RlGymError
+from rl_gym_actors.errors import (
+    ConnectionLost,
+    DeadlineExceeded,
+    GymUnavailable,
+    PoolClosed,
+    RlGymError,
+)
 
 
 class Counts(Enum):
@@ -37,7 +43,7 @@ class Counts(Enum):
 @dataclass(frozen=True, slots=True)
 class Rule:
     caught: tuple[type[BaseException], ...]
-    error: type[RlGymError]
+    error: type[GymUnavailable] | type[PoolClosed]
     counts: Counts
     detail: str  # formatted with call, left, name (the exception's type), exc, label
     when_closed: bool | None = None  # None: whether or not the client's pools are closed
@@ -79,7 +85,11 @@ def map_transport_error(
         detail = rule.detail.format(
             call=call, left=f"{left_s:.3f}s", name=type(exc).__name__, exc=exc, label=label
         )
-        error = rule.error(detail) if rule.error is PoolClosed else rule.error(detail, url=url)
+        error: RlGymError = (
+            rule.error(detail, url=url)
+            if issubclass(rule.error, GymUnavailable)
+            else rule.error(detail)
+        )
         counts = rule.counts is Counts.ALWAYS or (rule.counts is Counts.QUICK_CALLS and quick)
         return Mapped(error, counts)
     return None

@@ -45,7 +45,7 @@ class Extension:
     """An ASGI middleware class and its options, wrapped around a server's app (outside its
     routes, which never see it), and the capability names it adds."""
 
-    middleware: type[Any]
+    middleware: Callable[..., Any]  # a class called with the app and the options
     options: Mapping[str, Any] = field(default_factory=dict)
     features: tuple[str, ...] = ()
 

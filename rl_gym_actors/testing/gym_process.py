@@ -217,6 +217,8 @@ class GymServerThread(_Base):
     async callable. ``kill()`` stops the store as a crash would (nothing more is written) and
     drops the server without a graceful shutdown."""
 
+    token: str  # always given (a thread has no environment of its own to pick one from)
+
     def __init__(
         self,
         agent: Any = "simulated",

@@ -23,6 +23,8 @@ from rl_gym_actors.testing.gym_process import (
 
 
 class V2ServerThread(_Base):
+    token: str  # always given
+
     def __init__(
         self,
         agent: Any = "simulated",

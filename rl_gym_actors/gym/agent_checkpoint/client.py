@@ -466,7 +466,7 @@ class GymClient(GymTransport):
 
         return await self._with_retry(attempt, kind, deadline_ts, path.lstrip("/"))
 
-    async def _with_retry(self, attempt, kind: RetryOn, deadline_ts: float, what: str):  # type: ignore[override]
+    async def _with_retry(self, attempt, kind: RetryOn, deadline_ts: float, what: str):
         deadline_ts = check_deadline(deadline_ts)
         try:
             return await super()._with_retry(attempt, kind, deadline_ts, what)

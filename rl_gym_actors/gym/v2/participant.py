@@ -334,6 +334,7 @@ class V2Participant:
                         f"the commit scope names episodes that restart: {restarted}", status=409
                     )
             write = self._start_write(req)
+            assert write.task is not None  # _start_write leaves its task running or done
             manifest = await self._within(req.deadline_ts, asyncio.shield(write.task), "write")
             if req.episode_ids is not None:
                 scope = set(req.episode_ids)

@@ -114,9 +114,11 @@ def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
     )
     policy = TryPolicy(rollout_s=2.0, receipt_s=1.0, max_tries=1, control_s=2.0)
     server = GymServerProcess(token="chaos").start()
+    pid = server.pid
+    assert pid is not None  # started
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
-            os.kill(server.pid, signal.SIGSTOP)
+            os.kill(pid, signal.SIGSTOP)
             fault = time.monotonic()
             try:
                 orch.checkpoint("frozen", str(tmp / "frozen"), deadline_s=3.0)
@@ -126,10 +128,10 @@ def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
             ckpt_s = time.monotonic() - fault
             outcomes = orch.run_batch(_rows("fz", sizes, n=sizes.pool * sizes.per_actor))
             row.count(outcomes)
-            os.kill(server.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
             _after(row, orch, server.endpoint, tmp, "fz-after", fault, outcomes)
     finally:
-        os.kill(server.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         server.kill()
     row.extra["checkpoint_s"] = round(ckpt_s, 2)
     row.happened = (
@@ -155,6 +157,7 @@ def two_runs(sizes: Sizes, tmp: Path) -> ChaosRow:
     ack = ["--ack", "on_seal"] if "ack" in _Policy.model_fields else []
     go = tmp / "go"
     server = GymServerThread(token="chaos").start()
+    assert server.url is not None  # started
     try:
         drivers = [
             DriverProcess(

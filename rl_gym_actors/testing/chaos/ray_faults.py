@@ -144,6 +144,7 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=3.0)
     args = ["--checkpoint-lease-s", str(lease_s)] if use_lease else []
     server = GymServerProcess(token="chaos", args=args).start()
+    assert server.url is not None and server.token is not None  # started, with its token
     try:
         driver = DriverProcess(
             [
@@ -213,7 +214,7 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
     cluster = Cluster(
         initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False, **loopback)
     )
-    workers = [cluster.add_node(num_cpus=1, **loopback) for _ in range(2)]
+    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     cluster.wait_for_nodes()
     server = GymServerProcess(token="chaos").start()
