@@ -186,8 +186,6 @@ def participant_options(args: argparse.Namespace) -> ParticipantOptions:
 
 
 def gym_serve(args: argparse.Namespace) -> int:
-    import sqlite3
-
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agent_checkpoint.routes import create_app
     from rl_gym_actors.gym.agents import make_agent

@@ -63,7 +63,10 @@ async def test_prepare_waits_for_rollouts_in_flight_and_new_ones_wait_for_resume
     assert not late.done()  # admission is closed until resume
     assert await s.prepare("ck", soon(5)) is answer  # a repeat: the recorded answer
     committed = await s.commit("ck", "/ckpt/a", Gate())
-    assert committed["orphans_acked"] == 2 and s.snapshot()["checkpoint"]["phase"] == "committed_paused"
+    assert (
+        committed["orphans_acked"] == 2
+        and s.snapshot()["checkpoint"]["phase"] == "committed_paused"
+    )
     assert not late.done()
     resumed = s.end("ck")
     await asyncio.wait_for(late, 1.0)

@@ -311,7 +311,7 @@ class Participant:
         return answer
 
     async def retire(
-        self, checkpoint_id: str, key: ExecutionKey, deadline_ts: float | None = None
+        self, checkpoint_id: str | None, key: ExecutionKey, deadline_ts: float | None = None
     ) -> RetireAnswer:
         self._admit()
         answer, cancel = self.core.retire(checkpoint_id, key)

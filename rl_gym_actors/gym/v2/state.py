@@ -85,7 +85,7 @@ class V2State:
 
     # ------------------------------------------------------------ writes
 
-    async def _write(self, statements: Callable[[sqlite3.Connection], None]) -> None:
+    async def _write(self, statements: Callable[[sqlite3.Connection], object]) -> None:
         def run() -> None:
             if self._crashed.is_set():
                 raise OSError("the state store crashed")
