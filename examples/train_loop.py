@@ -237,6 +237,7 @@ def train(args: argparse.Namespace) -> int:
             pool_size=args.pool_size,
             rollouts_per_actor=args.per_actor,
             orchestrator_id=f"tl{incarnation}",
+            progress=False,  # the supervisor prints a line per step instead
         ) as orch,
     ):
         update = ray.remote(num_cpus=0)(grpo_update)
@@ -297,6 +298,12 @@ def train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- the supervisor (this process)
 
 
+def ray_auth_mode() -> str:
+    """Ray's token authentication for the trainers' local Rays: $RAY_AUTH_MODE, else on (Ray
+    2.60's default for a new local Ray)."""
+    return os.environ.get("RAY_AUTH_MODE") or "token"
+
+
 def _child(args: argparse.Namespace, gym_url: str, crash_in_step: int) -> subprocess.Popen:
     cmd = [
         sys.executable,
@@ -330,6 +337,8 @@ def _child(args: argparse.Namespace, gym_url: str, crash_in_step: int) -> subpro
         **os.environ,
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # explicit, so that each trainer's Ray does not print its token notice (main prints one)
+        "RAY_AUTH_MODE": ray_auth_mode(),
         # the trainer's Ray workers import this package too
         "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
     }
@@ -337,12 +346,17 @@ def _child(args: argparse.Namespace, gym_url: str, crash_in_step: int) -> subpro
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
+PROGRESS_PREFIXES = ("step ", "checkpoint ", "trainer ")
+
+
 def _lines(proc: subprocess.Popen, verbose: bool) -> queue.Queue[str | None]:
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
+        assert proc.stdout is not None
         for line in proc.stdout:
-            if verbose:
+            # one line per step and per checkpoint (terminal or not); --verbose: every line
+            if verbose or line.startswith(PROGRESS_PREFIXES):
                 print(f"  [trainer] {line.rstrip()}", flush=True)
             lines.put(line.rstrip())
         lines.put(None)
@@ -547,46 +561,96 @@ def print_summary(r: dict[str, Any]) -> None:
     )
 
 
+# --quick's sizes; the full run's are the defaults below. A size given on the command line wins.
+QUICK = {"steps": 8, "prompts": 6, "group": 4, "ckpt_every": 3}
+FULL = {"steps": 24, "prompts": 8, "group": 4, "ckpt_every": 4}
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="the small run CI uses")
-    p.add_argument("--role", choices=["supervisor", "trainer"], default="supervisor")
-    p.add_argument("--workdir", default=None, help="checkpoints and logs (default: a temp dir)")
-    p.add_argument("--gym-url", default=None)
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--actions", type=int, default=4)
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--ckpt-every", type=int, default=4)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    pos_int, pos_float = _positive(int), _positive(float)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the small run CI uses: {QUICK['steps']} steps, {QUICK['prompts']} prompts, "
+        f"groups of {QUICK['group']}, a checkpoint every {QUICK['ckpt_every']} (sizes given "
+        f"explicitly win)",
+    )
+    # internal: the supervisor starts the trainer as a child process with --role trainer
+    p.add_argument(
+        "--role", choices=["supervisor", "trainer"], default="supervisor", help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--workdir", default=None, help="checkpoints and logs (default: a new temporary dir)"
+    )
+    p.add_argument("--gym-url", default=None, help=argparse.SUPPRESS)  # internal, as --role
+    p.add_argument("--steps", type=pos_int, default=None, help=f"steps (default: {FULL['steps']})")
+    p.add_argument(
+        "--prompts", type=pos_int, default=None, help=f"prompts (default: {FULL['prompts']})"
+    )
+    p.add_argument("--actions", type=pos_int, default=4, help="actions per prompt")
+    p.add_argument(
+        "--group",
+        type=pos_int,
+        default=None,
+        help=f"actions sampled per prompt and step (default: {FULL['group']})",
+    )
+    p.add_argument(
+        "--ckpt-every",
+        type=pos_int,
+        default=None,
+        help=f"a checkpoint every this many steps (default: {FULL['ckpt_every']})",
+    )
     p.add_argument(
         "--crash-in-step",
         type=int,
         default=None,
-        help="kill the trainer in this step (0: never; default: mid-run)",
+        help="kill the trainer in this step (0: never; default: two steps past a checkpoint)",
     )
-    p.add_argument("--lr", type=float, default=1.5)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--lr", type=pos_float, default=1.5, help="learning rate")
+    p.add_argument("--seed", type=int, default=7, help="seed of the action values and sampling")
     p.add_argument(
         "--fault-rate", type=float, default=0.06, help="share of rows for each fault kind"
     )
     p.add_argument("--max-sleep-s", type=float, default=0.4, help="agent time per run, at most")
-    p.add_argument("--rollout-s", type=float, default=1.0)
-    p.add_argument("--receipt-s", type=float, default=0.5)
-    p.add_argument("--pool-size", type=int, default=4)
-    p.add_argument("--per-actor", type=int, default=8)
-    p.add_argument("--timeout-s", type=float, default=150.0)
+    p.add_argument("--rollout-s", type=pos_float, default=1.0, help="a try's deadline")
+    p.add_argument("--receipt-s", type=pos_float, default=0.5, help="a receipt fetch's deadline")
+    p.add_argument("--pool-size", type=pos_int, default=4, help="rollout actors")
+    p.add_argument("--per-actor", type=pos_int, default=8, help="rollouts per rollout actor")
+    p.add_argument("--timeout-s", type=pos_float, default=150.0, help="the most a trainer may take")
     p.add_argument("--json", default=None, help="write the summary here")
-    p.add_argument("--verbose", action="store_true", help="echo the trainer's lines")
+    p.add_argument("--verbose", action="store_true", help="echo every line of the trainer's")
     p.add_argument(
         "--via-nemo-rl",
         action="store_true",
         help="roll out through the NeMo RL drop-in, as NeMo RL drives it",
     )
     args = p.parse_args(argv)
-    if args.quick:
-        args.steps, args.prompts, args.group, args.ckpt_every = 8, 6, 4, 3
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if not 0 <= args.fault_rate <= 1 / 3:
+        p.error(f"--fault-rate: three fault kinds share the rows: 0 to 0.33, got {args.fault_rate}")
     if args.crash_in_step is None:
         args.crash_in_step = args.ckpt_every + 2 if args.steps > args.ckpt_every + 2 else 0
+    elif not 0 <= args.crash_in_step <= args.steps:
+        p.error(f"--crash-in-step: 0 (never) or a step 1..{args.steps}, got {args.crash_in_step}")
     return args
 
 
@@ -600,6 +664,13 @@ def main(argv: list[str] | None = None) -> int:
         return train(args)
     if args.workdir is None:
         args.workdir = tempfile.mkdtemp(prefix="rlga-train-loop-")
+    print(
+        f"work dir {args.workdir} (checkpoints, steps.jsonl; kept after the run)\n"
+        f"{args.steps} steps of {args.prompts} prompts x {args.group}, a checkpoint every "
+        f"{args.ckpt_every}, the trainer killed in step {args.crash_in_step or 'none'}; "
+        f"Ray token authentication {ray_auth_mode()} (RAY_AUTH_MODE)",
+        flush=True,
+    )
     result = supervise(args)
     print_summary(result)
     if args.json:

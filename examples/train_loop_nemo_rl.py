@@ -20,6 +20,7 @@ Gym are replayed from Gym's store rather than rerun, and the counted-once check 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,9 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
                 print(f"checkpoint {cid} committed", flush=True)
     ray.get(actor.shutdown.remote())
     return 0
+
+
+if __name__ == "__main__":  # the same run as `train_loop.py --via-nemo-rl`, with its flags
+    from train_loop import main
+
+    sys.exit(main([*sys.argv[1:], "--via-nemo-rl"]))
