@@ -221,8 +221,9 @@ def section() -> list[str]:
     out = [
         "## Hot path (issue 10): before and after",
         "",
-        f"Before = commit {BEFORE_REV}, measured in the same `make bench` run from a temporary "
-        f"worktree of it with the same benchmark scripts (see benchmarks/hotpath_table.py); "
+        f"Before = commit {BEFORE_REV}, measured by `make bench-compare` from a temporary "
+        f"worktree of it with the same benchmark scripts (see benchmarks/hotpath_table.py; "
+        f"when each ran is below, '-' where the script cannot run against it); "
         f"after = this tree. Quick mode, 2 shared cores: compare the ratios, each measured "
         f"against its own baseline in its own run.",
         "",

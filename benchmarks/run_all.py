@@ -1,6 +1,7 @@
 """Run every benchmark, each in a process of its own, and regenerate benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/run_all.py --quick          # what `make bench` runs
+    .venv/bin/python benchmarks/run_all.py --quick --before e581378   # `make bench-compare`
     .venv/bin/python benchmarks/run_all.py                  # full mode (long)
     .venv/bin/python benchmarks/run_all.py --report-only    # rewrite RESULTS.md from results/
 
@@ -86,9 +87,13 @@ def _has_py_spy() -> bool:
 
 
 def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
-    """The "before" column: ``rev`` checked out in a temporary worktree, the current benchmark
-    scripts copied in (same harness, old library), each of BEFORE_BENCHMARKS run there; results
-    land in results/<name>_before.json. A failed run keeps the previous _before result."""
+    """The "before" column (``make bench-compare``): ``rev`` checked out in a temporary
+    worktree, the current benchmark scripts copied in (same harness, old library), each of
+    BEFORE_BENCHMARKS run there; results land in results/<name>_before.json.
+
+    A benchmark that cannot run against the old library (a script that needs what ``rev`` lacks)
+    is reported as such, its old _before result removed so that no stale figure stands in the
+    before column, and does not fail the run."""
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rlga-before-") as tmp:
         tree = Path(tmp) / "tree"
@@ -108,13 +113,23 @@ def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
                 runs.append(run)
                 stem = "hotpath_profile_before" if name == "hotpath_profile" else name
                 produced = tree / "benchmarks" / "results" / f"{stem}.json"
+                target = RESULTS_DIR / f"{name}_before.json"
+                if name == "hotpath_profile":
+                    target = RESULTS_DIR / "hotpath_profile_before.json"
                 if run["rc"] == 0 and produced.exists():
-                    target = (
-                        "hotpath_profile_before"
-                        if name == "hotpath_profile"
-                        else (f"{name}_before")
+                    shutil.copy2(produced, target)
+                    continue
+                target.unlink(missing_ok=True)  # never a stale figure in its place
+                if run["rc"] > 0 or (run["rc"] == 0 and not run.get("skipped")):
+                    last = [line for line in run["tail"].strip().splitlines() if line.strip()]
+                    run.update(
+                        rc=0,
+                        skipped=True,
+                        note=f"cannot run against {rev} ("
+                        + (last[-1][:200] if last else f"exit {run['rc']}")
+                        + "): no before figure",
                     )
-                    shutil.copy2(produced, RESULTS_DIR / f"{target}.json")
+                    common.progress(f"run_all: {run['name']}: {run['note']}")
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True
@@ -514,6 +529,9 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
     if plot_note:
         lines += [plot_note, ""]
     lines += hotpath_table.section()
+    for r in runs:
+        if r.get("note"):
+            lines += [f"**{r['name']}** did not run: {r['note']}.", ""]
     failed = [r for r in runs if r["rc"] != 0]
     for r in failed:
         lines += [
@@ -578,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         "--before",
         metavar="REV",
         default=None,
-        help=f"also measure the 'before' column at REV (make bench: "
+        help=f"also measure the 'before' column at REV (make bench-compare: "
         f"{BEFORE_REV}) in a temporary worktree",
     )
     args = parser.parse_args(argv)
@@ -590,9 +608,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.only or BENCHMARKS:
             runs.append(run_one(name, args.quick))
     path = write_report(args.quick, runs)
-    print(f"wrote {path.relative_to(REPO)}")
+    total = sum(r["seconds"] for r in runs)
+    print(f"wrote {path.relative_to(REPO)} ({total / 60:.1f} min of benchmarks)")
     for r in runs:
-        print(f"{r['name']:12s} {'ok' if r['rc'] == 0 else 'FAILED'} {r['seconds']:6.0f}s")
+        state = "skipped" if r.get("skipped") else "ok" if r["rc"] == 0 else "FAILED"
+        print(f"{r['name']:12s} {state} {r['seconds']:6.0f}s")
     return 1 if any(r["rc"] != 0 for r in runs) else 0
 
 

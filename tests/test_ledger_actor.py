@@ -91,3 +91,26 @@ def test_checkpoint_refuses_bad_arguments_with_config_errors(ray_session, ledger
         with pytest.raises(ConfigError):
             ray_session.get(ledger.checkpoint.remote(*args))
     assert ray_session.get(ledger.ping.remote()) == "rlga-ledger-test-actor"
+
+
+def test_the_restart_check_warns_nothing(ray_session):
+    """Ray's was_current_actor_reconstructed reads a deprecated property; the ledger asks it
+    without a RayDeprecationWarning reaching the driver's terminal."""
+
+    @ray_session.remote(num_cpus=0)
+    class Probe:
+        def ask(self) -> tuple[bool, list[str]]:
+            import warnings
+
+            from rl_gym_actors.actors.ledger_actor import _was_restarted
+
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                restarted = _was_restarted()
+            return restarted, [str(w.category.__name__) for w in seen]
+
+    probe = Probe.remote()
+    try:
+        assert ray_session.get(probe.ask.remote()) == (False, [])
+    finally:
+        ray_session.kill(probe)

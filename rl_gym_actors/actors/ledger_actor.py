@@ -26,6 +26,7 @@ import asyncio
 import logging
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -135,6 +136,14 @@ class RayOwners:
         return sum(1 for answered, _ in answers if answered)
 
 
+def _was_restarted() -> bool:
+    """Whether Ray restarted this actor. Ray 2.60's property reads its own deprecated
+    ``actor_id`` and warns (a RayDeprecationWarning on the driver's terminal): not ours to show."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 @ray.remote(num_cpus=0)
 class LedgerActor:
     """The book of every attempt, and the checkpoint gate over every Gym endpoint."""
@@ -165,7 +174,7 @@ class LedgerActor:
         self._gate_lock = asyncio.Lock()
         self._owner_pattern = owner_pattern
         self._run_id = run_id
-        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._restarted = _was_restarted()
         self._rebuild: asyncio.Task | None = None
         self.rebuilt_owners = 0
 
