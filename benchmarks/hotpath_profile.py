@@ -159,10 +159,12 @@ def body(result: Result, args: Any) -> None:
 
     spy = _py_spy()
     window_s = 12.0 if args.quick else 30.0
+    per_actor = args.per_actor
+    actors = max(1, 16 // per_actor)
     result.params.update(
         window_s=window_s,
-        actors=2,
-        rollouts_per_actor=8,
+        actors=actors,
+        rollouts_per_actor=per_actor,
         batch=200,
         code=str(Path(rl_gym_actors.__file__).parent),
     )
@@ -172,8 +174,8 @@ def body(result: Result, args: Any) -> None:
         orch = Orchestrator(
             fleet.endpoints,
             policy=TryPolicy(rollout_s=60.0, receipt_s=10.0),
-            pool_size=2,
-            rollouts_per_actor=8,
+            pool_size=actors,
+            rollouts_per_actor=per_actor,
             progress=False,
             orchestrator_id="bench-profile",
         )
@@ -264,9 +266,11 @@ def body(result: Result, args: Any) -> None:
             for name, v in thr0[kind].items()
             if thr1[kind].get(name, 0.0) - v > 0.01
         }
+        # one rollout actor is profiled; the pool's share is that actor's times the actors
+        share = actors if kind == "worker:RolloutActor" else 1
         procs[kind] = {
             "pid": pids[kind],
-            "cpu_ms_per_rollout": round((cpu1[kind] - cpu0[kind]) * 1e3 / rollouts, 3),
+            "cpu_ms_per_rollout": round((cpu1[kind] - cpu0[kind]) * 1e3 * share / rollouts, 3),
             "threads_cpu_ms_per_rollout": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
             **prof,
         }
@@ -283,7 +287,8 @@ def body(result: Result, args: Any) -> None:
     ]
     result.add_table(
         f"{args.label}: {rollouts} rollouts in {wall:.1f} s ({rollouts / wall:.0f}/s), instant "
-        "agents, 2 actors x 8; CPU ms per rollout per process and its top functions by own time "
+        f"agents, {actors} actors x {per_actor}; CPU ms per rollout per process (the rollout "
+        "actor's: one actor's CPU times the actors) and its top functions by own time "
         "(% of the process's busy samples):",
         ["process", "CPU ms / rollout", *[f"#{i + 1}" for i in range(4)]],
         [
@@ -295,6 +300,13 @@ def body(result: Result, args: Any) -> None:
 
 def _args(parser: Any) -> None:
     parser.add_argument("--label", default="after", help="before | after (the file it writes)")
+    parser.add_argument(
+        "--per-actor",
+        type=int,
+        default=8,
+        help="rollouts per actor (16 in flight: 16 // this many actors); 1 profiles the "
+        "one-rollout-per-actor layout, where the rollout actor's figure is one of 16 actors",
+    )
 
 
 if __name__ == "__main__":

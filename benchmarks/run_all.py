@@ -40,6 +40,8 @@ BENCHMARKS = [
     "gym_server_memory",
     "gym_server",
     "chaos",
+    "scale",
+    "store_commit",
     "hotpath_profile",
 ]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
@@ -326,6 +328,10 @@ def _plot(name: str, res: dict, path: Path) -> bool:
     rows = _rows(res)
     if not rows:
         return False
+    if name == "scale":
+        import scale
+
+        return scale.plot(res, path)
     fig, ax = plt.subplots(figsize=(7, 4))
     if name == "throughput":
         configs = sorted({r["config"] for r in rows})
@@ -554,6 +560,8 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         "gym_server_memory": "Gym server memory over a long run (no Ray)",
         "gym_server": "Gym server on its own (written by the server engineer)",
         "chaos": "Chaos: one fault per row",
+        "scale": "At scale: raylets, 16 Gym servers, big checkpoints",
+        "store_commit": "The durable server's group commit apart from the web stack",
     }
     for name in BENCHMARKS:
         if name not in titles:
