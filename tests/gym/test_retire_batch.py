@@ -119,3 +119,16 @@ async def test_the_client_batches_only_where_the_server_offers_it():
                 await ours.retire_batch(
                     [("a", 0), ("a", 0)], checkpoint_id="cid-1", deadline_ts=soon()
                 )
+
+
+async def test_the_retired_metric_counts_each_tombstone_of_a_batch(wire):
+    await wire.complete("rC")
+    got = await wire.request("POST", PATH, body=batch("rT1", "rC", "rT2"))
+    assert [a["tombstoned"] for a in got.json["retired"]] == [True, False, True]
+    text = (await wire.request("GET", "/metrics", token=None)).raw.decode()
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples["gym_attempts_retired_total"] == 2
