@@ -27,6 +27,7 @@ in the way (``active_checkpoint_id`` in the endpoint's blockers), which
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -40,6 +41,7 @@ from rl_gym_actors.actors.gate_endpoint import (
 )
 from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.actors.gym_memory import vanished_results
+from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptState
@@ -79,8 +81,11 @@ class CheckpointGate:
         sweep_foreign: bool = False,
         claims: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.time,
+        healer: Healer | None = None,
     ) -> None:
         self._book = book
+        self._healer = healer  # failed resumes go on in the background; this run's own ids
+        self._own_ids = healer.own_ids() if healer is not None else frozenset()
         # shared servers: with a run id, attempts of other runs are never touched (see
         # core/prepare_plan); this run's are those with its prefix and the ids it claims
         prefix = f"{run_id}-"
@@ -332,8 +337,19 @@ class CheckpointGate:
         for it (the retry decider backs off by the client's policy) until the deadline, then
         raise its CheckpointConflict."""
 
-        def prepare(try_deadline: float) -> Awaitable[StatusReport]:
-            return client.prepare(cid, deadline_ts=min(try_deadline, self._clock() + slice_s))
+        async def prepare(try_deadline: float) -> StatusReport:
+            try:
+                return await client.prepare(
+                    cid, deadline_ts=min(try_deadline, self._clock() + slice_s)
+                )
+            except CheckpointConflict as exc:
+                holder = exc.active_checkpoint_id
+                if holder is not None and holder != cid and holder in self._own_ids:
+                    # an earlier checkpoint of this run still holds it: ours to clear
+                    logger.warning("%s: resuming own checkpoint %s", tally.endpoint.label, holder)
+                    with contextlib.suppress(RlGymError):
+                        await client.resume(holder, deadline_ts=min(try_deadline, deadline_ts))
+                raise
 
         def held(exc: BaseException) -> None:
             holder = (
@@ -408,6 +424,9 @@ class CheckpointGate:
         except RlGymError as exc:
             tally.error = tally.error or f"resume failed: {type(exc).__name__}: {exc}"
             logger.warning("resume %s on %s failed: %r", cid, tally.endpoint.label, exc)
+        finally:  # no answer by the deadline (also when cancelled there): go on in the background
+            if not tally.resumed and self._healer is not None:
+                self._healer.resume_later(client, cid)
 
 
 def _only_held(status: StatusReport, held: list[Step]) -> bool:

@@ -40,6 +40,7 @@ from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.gate_select import GateSelect
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
+from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import (
     GymEndpoint,
@@ -172,6 +173,7 @@ class LedgerActor:
         ]
         self._select = GateSelect(self._endpoints, self._clients)  # protocol per server
         self._gate_lock = asyncio.Lock()
+        self._healer = Healer()  # failed resumes retried in the background
         self._owner_pattern = owner_pattern
         self._run_id = run_id
         self._restarted = _was_restarted()
@@ -293,8 +295,10 @@ class LedgerActor:
                 run_id=self._run_id,
                 sweep_foreign=bool(sweep_foreign),
                 claims=frozenset(claims),
+                healer=self._healer,
             )
 
+        self._healer.issue(checkpoint_id)
         try:  # each server's gate by the protocol it speaks (see actors/gate_select.py)
             report = await self._select.checkpoint(
                 self._book,
@@ -323,5 +327,6 @@ class LedgerActor:
 
     async def close(self) -> None:
         """Close the Gym clients (the orchestrator calls it before killing the actor)."""
+        self._healer.close()
         for client in self._clients:
             await client.close()

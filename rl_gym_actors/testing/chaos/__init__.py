@@ -18,7 +18,8 @@ returns a :class:`ChaosRow`:
 
 Here: :mod:`.common` (sizes, the row, the helpers every scenario uses), :mod:`.gym_faults` (Gym
 restarted, dead, frozen; two runs on one Gym), :mod:`.ray_faults` (ledger, rollout actor, driver,
-node), and :data:`SCENARIOS` / :func:`run` below.
+node), :mod:`.durable_faults` (issue 16: Gym's state lost, a partition that heals, a trainer
+killed between ACK and commit), and :data:`SCENARIOS` / :func:`run` below.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rl_gym_actors.testing.chaos.common import FULL, QUICK, ChaosRow, Sizes, gym_counts
+from rl_gym_actors.testing.chaos.durable_faults import (
+    ack_crash_restore,
+    gym_state_lost,
+    partition_heals,
+)
 from rl_gym_actors.testing.chaos.gym_faults import gym_dead, gym_frozen, gym_restart, two_runs
 from rl_gym_actors.testing.chaos.ray_faults import (
     driver_killed,
@@ -44,14 +50,17 @@ __all__ = [
     "SCENARIOS",
     "ChaosRow",
     "Sizes",
+    "ack_crash_restore",
     "driver_killed",
     "gym_counts",
     "gym_dead",
     "gym_frozen",
     "gym_restart",
+    "gym_state_lost",
     "ledger_mid_batch",
     "ledger_mid_checkpoint",
     "node_loss",
+    "partition_heals",
     "rollout_actor_killed",
     "run",
     "server_has_leases",
@@ -85,6 +94,10 @@ SCENARIOS: dict[str, Callable[[Sizes, Path], ChaosRow]] = {
     "driver_killed_lease": lambda sizes, tmp: driver_killed(sizes, tmp, use_lease=True),
     "two_runs": two_runs,
     "node_loss": node_loss,
+    "gym_state_lost": gym_state_lost,
+    "partition_heals": partition_heals,
+    "partition_heals_lease": lambda sizes, tmp: partition_heals(sizes, tmp, lease_s=60.0),
+    "ack_crash_restore": ack_crash_restore,
 }
 OWN_PROCESS = {"node_loss"}  # makes its own Ray cluster
 
