@@ -6,9 +6,11 @@ Rows: Gym SIGKILL + restart mid-batch (state dir), Gym dead, Gym frozen (SIGSTOP
 mid-batch and mid-checkpoint, a rollout actor killed, the driver SIGKILLed mid-checkpoint then a
 new driver (``abort_checkpoint``; and with the server's checkpoint lease, no step at all, when
 the server has leases), two runs on one Gym checkpointing at once, a 3-node cluster losing a node
-(in a process of its own: it makes its own Ray cluster).
+(in a process of its own: it makes its own Ray cluster); issue 16: Gym restarted on an empty
+state dir with results held, a partition during a checkpoint that heals (with and without a
+lease), a trainer SIGKILLed between its checkpoint's ACKs and a commit and restored.
 
-    .venv/bin/python benchmarks/chaos.py [--quick] [--only NAME ...]
+    .venv/bin/python benchmarks/chaos.py [--quick] [--only NAME ... [--append]]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from common import REPO, Result, bench_main, progress
+from common import REPO, RESULTS_DIR, Result, bench_main, progress
 
 COLUMNS = [
     "scenario",
@@ -88,6 +90,10 @@ def body(result: Result, args: Any) -> None:
             f"{row['seconds']}s: {row['happened']}"
         )
         rows.append(row)
+    if args.append:  # the rows of the last run stay, those run now replace theirs
+        previous = RESULTS_DIR / "chaos.json"
+        kept = json.loads(previous.read_text())["rows"] if previous.exists() else []
+        rows = [r for r in kept if r.get("name") not in names] + rows
     result.rows = rows
 
     def gym(r: dict[str, Any]) -> str:
@@ -131,6 +137,11 @@ def body(result: Result, args: Any) -> None:
 
 def extra_args(parser: Any) -> None:
     parser.add_argument("--only", nargs="*", help="run only these scenarios")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows of results/chaos.json; the scenarios run now replace theirs",
+    )
 
 
 if __name__ == "__main__":
