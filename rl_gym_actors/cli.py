@@ -141,6 +141,13 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         help="largest request body taken (default: %(default)d)",
     )
     serve.add_argument(
+        "--name",
+        default=None,
+        help="the agent server's name: capabilities' name (NeMo RL matches a row's agent to "
+        "it) and the instance a commit writes, under agent/instance-<sha256(name)>/ as a real "
+        "Gym does (unset: 'rl_gym_actors', files in checkpoint_dir itself)",
+    )
+    serve.add_argument(
         "--http",
         default="auto",
         choices=["auto", "h11", "httptools"],
@@ -182,7 +189,11 @@ class ParticipantOptions(TypedDict):
 
 def participant_options(args: argparse.Namespace) -> ParticipantOptions:
     """The Participant keyword arguments that ``gym serve`` flags set."""
-    return {"lease_s": args.checkpoint_lease_s or None, "checkpoint_root": args.checkpoint_root}
+    return {
+        "lease_s": args.checkpoint_lease_s or None,
+        "checkpoint_root": args.checkpoint_root,
+        "name": args.name,
+    }
 
 
 def gym_serve(args: argparse.Namespace) -> int:

@@ -320,7 +320,10 @@ class AttemptInfo(_Lenient):
     attempt_index: int
     state: str  # a real Gym also says "park_requested"
     completion_receipt: CompletionReceipt | None = None
-    execution_generation: int | None = None  # (ext)
+    generation: int | None = None
+    # a real Gym sends it for every attempt (null unless parked); nothing of ours parks
+    parked_boundary_state: str | None = None
+    age_seconds: float | None = None  # since the run began (or since this server knew the key)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -356,7 +359,10 @@ class StatusReport(_Lenient):
     active: int = 0
     blocking_attempts: list[AttemptInfo] = Field(default_factory=list)
     completed_unacknowledged_attempts: list[AttemptInfo] = Field(default_factory=list)
+    # executions parked at a boundary that a commit would keep: none here (nothing parks)
+    selected_boundaries: list[dict[str, Any]] = Field(default_factory=list)
     executions: list[AttemptInfo] = Field(default_factory=list)
+    # the three below travel only on the (ext) lease route; status and prepare leave them off
     phase: str | None = None  # (ext) the fence's phase
     checkpoint_id: str | None = None  # (ext) the active checkpoint id
     checkpoint_lease: LeaseInfo | None = None  # (ext)
@@ -368,9 +374,33 @@ class StatusReport(_Lenient):
         )
 
 
+CONTINUATION_INDEX_FEATURE = "agent_continuation_index_v1"  # real Gym's and NeMo RL's name
+
+
+class ArtifactReference(_Lenient):
+    """A checkpoint file as NeMo RL's checkpoint client (PR #4093) references one: its path
+    relative to the commit's ``checkpoint_dir``, digest, row count and size."""
+
+    schema_version: int = 1
+    relative_path: str
+    sha256: str
+    records: int
+    bytes: int
+
+
 class CommitAnswer(_Lenient):
     records: int
     manifest_digest: str
+    # the participant's continuation roots (none here: nothing parks at a boundary)
+    continuation_index: ArtifactReference | None = None
+
+
+class RestoreAnswer(_Lenient):
+    """``POST .../restore``: what the checkpoint held (its files checked)."""
+
+    records: int
+    source_checkpoint_id: str
+    continuation_index: ArtifactReference
 
 
 class ResumeAnswer(_Lenient):

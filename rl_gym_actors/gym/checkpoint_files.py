@@ -17,6 +17,7 @@ from rl_gym_actors.gym.store import Execution
 from rl_gym_actors.protocol import canonical_json
 
 RECORDS_NAME = "gym-participant-records.jsonl"
+CONTINUATIONS_NAME = "continuations.jsonl"  # the continuation roots (real Gym's file name)
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
 
@@ -54,28 +55,92 @@ def _checkpoint_line(e: Execution) -> bytes:
     )
 
 
+def instance_dir(checkpoint_dir: Path, name: str | None) -> Path:
+    """Where a participant's files go: ``checkpoint_dir`` itself for an unnamed one, else
+    ``agent/instance-<sha256(name)>`` below it, the directory a real Gym agent participant
+    with an instance name uses and NeMo RL's checkpoint client (PR #4093) reads."""
+    if name is None:
+        return checkpoint_dir
+    return checkpoint_dir / "agent" / f"instance-{hashlib.sha256(name.encode()).hexdigest()}"
+
+
 def write_checkpoint(
-    checkpoint_dir: str | os.PathLike[str], checkpoint_id: str, executions: Iterable[Execution]
+    checkpoint_dir: str | os.PathLike[str],
+    checkpoint_id: str,
+    executions: Iterable[Execution],
+    *,
+    name: str | None = None,
 ) -> dict[str, object]:
-    """Write the records, then ``manifest.json`` last. Returns the commit answer
-    ``{"records": n, "manifest_digest": sha256 of manifest.json}``. Raises OSError."""
-    directory = Path(checkpoint_dir)
+    """Write the records, the continuation index (no roots: nothing of ours parks at a
+    boundary), then ``manifest.json`` last, into :func:`instance_dir`. Returns the commit
+    answer ``{"records", "manifest_digest", "continuation_index"}`` (the index's path relative
+    to ``checkpoint_dir``). Raises OSError."""
+    root = Path(checkpoint_dir)
+    directory = instance_dir(root, name)
     directory.mkdir(parents=True, exist_ok=True)
     lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
     records = b"".join(line + b"\n" for line in lines)
     write_file_atomically(directory / RECORDS_NAME, records)
+    continuations = b""
+    write_file_atomically(directory / CONTINUATIONS_NAME, continuations)
+    index = {
+        "schema_version": 1,
+        "relative_path": str((directory / CONTINUATIONS_NAME).relative_to(root)),
+        "sha256": hashlib.sha256(continuations).hexdigest(),
+        "records": 0,
+        "bytes": len(continuations),
+    }
     manifest = canonical_json(
         {
             "format": MANIFEST_FORMAT,
             "checkpoint_id": checkpoint_id,
+            "instance_name": name,
             "records": len(lines),
             "records_file": RECORDS_NAME,
             "records_sha256": hashlib.sha256(records).hexdigest(),
+            "continuation_index": index,
         }
     )
     write_file_atomically(directory / MANIFEST_NAME, manifest)
     fsync_dir(directory)
-    return {"records": len(lines), "manifest_digest": hashlib.sha256(manifest).hexdigest()}
+    return {
+        "records": len(lines),
+        "manifest_digest": hashlib.sha256(manifest).hexdigest(),
+        "continuation_index": index,
+    }
+
+
+class CheckpointUnreadable(ValueError):
+    """A checkpoint's files are missing, belong to another instance, or fail their digests."""
+
+
+def read_checkpoint(checkpoint_dir: str | os.PathLike[str], name: str | None) -> dict[str, object]:
+    """Check what :func:`write_checkpoint` left in ``checkpoint_dir`` (the instance's
+    manifest, its records' and continuation index's digests) and answer restore's
+    ``{"records", "source_checkpoint_id", "continuation_index"}``. Raises
+    :class:`CheckpointUnreadable`."""
+    root = Path(checkpoint_dir)
+    directory = instance_dir(root, name)
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_bytes())
+        records = (directory / str(manifest["records_file"])).read_bytes()
+        index = manifest["continuation_index"]
+        continuations = (root / str(index["relative_path"])).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointUnreadable(f"no readable checkpoint in {directory}: {exc}") from None
+    if manifest.get("instance_name") != name:
+        raise CheckpointUnreadable(
+            f"{directory} belongs to instance {manifest.get('instance_name')!r}, not {name!r}"
+        )
+    if hashlib.sha256(records).hexdigest() != manifest.get("records_sha256"):
+        raise CheckpointUnreadable(f"{directory}: the records fail their digest")
+    if hashlib.sha256(continuations).hexdigest() != index.get("sha256"):
+        raise CheckpointUnreadable(f"{directory}: the continuation index fails its digest")
+    return {
+        "records": int(manifest["records"]),
+        "source_checkpoint_id": manifest["checkpoint_id"],
+        "continuation_index": index,
+    }
 
 
 def confine(root: str | os.PathLike[str] | None, checkpoint_dir: str) -> Path:

@@ -1,6 +1,7 @@
 """The checkpoint fence: which checkpoint id holds a participant, in which phase, and for how long.
 
-Phases go ``idle -> preparing -> prepared -> committed -> (resume) idle``. The rules, for any
+Phases go ``idle -> preparing -> prepared -> committed_paused -> (resume) idle`` and
+``idle -> restored_paused -> (resume) idle``. The rules, for any
 participant that takes part in checkpoints (our Gym server, and anything on the RL side that
 stands in for one):
 
@@ -17,8 +18,10 @@ stands in for one):
 - ``release`` gives up a checkpoint that is preparing or prepared without spending its id: back
   to idle, and the id may be prepared again (a participant whose prepare missed its deadline
   and that reopens admission rather than holding it).
-- ``status`` and ``retire`` are lenient (:meth:`CheckpointFence.check_lenient`): any id that is
-  not spent, in every phase.
+- ``status`` is lenient (:meth:`CheckpointFence.check_lenient`): any id that is not spent, in
+  every phase. ``retire`` is fenced as a real Gym fences it (:meth:`CheckpointFence.check_retire`):
+  while a checkpoint is active, only under its id, and only while idle, preparing or prepared.
+- ``restore`` (from idle) leaves the phase ``restored_paused`` until ``resume``.
 - **Lease** (optional, ``lease_s``): an active id holds the fence only until ``lease_until``,
   which every call for it moves to ``max(deadline_ts, now) + lease_s`` (:meth:`renew`). Past it,
   :meth:`expire` aborts the checkpoint as a resume would (the id is spent) and reports it.
@@ -44,7 +47,7 @@ from typing import Any, Literal
 
 from rl_gym_actors.errors import CheckpointConflict, CheckpointNotReady, StaleCheckpoint
 
-Operation = Literal["prepare", "prepared", "commit", "resume", "release"]
+Operation = Literal["prepare", "prepared", "commit", "restore", "resume", "release"]
 
 #: resume's answer, also recorded for an id that a lease expiry aborted
 RESUMED = {"state": "accepting", "released": 0}
@@ -55,6 +58,13 @@ class CheckpointPhase(str, Enum):
     PREPARING = "preparing"
     PREPARED = "prepared"
     COMMITTED = "committed_paused"  # the name a real Gym and NeMo RL's client use
+    RESTORED = "restored_paused"  # after a restore, admission closed until resume (as real Gym)
+
+
+#: the phases in which a real Gym takes a retire (for the active id, or any id when idle)
+RETIRE_PHASES = frozenset(
+    {CheckpointPhase.IDLE, CheckpointPhase.PREPARING, CheckpointPhase.PREPARED}
+)
 
 
 # (operation, phase before) -> phase after; a pair not in the table is an illegal transition
@@ -63,6 +73,7 @@ _TRANSITIONS: dict[tuple[str, CheckpointPhase], CheckpointPhase] = {
     ("prepare", CheckpointPhase.PREPARING): CheckpointPhase.PREPARING,
     ("prepared", CheckpointPhase.PREPARING): CheckpointPhase.PREPARED,
     ("commit", CheckpointPhase.PREPARED): CheckpointPhase.COMMITTED,
+    ("restore", CheckpointPhase.IDLE): CheckpointPhase.RESTORED,
     **{("resume", p): CheckpointPhase.IDLE for p in CheckpointPhase},
     ("release", CheckpointPhase.PREPARING): CheckpointPhase.IDLE,
     ("release", CheckpointPhase.PREPARED): CheckpointPhase.IDLE,
@@ -126,6 +137,20 @@ class CheckpointFence:
         """``status`` and ``retire``: any id not spent, in every phase."""
         if checkpoint_id is not None and checkpoint_id in self.spent:
             raise StaleCheckpoint(f"checkpoint {checkpoint_id!r} is spent (resumed)", status=409)
+
+    def check_retire(self, checkpoint_id: str) -> None:
+        """``retire``, as a real Gym fences it: not a spent id, only the active id while a
+        checkpoint is active (``CheckpointConflict`` naming it otherwise), and only while idle,
+        preparing or prepared."""
+        self.check_lenient(checkpoint_id)
+        if self.active is not None and self.active != checkpoint_id:
+            raise self.conflict(checkpoint_id, "retire")
+        if self.phase not in RETIRE_PHASES:
+            raise CheckpointConflict(
+                f"retire of {checkpoint_id!r} is not allowed while {self.phase.value}",
+                status=409,
+                body={"active_checkpoint_id": self.active, "phase": self.phase.value},
+            )
 
     def recorded(self, checkpoint_id: str, operation: Operation) -> Any | None:
         """Fence a call: the recorded answer of a repeated call, else None when it may proceed.

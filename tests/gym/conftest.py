@@ -162,6 +162,22 @@ class Wire:
     async def capabilities(self, **kw: Any) -> Answer:
         return await self.request("GET", CAPABILITIES_PATH, **kw)
 
+    async def lease(self, **kw: Any) -> Answer:
+        """(ext) The fence: phase, active checkpoint id and the lease."""
+        return await self.request("GET", CONTROL_PREFIX + "/lease", **kw)
+
+    async def restore(self, checkpoint_id: str, checkpoint_dir: Any, **kw: Any) -> Answer:
+        return await self.request(
+            "POST",
+            CONTROL_PREFIX + "/restore",
+            body={
+                "checkpoint_id": checkpoint_id,
+                "deadline_ts": soon(10),
+                "checkpoint_dir": str(checkpoint_dir),
+            },
+            **kw,
+        )
+
     # ------------------------------------------------------------ compound steps
 
     async def complete(self, rollout_id: str, attempt: int = 0, **fields: Any) -> dict[str, Any]:
@@ -179,7 +195,7 @@ class Wire:
 
         async def holding() -> dict[str, Any] | None:
             st = (await self.status()).json
-            return st if predicate(st) else None
+            return st if predicate({**st, **(await self.lease()).json}) else None
 
         return await until(holding, timeout_s=timeout_s, what=what)
 

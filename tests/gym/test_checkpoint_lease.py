@@ -19,9 +19,10 @@ from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
 async def _until_idle(wire, timeout_s: float) -> dict:
-    return await wire.until(
+    await wire.until(
         lambda st: st["phase"] == "idle", timeout_s=timeout_s, what="the lease to expire"
     )
+    return {**(await wire.status(None)).json, **(await wire.lease()).json}
 
 
 async def test_an_abandoned_checkpoint_expires_reopens_admission_and_spends_its_id(
@@ -58,7 +59,8 @@ async def test_calls_for_the_id_renew_its_lease(wire_for, tmp_path):
         assert (await wire.prepare("cp-live", deadline_s=0.1)).status == 200
         renewed_until = time.monotonic() + 1.5
         while time.monotonic() < renewed_until:  # 3 leases long, renewed by status
-            st = (await wire.status("cp-live")).json
+            assert (await wire.status("cp-live")).status == 200
+            st = (await wire.lease()).json
             assert st["phase"] == "prepared", st
             await asyncio.sleep(0.1)
         committed = await wire.request(  # renews too, from its deadline

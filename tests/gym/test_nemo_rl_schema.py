@@ -7,58 +7,18 @@ unknown fields, so an (ext) field of ours in the wrong place fails these tests.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from typing import Annotated, Literal
+from pathlib import Path
 
 import nemo_rl_checkpoint_models as models
-from pydantic import Field, model_validator
 
 from rl_gym_actors.gym.agents import LineagedReply, simulated_agent
 from rl_gym_actors.protocol import ModelLineage, capture_key
 from rl_gym_actors.testing.gym_process import GymServerThread
 
-ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-NonNegative = Annotated[int, Field(strict=True, ge=0)]
-Positive = Annotated[int, Field(strict=True, ge=1)]
-
-
-class StrictCapabilities(models.Strict):
-    component: Literal["responses_api_models", "responses_api_agents", "resources_servers"]
-    name: str = Field(min_length=1)
-    schema_version: Literal[1]
-    admission_states: list[Literal["accepting", "draining", "paused"]]
-    checkpoint_mode: Literal["stateless", "export_restore"]
-    concurrency_contract: Literal["stateless", "serialized_per_session", "transactional_parallel"]
-    multi_process: models.MultiProcess
-    instance_role: Literal["policy", "auxiliary"] | None = None
-    phase: Literal[
-        "idle",
-        "preparing",
-        "prepared",
-        "committing",
-        "committed_paused",
-        "restoring",
-        "restore_failed_paused",
-        "restored_paused",
-    ]
-    active_checkpoint_id: str | None = None
-    deadline_ts: float | None = None
-    features: list[str] = Field(default_factory=list)
-
-
-class StrictReceipt(models.Strict):
-    rollout_id: str = Field(min_length=1, pattern=ID)
-    attempt_index: NonNegative
-    execution_generation: Positive
-    result_identity: str = Field(min_length=1, max_length=512)
-    result_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    manifest_capture_key: str | None = Field(default=None, min_length=1, pattern=ID)
-    terminal_model_call_id: str | None = Field(default=None, min_length=1)
-
-    @model_validator(mode="after")
-    def _pair(self) -> StrictReceipt:
-        assert (self.manifest_capture_key is None) == (self.terminal_model_call_id is None)
-        return self
+StrictCapabilities = models.Capabilities
+StrictReceipt = models.Receipt
 
 
 async def lineaged_agent(row):
@@ -143,3 +103,59 @@ async def test_a_receipt_with_half_the_lineage_pair_is_refused(wire):
     # nulls for both are the same as neither (as NeMo RL sends them)
     ok = await wire.ack({**receipt, "manifest_capture_key": None, "terminal_model_call_id": None})
     assert ok.json == {"acknowledged": True, "idempotent": False}
+
+
+async def test_a_named_server_speaks_pr_4093_field_for_field(wire_for, tmp_path):
+    """Named for its agent server, the server answers every call of NeMo RL's checkpoint
+    client in that client's models, and a commit / restore round trip passes its
+    continuation checks (files where it looks: agent/instance-<sha256(name)>/)."""
+    with GymServerThread(args=["--name", "math_agent"]) as srv:
+        wire = wire_for(srv)
+        caps = StrictCapabilities.model_validate((await wire.capabilities()).json)
+        assert caps.name == "math_agent" and "agent_continuation_index_v1" in caps.features
+        await wire.complete("rP")
+        st = models.AgentStatus.model_validate((await wire.status("pr-1")).json)
+        assert (
+            st.checkpoint_id == "pr-1" and st.completed_unacknowledged_attempts[0].generation == 1
+        )
+        assert (await wire.prepare("pr-1")).code == "agent_prepare_incomplete"
+        await wire.ack(st.completed_unacknowledged_attempts[0].completion_receipt.model_dump())
+        prepared = models.AgentPrepare.model_validate((await wire.prepare("pr-1")).json)
+        assert prepared.ready_to_commit and prepared.selected_boundaries == []
+        got = (await wire.commit("pr-1", tmp_path)).json
+        commit = models.AgentCommit.model_validate(got)
+        where = f"agent/instance-{hashlib.sha256(b'math_agent').hexdigest()}/manifest.json"
+        ident = {"server_name": "math_agent", "component": "responses_api_agents"}
+        ident["participant_name"] = "math_agent"
+        result = models.CommitResult.model_validate(
+            {
+                "checkpoint_id": "pr-1",
+                "participants": [
+                    {
+                        "participant": ident,
+                        "payload": got,
+                        "manifest": {
+                            "participant": ident,
+                            "relative_path": where,
+                            "manifest_digest": commit.manifest_digest,
+                        },
+                    }
+                ],
+            }
+        )
+        assert models.continuations(Path(tmp_path), result) == []  # nothing parked: no roots
+        assert (await wire.resume("pr-1")).json == {"state": "accepting", "released": 0}
+        # restore from idle: checked files, admission closed until resume, the same index
+        restored = await wire.restore("pr-r", tmp_path)
+        answer = models.AgentRestore.model_validate(restored.json)
+        assert answer.continuation_index == commit.continuation_index
+        assert answer.source_checkpoint_id == "pr-1"
+        assert (await wire.capabilities()).json["phase"] == "restored_paused"
+        assert (await wire.run("rQ")).code == "agent_admission_closed"
+        assert (await wire.restore("pr-r", tmp_path)).json == restored.json  # a repeat
+        models.AgentResume.model_validate((await wire.resume("pr-r")).json)
+        assert (await wire.run("rQ")).status == 200
+        # another instance's directory is not this one's checkpoint
+        (tmp_path / "other").mkdir()
+        refused = await wire.restore("pr-x", tmp_path / "other")
+        assert (refused.status, refused.code) == (409, "restore_failed")

@@ -132,6 +132,14 @@ class ParticipantMachine(RuleBasedStateMachine):
     def retire(self, data, own_id):
         key = self._pick(data, RUNNING, COMPLETED)
         checkpoint_id = f"actor-{self.serial}" if own_id else (self.active or "actor-x")
+        if (self.active is not None and checkpoint_id != self.active) or self.phase == "committed":
+            # as a real Gym: while a checkpoint is active only its id retires, and only
+            # while preparing or prepared
+            try:
+                self.core.retire(checkpoint_id, key)
+            except CheckpointConflict:
+                return
+            raise AssertionError(f"retire under {checkpoint_id} in {self.phase} was taken")
         answer, cancel = self.core.retire(checkpoint_id, key)
         answer = _j(answer)
         state = self.model.get(key)

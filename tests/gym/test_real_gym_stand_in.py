@@ -43,7 +43,7 @@ async def test_status_during_prepare_lists_running_attempts_as_park_requested(wi
         assert st["running"] == 1
         assert [a["state"] for a in st["executions"]] == ["park_requested"]
         assert [a["state"] for a in st["blocking_attempts"]] == ["park_requested"]
-        await wire.retire("rP")
+        await wire.retire("rP", checkpoint_id="cp-park")  # the active id, as a real Gym needs
         assert (await prepare).status == 200
         await wire.resume("cp-park")
         assert (await run).status == 500  # a run retired: a real Gym's plain 500

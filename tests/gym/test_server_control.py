@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rl_gym_actors.gym.checkpoint_files import MANIFEST_NAME, RECORDS_NAME
+from rl_gym_actors.gym.checkpoint_files import CONTINUATIONS_NAME, MANIFEST_NAME, RECORDS_NAME
 from rl_gym_actors.protocol import CAPABILITIES_PATH, CONTROL_PREFIX
 from rl_gym_actors.testing.polling import soon
 
@@ -143,15 +143,19 @@ async def test_status_lists_what_blocks_and_counts_it(wire):
         ("rC", "completed"),
         ("rRun", "running"),
     ]
-    assert st["completed_unacknowledged_attempts"] == [
-        {
-            "rollout_id": "rC",
-            "attempt_index": 0,
-            "state": "completed",
-            "execution_generation": 1,
-            "completion_receipt": receipt_c,
-        }
-    ]
+    # each attempt as a real Gym lists it (NeMo RL PR #4093's model: no other fields)
+    [listed] = st["completed_unacknowledged_attempts"]
+    assert listed.pop("age_seconds") >= 0
+    assert listed == {
+        "rollout_id": "rC",
+        "attempt_index": 0,
+        "state": "completed",
+        "generation": 1,
+        "parked_boundary_state": None,
+        "completion_receipt": receipt_c,
+    }
+    assert st["selected_boundaries"] == [] and st["checkpoint_id"] == "rl-status"
+    assert not {"phase", "checkpoint_lease"} & set(st)  # (ext): on the lease route
     assert {a["rollout_id"] for a in st["executions"]} == {"rC", "rRun"}
     await wire.retire("rRun")
     await task
@@ -212,7 +216,7 @@ async def test_prepare_gives_up_at_its_deadline(wire):
     got = await wire.prepare("c1", deadline_s=0.3)
     assert got.code == "agent_prepare_incomplete" and got.json["report"]["running"] == 1
     assert time.monotonic() - started < 5
-    await wire.retire("rS")
+    await wire.retire("rS", checkpoint_id="c1")  # as on a real Gym: under the active id
     await task
     assert (await wire.prepare("c1")).status == 200
 
@@ -229,7 +233,7 @@ async def test_a_waiting_prepare_ends_when_its_checkpoint_is_resumed(wire):
     assert (await wire.resume("c1")).status == 200
     got = await asyncio.wait_for(prepare, 10)
     assert (got.status, got.code) == (409, "stale_checkpoint")
-    await wire.retire("rS")
+    await wire.retire("rS")  # idle again: any id
     await task
 
 
@@ -244,7 +248,19 @@ async def test_commit_writes_records_then_manifest_and_repeats_its_answer(wire, 
     assert got.status == 200
     manifest = (tmp_path / "ckpt" / MANIFEST_NAME).read_bytes()
     records = (tmp_path / "ckpt" / RECORDS_NAME).read_bytes().splitlines()
-    assert got.json == {"records": 2, "manifest_digest": hashlib.sha256(manifest).hexdigest()}
+    empty = hashlib.sha256(b"").hexdigest()  # no continuation roots: nothing parks here
+    assert got.json == {
+        "records": 2,
+        "manifest_digest": hashlib.sha256(manifest).hexdigest(),
+        "continuation_index": {
+            "schema_version": 1,
+            "relative_path": CONTINUATIONS_NAME,
+            "sha256": empty,
+            "records": 0,
+            "bytes": 0,
+        },
+    }
+    assert json.loads(manifest)["continuation_index"] == got.json["continuation_index"]
     assert (
         json.loads(manifest)["records_sha256"]
         == hashlib.sha256((tmp_path / "ckpt" / RECORDS_NAME).read_bytes()).hexdigest()
@@ -256,7 +272,7 @@ async def test_commit_writes_records_then_manifest_and_repeats_its_answer(wire, 
     again = await wire.commit("c1", tmp_path / "ckpt")
     assert (again.status, again.json) == (200, got.json)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(
-        [MANIFEST_NAME, RECORDS_NAME]
+        [MANIFEST_NAME, RECORDS_NAME, CONTINUATIONS_NAME]
     )  # no temp files left behind
 
 
@@ -320,11 +336,12 @@ async def test_another_id_while_one_is_active_conflicts(wire, tmp_path):
         await wire.resume("c2"),
     ):
         assert (answer.status, answer.code) == (409, "checkpoint_conflict")
-    assert (await wire.status()).json["checkpoint_id"] == "c1"
+    assert (await wire.capabilities()).json["active_checkpoint_id"] == "c1"
+    assert (await wire.lease()).json["checkpoint_id"] == "c1"
 
 
 @pytest.mark.parametrize("phase", ["idle", "preparing", "prepared", "committed"])
-async def test_status_and_retire_are_lenient_in_every_phase(wire, tmp_path, phase):
+async def test_status_is_lenient_and_retire_fenced_as_on_a_real_gym(wire, tmp_path, phase):
     if phase == "preparing":
         await wire.complete("rD")
         assert (await wire.prepare("c1")).status == 409
@@ -333,11 +350,22 @@ async def test_status_and_retire_are_lenient_in_every_phase(wire, tmp_path, phas
     if phase == "committed":
         assert (await wire.commit("c1", tmp_path)).status == 200
     # the phase names a real Gym and NeMo RL's client use: a commit leaves "committed_paused"
-    assert (await wire.status()).json["phase"] == (
+    assert (await wire.lease()).json["phase"] == (
         "committed_paused" if phase == "committed" else phase
     )
     assert (await wire.status("actor-7-status")).status == 200
-    assert (await wire.retire("rX", checkpoint_id="actor-7-retire")).json["tombstoned"] is True
+    other = await wire.retire("rX", checkpoint_id="actor-7-retire")
+    if phase == "idle":  # no checkpoint active: any id
+        assert other.json["tombstoned"] is True
+        return
+    # a real Gym: another id while a checkpoint is active is a conflict naming it
+    assert (other.status, other.code) == (409, "checkpoint_conflict")
+    assert other.json["error"]["active_checkpoint_id"] == "c1"
+    active = await wire.retire("rX", checkpoint_id="c1")
+    if phase == "committed":  # committed_paused takes no retire, not even under its id
+        assert (active.status, active.code) == (409, "checkpoint_conflict")
+    else:
+        assert active.json["tombstoned"] is True
 
 
 # ---------------------------------------------------------------- (ext) receipt, capabilities

@@ -12,7 +12,12 @@ import sqlite3
 import pytest
 
 from rl_gym_actors.gym import checkpoint_files as files_mod
-from rl_gym_actors.gym.checkpoint_files import MANIFEST_NAME, RECORDS_NAME, write_checkpoint
+from rl_gym_actors.gym.checkpoint_files import (
+    CONTINUATIONS_NAME,
+    MANIFEST_NAME,
+    RECORDS_NAME,
+    write_checkpoint,
+)
 from rl_gym_actors.gym.store import (
     DB_NAME,
     Execution,
@@ -153,11 +158,13 @@ def test_write_checkpoint_writes_the_manifest_last(tmp_path, monkeypatch):
         Execution("a", 1, S.ACKNOWLEDGED, 1, None, b'{"rollout_id":"a"}'),
     ]
     answer = write_checkpoint(tmp_path / "c", "ckpt-1", executions)
-    assert renamed == [RECORDS_NAME, MANIFEST_NAME]
+    assert renamed == [RECORDS_NAME, CONTINUATIONS_NAME, MANIFEST_NAME]
     manifest = (tmp_path / "c" / MANIFEST_NAME).read_bytes()
     records = (tmp_path / "c" / RECORDS_NAME).read_bytes()
-    assert answer == {"records": 2, "manifest_digest": hashlib.sha256(manifest).hexdigest()}
+    assert answer["records"] == 2
+    assert answer["manifest_digest"] == hashlib.sha256(manifest).hexdigest()
     meta = json.loads(manifest)
+    assert meta["continuation_index"] == answer["continuation_index"]
     assert (meta["checkpoint_id"], meta["records"], meta["records_sha256"]) == (
         "ckpt-1",
         2,

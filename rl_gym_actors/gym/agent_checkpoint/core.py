@@ -43,6 +43,7 @@ from rl_gym_actors.protocol import (
     LeaseInfo,
     ModelLineage,
     ReceiptAnswer,
+    RestoreAnswer,
     ResumeAnswer,
     RetireAnswer,
     StatusReport,
@@ -292,7 +293,10 @@ class ParticipantCore:
 
     def retire(self, checkpoint_id: str | None, key: ExecutionKey) -> tuple[RetireAnswer, bool]:
         """The retire answer, and whether a running agent call must be cancelled."""
-        self.fence.check_lenient(checkpoint_id)
+        if checkpoint_id is None:
+            self.fence.check_lenient(checkpoint_id)
+        else:
+            self.fence.check_retire(checkpoint_id)
         before = self.state_of(key)
         after = next_state(key, before, Event.RETIRE)
         if before is None:
@@ -313,7 +317,7 @@ class ParticipantCore:
                 rollout_id=e.rollout_id,
                 attempt_index=e.attempt_index,
                 state=e.state.value,
-                execution_generation=e.generation,
+                generation=e.generation,
                 completion_receipt=_receipt(e.receipt),
             )
             for e in sorted(self._active.values(), key=lambda e: e.key)
@@ -403,6 +407,25 @@ class ParticipantCore:
         self._fence_changed()
         self.compact(self._to_compact)
         self._to_compact, self._settling = self._settling, []
+        return answer
+
+    def begin_restore(self, checkpoint_id: str) -> RestoreAnswer | None:
+        """The recorded answer of a repeated restore, or None: then read the files and call
+        :meth:`finish_restore` (a restore is taken only while idle)."""
+        recorded = self.fence.recorded(checkpoint_id, "restore")
+        if recorded is not None:
+            return RestoreAnswer.model_validate(recorded)
+        self.fence.check(checkpoint_id, "restore")
+        return None
+
+    def finish_restore(self, checkpoint_id: str, answer: RestoreAnswer) -> RestoreAnswer:
+        """Close admission until resume (``restored_paused``) and record the answer. The
+        executions themselves are this server's store's: nothing is loaded back."""
+        recorded = self.fence.recorded(checkpoint_id, "restore")
+        if recorded is not None:
+            return RestoreAnswer.model_validate(recorded)
+        self.fence.advance(checkpoint_id, "restore", answer.model_dump(mode="json"))
+        self._fence_changed()
         return answer
 
     def resume(self, checkpoint_id: str) -> ResumeAnswer:

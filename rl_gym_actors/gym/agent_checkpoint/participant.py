@@ -25,7 +25,12 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agents import LineagedReply
-from rl_gym_actors.gym.checkpoint_files import confine, write_checkpoint
+from rl_gym_actors.gym.checkpoint_files import (
+    CheckpointUnreadable,
+    confine,
+    read_checkpoint,
+    write_checkpoint,
+)
 from rl_gym_actors.gym.store import (
     MemoryStore,
     Store,
@@ -39,6 +44,7 @@ from rl_gym_actors.protocol import (
     ExecutionKey,
     ExecutionState,
     ReceiptAnswer,
+    RestoreAnswer,
     ResumeAnswer,
     RetireAnswer,
     StatusReport,
@@ -100,8 +106,14 @@ class Participant:
         clock: Callable[[], float] = time.time,
         lease_s: float | None = None,
         checkpoint_root: str | os.PathLike[str] | None = None,
+        name: str | None = None,
     ) -> None:
         self.agent = agent
+        # the agent server's name: capabilities' ``name`` (the participant NeMo RL resolves a
+        # row's agent to) and the instance whose files a commit writes (None: unnamed)
+        self.name = name
+        self._born = time.monotonic()
+        self._since: dict[ExecutionKey, float] = {}  # when this process began each run
         self.store: Store = store or MemoryStore()
         loaded = self.store.load()
         self.core = ParticipantCore(
@@ -226,6 +238,7 @@ class Participant:
         task = asyncio.create_task(
             self._execute(key, decision.generation, row), name=f"gym-run-{key[0]}-{key[1]}"
         )
+        self._since[key] = time.monotonic()
         self._runs[key] = task
         try:
             # shield: the caller going away (which cancels this handler) never cancels the run
@@ -385,7 +398,7 @@ class Participant:
             await self._durable()
             try:
                 written = await asyncio.to_thread(
-                    write_checkpoint, directory, checkpoint_id, executions
+                    write_checkpoint, directory, checkpoint_id, executions, name=self.name
                 )
             except OSError as exc:
                 raise GymRejected(
@@ -394,7 +407,36 @@ class Participant:
             answer = self.core.finish_commit(checkpoint_id, CommitAnswer.model_validate(written))
             self._renew(checkpoint_id, deadline_ts)
             await self._durable()
+            self._since = {k: t for k, t in self._since.items() if self.knows(k)}
             return answer
+
+    async def restore(
+        self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float | None = None
+    ) -> RestoreAnswer:
+        """Check this instance's files in ``checkpoint_dir`` and hold admission closed until
+        ``resume`` (phase ``restored_paused``), as a real Gym's restore does. The executions
+        stay what this server's store holds."""
+        try:
+            directory = confine(self.checkpoint_root, checkpoint_dir)
+        except ValueError as exc:
+            raise InvalidRequest(f"checkpoint_dir: {exc}", status=422) from exc
+        async with self._commit_lock:
+            recorded = self.core.begin_restore(checkpoint_id)
+            if recorded is not None:
+                return recorded
+            try:
+                read = await asyncio.to_thread(read_checkpoint, directory, self.name)
+            except CheckpointUnreadable as exc:
+                raise GymRejected(str(exc), status=409, code="restore_failed") from None
+            answer = self.core.finish_restore(checkpoint_id, RestoreAnswer.model_validate(read))
+            self._renew(checkpoint_id, deadline_ts)
+            await self._durable()
+            return answer
+
+    def age_s(self, key: ExecutionKey) -> float:
+        """Seconds since ``key``'s run began in this process (a key it did not start: since
+        the server started), for status's ``age_seconds``."""
+        return round(time.monotonic() - self._since.get(key, self._born), 3)
 
     async def resume(self, checkpoint_id: str) -> ResumeAnswer:
         self._admit()

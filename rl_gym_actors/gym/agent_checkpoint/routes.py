@@ -49,6 +49,7 @@ from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
+    CONTINUATION_INDEX_FEATURE,
     CONTROL_PREFIX,
     MAX_JSON_DEPTH,
     RECEIPT_HEADER,
@@ -65,6 +66,7 @@ from rl_gym_actors.protocol import (
     RetireBatchRequest,
     RetireKeyAnswer,
     RetireRequest,
+    StatusReport,
     is_valid_attempt_index,
     is_valid_checkpoint_id,
     is_valid_rollout_id,
@@ -81,8 +83,9 @@ FEATURES = (
     "replayed-header",
     "receipt-header",
     "prepare-report",
-    "lenient-status-retire",
+    "lenient-status",
     "conflict-names-checkpoint",
+    CONTINUATION_INDEX_FEATURE,
 )
 
 
@@ -146,6 +149,34 @@ def run_headers(answer: RunAnswer) -> dict[str, str]:
     return headers
 
 
+# ---------------------------------------------------------------- answers
+
+_EXT_STATUS = {"phase", "checkpoint_id", "checkpoint_lease"}  # the (ext) lease route's
+_ATTEMPT_LISTS = ("blocking_attempts", "completed_unacknowledged_attempts", "executions")
+
+
+def agent_status(
+    report: StatusReport, participant: Participant, checkpoint_id: str | None = None
+) -> dict[str, Any]:
+    """A status or prepare answer as NeMo RL's checkpoint client (PR #4093) validates it (its
+    agent prepare / status models refuse unknown fields): no (ext) fields, every attempt with
+    ``generation``, ``parked_boundary_state`` (null: nothing here parks) and ``age_seconds``;
+    ``checkpoint_id`` only on status (the id asked about, else the active one)."""
+    body = report.model_dump(mode="json", exclude_none=True, exclude=_EXT_STATUS)
+    for name in _ATTEMPT_LISTS:
+        body[name] = [
+            {
+                **a,
+                "parked_boundary_state": a.get("parked_boundary_state"),
+                "age_seconds": participant.age_s((a["rollout_id"], a["attempt_index"])),
+            }
+            for a in body.get(name, [])
+        ]
+    if checkpoint_id is not None:
+        body["checkpoint_id"] = checkpoint_id
+    return body
+
+
 # ---------------------------------------------------------------- the app
 
 
@@ -207,7 +238,13 @@ def create_app(
     # as a real Gym's control plane serves it: without a token (it names no rollout)
     @app.get(CAPABILITIES_PATH)
     async def capabilities(request: Request) -> Response:
-        return json_response(Capabilities(features=features(), **participant.capabilities()))
+        return json_response(
+            Capabilities(
+                name=participant.name or Capabilities.model_fields["name"].default,
+                features=features(),
+                **participant.capabilities(),
+            )
+        )
 
     def features() -> list[str]:
         return [
@@ -248,7 +285,17 @@ def create_app(
         checkpoint_id = request.query_params.get("checkpoint_id")
         if checkpoint_id is not None and not is_valid_checkpoint_id(checkpoint_id):
             raise InvalidRequest(f"checkpoint_id: invalid {checkpoint_id!r}", status=422)
-        return json_response(await participant.status(checkpoint_id))
+        report = await participant.status(checkpoint_id)
+        return json_response(
+            agent_status(report, participant, checkpoint_id or report.checkpoint_id)
+        )
+
+    @app.get(CONTROL_PREFIX + "/lease", dependencies=guarded)
+    async def lease(request: Request) -> Response:
+        """(ext) The fence: ``{"phase", "checkpoint_id", "checkpoint_lease"}`` (what status
+        carried before it answered exactly NeMo RL's model)."""
+        report = await participant.status(None)
+        return json_response(report.model_dump(mode="json", exclude_none=True, include=_EXT_STATUS))
 
     @app.post(CONTROL_PREFIX + "/acknowledge", dependencies=guarded)
     async def acknowledge(request: Request) -> Response:
@@ -287,13 +334,22 @@ def create_app(
     @app.post(CONTROL_PREFIX + "/prepare", dependencies=guarded)
     async def prepare(request: Request) -> Response:
         req = parse(PhaseRequest, await body(request))
-        return json_response(await participant.prepare(req.checkpoint_id, req.deadline_ts))
+        report = await participant.prepare(req.checkpoint_id, req.deadline_ts)
+        return json_response(agent_status(report, participant))
 
     @app.post(CONTROL_PREFIX + "/commit", dependencies=guarded)
     async def commit(request: Request) -> Response:
         req = parse(CommitRequest, await body(request))
         return json_response(
             await participant.commit(req.checkpoint_id, req.checkpoint_dir, req.deadline_ts)
+        )
+
+    @app.post(CONTROL_PREFIX + "/restore", dependencies=guarded)
+    async def restore(request: Request) -> Response:
+        """As a real Gym's: from idle; the files checked; ``restored_paused`` until resume."""
+        req = parse(CommitRequest, await body(request))
+        return json_response(
+            await participant.restore(req.checkpoint_id, req.checkpoint_dir, req.deadline_ts)
         )
 
     @app.post(CONTROL_PREFIX + "/resume", dependencies=guarded)
