@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_gym_actors.core import rollout as core
-from rl_gym_actors.errors import InvalidRequest, NotCompleted, StaleAttempt
+from rl_gym_actors.errors import CheckpointConflict, InvalidRequest, NotCompleted, StaleAttempt
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.fence import RETIRE_PHASES
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
 from rl_gym_actors.gym.v2.wire import EpisodeId
@@ -67,6 +68,9 @@ class LiveRollout:
         """Wake whoever waits for this rollout's machine to move (an adopt call)."""
         async with self.changed:
             self.changed.notify_all()
+
+
+_RETIRE_PHASES = frozenset(p.value for p in RETIRE_PHASES)
 
 
 class GymCalls:
@@ -134,9 +138,7 @@ class GymCalls:
                     receipt = await self._receipt(live, step.attempt_index, deadline)
                     return self._receipt_event(live, receipt, step.attempt_index)
                 if isinstance(step, core.Retire):
-                    answer = await client.retire(
-                        rid, step.attempt_index, checkpoint_id=self.retire_id, deadline_ts=deadline
-                    )
+                    answer = await self._retire(client, rid, step.attempt_index, deadline)
                     return core.RetireAnswered(clock(), answer)
                 if isinstance(step, core.Replay):
                     result = await client.replay(
@@ -204,6 +206,20 @@ class GymCalls:
             await v2.client.retire(self.retire_id, [episode], deadline_ts=deadline)
             return core.RetireAnswered(clock(), RetireAnswer(retired=True, tombstoned=True))
         raise AssertionError(f"not a v2 step: {step!r}")
+
+    async def _retire(self, client: Any, rid: str, att: int, deadline: float) -> Any:
+        """Retire under this actor's id; while a checkpoint holds the server (a real Gym then
+        refuses any other id), under the active checkpoint's id, read from capabilities,
+        when its phase takes a retire. Otherwise the conflict stands: the machine backs off
+        and retires again after the resume."""
+        try:
+            return await client.retire(rid, att, checkpoint_id=self.retire_id, deadline_ts=deadline)
+        except CheckpointConflict:
+            caps = await client.capabilities(deadline_ts=deadline)
+            active = None if caps is None else caps.active_checkpoint_id
+            if active is None or caps is None or caps.phase not in _RETIRE_PHASES:
+                raise
+            return await client.retire(rid, att, checkpoint_id=active, deadline_ts=deadline)
 
     def _keep_receipt(self, live: LiveRollout, att: int, result: Any) -> None:
         """Keep the (ext) receipt a /run answer carried, for the fetch the machine asks next."""

@@ -21,6 +21,7 @@ from rl_gym_actors.errors import (
     ConnectionLost,
     ProtocolViolation,
     RlGymError,
+    StaleAttempt,
     gym_error,
 )
 
@@ -87,14 +88,26 @@ def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
     return gym_error(status, None, "" if detail is None else str(detail), url=url, body=body)
 
 
-def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed:
+# What a real Gym answers the caller of a /run that a retire cancelled: its agent server's
+# middleware finds no response from the cancelled handler and Gym's exception middleware sends
+# the RuntimeError's repr as a JSON string, with status 500. Our server answers that caller 409
+# stale_attempt; this is the one place the real Gym's body is read to mean the same.
+RETIRED_RUN_BODY = "RuntimeError('No response returned.')"
+
+
+def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed | StaleAttempt:
     """A 5xx answer to ``/run`` (pure): the agent or its server failed. The text is the error
     body's ``detail``, a JSON string body itself (a real Gym's exception repr), or the plain
-    text."""
+    text. A real Gym's answer to a retired run's caller (:data:`RETIRED_RUN_BODY`) is the
+    retire's outcome instead: ``StaleAttempt``, as our server says it."""
     try:
         body = json.loads(raw) if raw else None
     except ValueError:
         body = None
+    if body == RETIRED_RUN_BODY:
+        return StaleAttempt(
+            "the run was retired (a real Gym's 500 for a cancelled run)", status=status, url=url
+        )
     err = body.get("error") if isinstance(body, dict) else None
     if isinstance(err, Mapping) and isinstance(err.get("detail"), str):
         text = err["detail"]

@@ -4,14 +4,16 @@ docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real
 differ from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
-- no (ext) routes: ``GET /ng-control/v1/capabilities``, ``GET .../receipt`` and
+- no (ext) routes: ``GET /ng-control/v1/capabilities``, ``GET .../receipt``, ``GET
+  .../completion-receipt`` (the first real participant has no per-key receipt route) and
   ``POST .../retire-batch`` answer 404
   ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` header is dropped;
 - the prepare 409 ``agent_prepare_incomplete`` carries only ``error`` (counts in its detail),
   no ``report``;
 - 401 answers ``{"detail": "..."}``; 422 answers FastAPI's default ``{"detail": [{...}]}``;
-- the caller of a ``/run`` that a ``retire`` (sent through this proxy) cancelled gets a
-  plain-text 500 instead of a 409;
+- the caller of a ``/run`` that a ``retire`` (sent through this proxy) cancelled gets a 500
+  whose body is the JSON string ``"RuntimeError('No response returned.')"`` instead of a 409
+  (a real Gym's agent server finds no response from the cancelled handler);
 - an agent that raises: the caller gets a 500 whose body is the exception's repr as a JSON
   string (``agent_error="repr"``, the default, as behind Gym's exception middleware) or plain
   ``Internal Server Error`` (``agent_error="plain"``), with no ``agent_failed`` code. Our server
@@ -37,6 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.gym.answers import RETIRED_RUN_BODY
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
@@ -45,7 +48,12 @@ from rl_gym_actors.protocol import (
 )
 
 HOST = "127.0.0.1"
-_EXT_ROUTES = (CAPABILITIES_PATH, CONTROL_PREFIX + "/receipt", CONTROL_PREFIX + "/retire-batch")
+_EXT_ROUTES = (
+    CAPABILITIES_PATH,
+    CONTROL_PREFIX + "/receipt",
+    CONTROL_PREFIX + "/completion-receipt",  # only later real participants have it
+    CONTROL_PREFIX + "/retire-batch",
+)
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
@@ -94,7 +102,7 @@ class RealGymStandIn:
         self.token = upstream.token
         self.agent_error = agent_error
         self.url: str | None = None
-        self.retired_while_running = 0  # runs answered with the plain-text 500
+        self.retired_while_running = 0  # runs answered with "No response returned." (500)
         self.agent_failures = 0  # agent errors answered as a real Gym does
         self._start_timeout_s = start_timeout_s
         self._thread: threading.Thread | None = None
@@ -196,7 +204,7 @@ class RealGymStandIn:
         ):
             self._cancelled_keys.discard(key)
             self.retired_while_running += 1
-            return web.Response(status=500, text="Internal Server Error")
+            return _json(500, RETIRED_RUN_BODY)
         if key is not None and status == 500 and code == "agent_failed":
             self.agent_failures += 1
             if self.agent_error == "plain":

@@ -18,12 +18,12 @@ import pytest_asyncio
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import (
-    AgentFailed,
     ConnectionLost,
     InvalidRequest,
     StaleAttempt,
     Unauthorized,
 )
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.agent_checkpoint.faults import with_faults
 from rl_gym_actors.gym.retry import RetryPolicy
@@ -115,9 +115,11 @@ async def test_a_run_cancelled_by_retire_is_a_5xx_that_retire_resolves(client, r
     await until(running, what="the run to start")
     answer = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert answer.retired is True
-    with pytest.raises(AgentFailed) as info:  # a plain-text 500 on a real Gym
+    # a real Gym's 500 "No response returned." is the retire's outcome, as our server's 409
+    with pytest.raises(StaleAttempt) as info:
         await asyncio.wait_for(run, 5)
     assert info.value.status == 500 and real_gym.retired_while_running == 1
+    assert failure_kind(info.value) is FailureKind.STALE
     # the caller retires the try after any 5xx: the answer settles it
     again = await client.retire(r, 0, checkpoint_id="cp-any", deadline_ts=soon())
     assert (again.retired, again.tombstoned, again.completed_unacknowledged) == (False, True, False)

@@ -229,18 +229,33 @@ class GymClient(GymTransport):
     async def receipt(
         self, rollout_id: str, attempt_index: int, *, deadline_ts: float
     ) -> ReceiptAnswer:
-        """(ext) The completion receipt of a completed or ACKed key; retried inside the one
-        deadline. Raises ``NotCompleted``, ``StaleAttempt`` or ``UnknownExecution``."""
+        """The completion receipt of a completed (or, from our server, ACKed) key; retried
+        inside the one deadline. Our server (it lists the ``receipt`` route in its features)
+        is asked on (ext) ``/receipt``; any other server on ``/completion-receipt``, the bare
+        receipt of a real Gym's later participant (a server without that route answers 404:
+        ``InvalidRequest``, and the caller reads receipts from a listing). Raises
+        ``NotCompleted``, ``StaleAttempt``, ``UnknownExecution`` or, from a real Gym,
+        ``AckRejected`` (``completed_execution_acknowledgement_error``: no receipt to give)."""
         _rollout_key(rollout_id, attempt_index)
         params = {"rollout_id": rollout_id, "attempt_index": str(attempt_index)}
-        return await self._control_call(
-            ReceiptAnswer,
+        if await self.offers("receipt", deadline_ts=deadline_ts):
+            return await self._control_call(
+                ReceiptAnswer,
+                "GET",
+                "/receipt",
+                params=params,
+                deadline_ts=deadline_ts,
+                kind=RetryOn.IDEMPOTENT,
+            )
+        bare = await self._control_call(
+            CompletionReceipt,
             "GET",
-            "/receipt",
+            "/completion-receipt",
             params=params,
             deadline_ts=deadline_ts,
             kind=RetryOn.IDEMPOTENT,
         )
+        return ReceiptAnswer(state="completed", completion_receipt=bare)
 
     async def acknowledge(
         self, receipt: CompletionReceipt | Mapping[str, Any], *, deadline_ts: float
