@@ -305,9 +305,10 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(
     assert starts(gym) == before  # nothing ran between prepare and now
 
     resumed = ray_session.get(env.resume_checkpoint.remote("ck-1", soon()))
-    models.ParticipantsResult.model_validate(resumed)
+    models.ResumeResult.model_validate(resumed)
     assert resumed["checkpoint_id"] == "ck-1"
-    assert resumed["participants"][0]["payload"] == {"state": "accepting"}
+    # an agent participant's resume payload (PR #4093's): released counted
+    assert resumed["participants"][0]["payload"] == {"state": "accepting", "released": 0}
     assert ray_session.get(env.resume_checkpoint.remote("ck-1", soon())) == resumed
     with pytest.raises(StaleCheckpoint):
         ray_session.get(env.prepare_checkpoint.remote("ck-1", soon()))
@@ -319,7 +320,13 @@ def test_checkpoint_prepare_drains_holds_admission_and_commit_resume_repeat(
 
     # a restart restores from that directory: admission stays closed until resume
     restored = ray_session.get(env.restore_checkpoint.remote("ck-r", soon(), str(tmp_path), "ck-1"))
-    models.ParticipantsResult.model_validate(restored)
+    restored_model = models.RestoreResult.model_validate(restored)
+    # the restore reports the continuation index the commit did, and NeMo RL reads it
+    assert (
+        restored_model.participants[0].payload.continuation_index.model_dump()
+        == committed["participants"][0]["payload"]["continuation_index"]
+    )
+    assert models.continuations(tmp_path, models.CommitResult.model_validate(committed)) == []
     assert restored["participants"][0]["payload"]["source_checkpoint_id"] == "ck-1"
     assert ray_session.get(env.status.remote())["admission"] == "closed"
     ray_session.get(env.resume_checkpoint.remote("ck-r", soon()))
@@ -343,7 +350,7 @@ def test_a_prepare_past_its_deadline_is_a_timeout_and_reopens(ray_session, env, 
     with pytest.raises(CheckpointNotReady):
         ray_session.get(env.commit_checkpoint.remote("ck-3", soon(), "/tmp/never"))
     aborted = ray_session.get(env.abort_checkpoint.remote("ck-3", soon()))
-    models.ParticipantsResult.model_validate(aborted)
+    models.ResumeResult.model_validate(aborted)
     assert aborted["checkpoint_id"] == "ck-3"
     got, error = drain(ray_session, slow)
     assert error is None and [i for i, _, _ in got] == [0]
@@ -352,7 +359,10 @@ def test_a_prepare_past_its_deadline_is_a_timeout_and_reopens(ray_session, env, 
 def test_capabilities_discovered_and_completed_executions_acknowledged(ray_session, env, gym):
     topo = ray_session.get(env.discover_checkpoint_capabilities.remote())
     models.Topology.model_validate(topo)
-    (contract,) = topo["participants"]
+    # the policy model participant NeMo RL's checkpoint client requires, and the agent
+    (policy,) = [c for c in topo["participants"] if c["instance_role"] == "policy"]
+    assert policy["participant"]["component"] == "responses_api_models"
+    (contract,) = [c for c in topo["participants"] if c["instance_role"] is None]
     assert contract["participant"]["component"] == "responses_api_agents"
     assert contract["checkpoint_mode"] == "export_restore"
     assert "completed_result_acknowledgement" in contract["features"]

@@ -131,7 +131,7 @@ class CheckpointCalls:
         return {
             "checkpoint_id": checkpoint_id,
             "participants": [
-                {"participant": ident, "payload": {"state": "accepting"}}
+                {"participant": ident, "payload": dict(shapes.RESUMED)}
                 for ident in self._identities()
             ],
         }
@@ -167,7 +167,7 @@ class CheckpointCalls:
             if part is not None:  # the run id and call counter: the same ids again
                 self._book.restore(part)
             parts = [
-                shapes.restored_participant(ident, where, source_checkpoint_id)
+                shapes.restored_participant(ident, checkpoint_dir, where, source_checkpoint_id)
                 for ident, where in zip(
                     self._identities(),
                     shapes.endpoint_dirs(checkpoint_dir, self.endpoints),
@@ -191,3 +191,4 @@ class _Commit:
 
     def __init__(self, answer: Any) -> None:
         self.manifest_digest = (answer or {}).get("manifest_digest")
+        self.continuation_index = (answer or {}).get("continuation_index")

@@ -43,6 +43,25 @@ from rl_gym_actors.integrations.nemo_rl.rows import RolloutFailure
 
 COMPONENT = "responses_api_agents"
 SCHEMA_VERSION = 1
+CONTINUATIONS_NAME = "continuations.jsonl"  # the continuation index's file (real Gym's name)
+# the policy model NeMo RL serves to Gym: a participant of the topology NeMo RL's checkpoint
+# client (PR #4093) requires; stateless here (the drop-in checkpoints no model state)
+POLICY_CONTRACT: dict[str, Any] = {
+    "participant": {
+        "server_name": "policy_model",
+        "component": "responses_api_models",
+        "participant_name": "policy_model",
+    },
+    "schema_version": SCHEMA_VERSION,
+    "admission_states": ["accepting"],
+    "checkpoint_mode": "stateless",
+    "concurrency_contract": "stateless",
+    "multi_process": {"mode": "single_worker", "num_workers": 1},
+    "instance_role": "policy",
+    "features": [],
+}
+#: an agent participant's resume payload: admission reopened; nothing parked to release
+RESUMED = {"state": "accepting", "released": 0}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RECEIPT_FIELDS = (
     "rollout_id",
@@ -111,8 +130,10 @@ def contract(identity: dict[str, str], capabilities: dict[str, Any] | None) -> d
 
 
 def topology(contracts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The agents' contracts and the policy model's (:data:`POLICY_CONTRACT`), ordered by
+    component, server name and participant name."""
     ordered = sorted(
-        contracts,
+        [*contracts, POLICY_CONTRACT],
         key=lambda c: (
             c["participant"]["component"],
             c["participant"]["server_name"],
@@ -151,27 +172,42 @@ def prepare_payload(status: Any) -> dict[str, Any]:
 def commit_participant(
     identity: dict[str, str], checkpoint_dir: str, endpoint_dir: str, commit: Any
 ) -> dict[str, Any]:
-    """One participant's commit result, with paths relative to ``checkpoint_dir``."""
+    """One participant's commit result, with paths relative to ``checkpoint_dir``. Its
+    continuation index is the one the server wrote (``continuation_index`` of its commit
+    answer, relative to ``endpoint_dir``; the manifest beside it), in the rows NeMo RL's
+    ``gym_checkpoint_continuations`` reads; a server that wrote none gets an empty index
+    written here, beside its manifest."""
     root = Path(checkpoint_dir)
     where = Path(endpoint_dir)
+    served = getattr(commit, "continuation_index", None)
+    if served:
+        index_path = where / served["relative_path"]
+        where = index_path.parent
+    else:
+        index_path = where / CONTINUATIONS_NAME
+        if not index_path.exists():
+            index_path.write_bytes(b"")
     manifest_path = where / "manifest.json"
-    manifest = json.loads(manifest_path.read_bytes())
-    records_path = where / manifest["records_file"]
     digest = (
         getattr(commit, "manifest_digest", None)
         or hashlib.sha256(manifest_path.read_bytes()).hexdigest()
     )
-    records = int(manifest["records"])
+    manifest = json.loads(manifest_path.read_bytes())
+    raw = index_path.read_bytes()
     index = {
         "schema_version": SCHEMA_VERSION,
-        "relative_path": _relative(records_path, root),
-        "sha256": manifest["records_sha256"],
-        "records": records,
-        "bytes": records_path.stat().st_size,
+        "relative_path": _relative(index_path, root),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "records": len([line for line in raw.splitlines() if line.strip()]),
+        "bytes": len(raw),
     }
     return {
         "participant": identity,
-        "payload": {"records": records, "manifest_digest": digest, "continuation_index": index},
+        "payload": {
+            "records": int(manifest["records"]),
+            "manifest_digest": digest,
+            "continuation_index": index,
+        },
         "manifest": {
             "participant": identity,
             "relative_path": _relative(manifest_path, root),
@@ -197,10 +233,19 @@ def endpoint_dirs(checkpoint_dir: str, endpoints: list[GymEndpoint]) -> list[str
 
 
 def restored_participant(
-    identity: dict[str, str], endpoint_dir: str, source_checkpoint_id: str | None
+    identity: dict[str, str],
+    checkpoint_dir: str,
+    endpoint_dir: str,
+    source_checkpoint_id: str | None,
 ) -> dict[str, Any]:
-    """Check the participant's manifest in ``endpoint_dir``; report what it holds."""
+    """Check the participant's manifest (in ``endpoint_dir``, or the one instance directory
+    below it a named server wrote); report what it holds, as an agent's restore answer
+    ``{records, source_checkpoint_id, continuation_index}`` (paths relative to
+    ``checkpoint_dir``)."""
     path = Path(endpoint_dir) / "manifest.json"
+    named = sorted(Path(endpoint_dir).glob("agent/instance-*/manifest.json"))
+    if not path.exists() and len(named) == 1:
+        path = named[0]
     try:
         manifest = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -215,9 +260,21 @@ def restored_participant(
             f"not {source_checkpoint_id!r}",
             checkpoint_id=source_checkpoint_id,
         )
+    index_path = path.parent / CONTINUATIONS_NAME
+    raw = index_path.read_bytes() if index_path.exists() else b""
     return {
         "participant": identity,
-        "payload": {"source_checkpoint_id": found, "records": int(manifest.get("records", 0))},
+        "payload": {
+            "records": int(manifest.get("records", 0)),
+            "source_checkpoint_id": found,
+            "continuation_index": {
+                "schema_version": SCHEMA_VERSION,
+                "relative_path": _relative(index_path, Path(checkpoint_dir)),
+                "sha256": hashlib.sha256(raw).hexdigest(),
+                "records": len([line for line in raw.splitlines() if line.strip()]),
+                "bytes": len(raw),
+            },
+        },
     }
 
 
