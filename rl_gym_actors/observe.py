@@ -214,11 +214,20 @@ def snapshot_summary(snap: Any) -> str:
 async def fetch_status(
     endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *, timeout_s: float = 10.0
 ) -> StatusReport:
-    """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost)."""
+    """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost),
+    with the checkpoint holding the server (its id and phase) from capabilities: a status
+    answer names only the id it was asked for."""
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
+    deadline_ts = time.time() + timeout_s
     async with GymClient(endpoint) as client:
-        return await client.status(checkpoint_id, deadline_ts=time.time() + timeout_s)
+        report = await client.status(checkpoint_id, deadline_ts=deadline_ts)
+        caps = await client.capabilities(deadline_ts=deadline_ts)
+    if caps is None:
+        return report
+    return report.model_copy(
+        update={"checkpoint_id": caps.active_checkpoint_id, "phase": caps.phase}
+    )
 
 
 def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:
