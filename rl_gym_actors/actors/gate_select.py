@@ -1,13 +1,13 @@
 """Which checkpoint gate each Gym server gets: chosen per server by asking it.
 
 :class:`GateSelect` discovers each server's protocol once (``GET .../checkpoint/status`` answers:
-v2; 404/405: the agent-checkpoint routes; see :mod:`rl_gym_actors.gym.v2.discover`) and keeps
-it. A checkpoint then runs the agent-checkpoint gate (:class:`CheckpointGate`, unchanged) over
-the agent-checkpoint servers and the v2 gate (:class:`~rl_gym_actors.actors.v2_gate.V2Gate`)
-over the v2 ones, both at once, and merges their reports in the order the endpoints were given.
-A server that cannot be asked is not guessed at: the checkpoint fails naming it, and it is asked
-again at the next one. The trainer sees one :class:`CheckpointReport` whatever its servers speak
-(each entry says its ``protocol``).
+v2; 404/405, or a server with both route sets: the agent-checkpoint routes; see
+:mod:`rl_gym_actors.gym.v2.discover`) and keeps it. A checkpoint then runs the agent-checkpoint
+gate (:class:`CheckpointGate`, unchanged) over the agent-checkpoint servers and the v2 gate
+(:class:`~rl_gym_actors.actors.v2_gate.V2Gate`) over the v2 ones, both at once, and merges their
+reports in the order the endpoints were given. A server that cannot be asked is not guessed at:
+the checkpoint fails naming it, and it is asked again at the next one. The trainer sees one
+:class:`CheckpointReport` whatever its servers speak (each entry says its ``protocol``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from rl_gym_actors.errors import GymError, InvalidRequest
 from rl_gym_actors.gym.agent_checkpoint import routes as agent_routes
 from rl_gym_actors.gym.agent_checkpoint.participant import Participant
 from rl_gym_actors.gym.v2 import routes as v2_routes
+from rl_gym_actors.gym.v2.discover import AGENT_CHECKPOINT_FLAG
 from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S, V2Participant
 from rl_gym_actors.gym.v2.state import V2State
 from rl_gym_actors.gym.v2.stepped import RawReply, StepAgent, Steps
@@ -63,6 +64,14 @@ def behind(agent: Participant) -> StepAgent:
         return RawReply(answer.reply, agent_routes.run_headers(answer))
 
     return run
+
+
+class FrontParticipant(V2Participant):
+    """The v2 participant in front: its status says the server has the agent-checkpoint routes
+    too ((ext) ``agent_checkpoint: true``), so discovery speaks those (they keep the replies)."""
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), AGENT_CHECKPOINT_FLAG: True}
 
 
 class BothParticipant:
@@ -97,7 +106,7 @@ def both_participant(
     state_dir: str | None = None,
 ) -> BothParticipant:
     """``agent`` (the owner of every run) behind a v2 participant that keeps no replies."""
-    v2 = V2Participant(
+    v2 = FrontParticipant(
         behind(agent),
         lease_grace_s=lease_grace_s,
         restart_only=restart_only,

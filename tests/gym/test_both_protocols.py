@@ -1,7 +1,7 @@
 """``gym serve --protocol both`` on loopback: one ``/run`` whose run the v2 participant admits
 in front and the agent-checkpoint participant runs and keeps behind (one receipt, one kept
 reply, one agent run), a retire of either protocol stops it for both, a checkpoint of either
-closes ``/run``, and discovery finds v2."""
+closes ``/run``, and discovery picks the agent-checkpoint routes."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ async def test_one_run_one_owner_one_receipt_one_kept_reply():
         async with GymClient(GymEndpoint(url=server.url, token=TOKEN)) as gym:
             v2 = V2Client(gym)
             found = await discover_protocol(gym, deadline_ts=soon())
-            assert found.protocol is CheckpointProtocol.V2 and found.kind == "agent"
+            # both route sets: spoken to with the agent-checkpoint ones (they keep the replies)
+            assert found.protocol is CheckpointProtocol.AGENT and found.both
+            assert found.kind == "agent"
             r = rid()
             first = await gym.run(
                 {"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon()

@@ -389,14 +389,15 @@ async def discover_participants(
     clients: Mapping[str, Any], *, deadline_ts: float
 ) -> list[Participant]:
     """The v2 participants among ``clients`` (name -> GymClient), ordered; a server without the
-    v2 routes is refused with ConfigError (it speaks the agent-checkpoint protocol)."""
+    v2 routes is refused with ConfigError (it speaks the agent-checkpoint protocol). A server
+    with both route sets is taken: the caller asked for v2 coordination."""
     from rl_gym_actors.errors import ConfigError
-    from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+    from rl_gym_actors.gym.v2.discover import discover_protocol
 
     found: list[Participant] = []
     for name, gym in clients.items():
         d = await discover_protocol(gym, deadline_ts=deadline_ts)
-        if d.protocol is not CheckpointProtocol.V2 or d.kind is None:
+        if d.kind is None:
             raise ConfigError(f"{name} does not speak the v2 checkpoint protocol")
         found.append(Participant(name, d.kind, V2Client(gym)))
     return ordered(found)
