@@ -200,6 +200,7 @@ def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agent_checkpoint.routes import create_app
     from rl_gym_actors.gym.agents import make_agent
+    from rl_gym_actors.gym.clock import fault_clock
     from rl_gym_actors.gym.server import GymServer, resolve_token
     from rl_gym_actors.gym.store import open_store
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
@@ -238,7 +239,12 @@ def gym_serve(args: argparse.Namespace) -> int:
         store = open_store(args.state_dir)
     except (OSError, sqlite3.Error) as exc:
         raise state_dir_error(args.state_dir, exc) from None
-    participant = Participant(agent, store, **participant_options(args))
+    try:
+        clock = fault_clock(args.allow_faults, os.environ)  # test-only skew, with faults only
+    except ValueError as exc:
+        store.close()
+        raise CliError(str(exc)) from None
+    participant = Participant(agent, store, clock=clock, **participant_options(args))
     served: Any = participant
     app_factory: Any = create_app
     if args.protocol == "both":  # the v2 participant in front of this one (gym/both.py)
@@ -273,6 +279,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             handle_signals=True,
             http=args.http,
+            clock=clock,
         )
     except OSError as exc:
         store.close()

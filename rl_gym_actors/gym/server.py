@@ -19,6 +19,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from fastapi import FastAPI
 
 from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.gym.agent_checkpoint.routes import create_app
+from rl_gym_actors.gym.clock import Clock, ServerTimeHeaders
 from rl_gym_actors.gym.web import DEFAULT_MAX_BODY_BYTES, Extension
 
 __all__ = [
@@ -196,7 +198,8 @@ class GymServer:
     """One participant served over HTTP by its protocol's ``app_factory``. Bind happens at
     construction, so ``url`` is known before :meth:`serve`; :meth:`serve` runs until
     :meth:`stop` (or a signal, with ``handle_signals``) and then closes the participant (its
-    store included)."""
+    store included). Every answer carries the server's time from ``clock`` (the participant's;
+    see :mod:`rl_gym_actors.gym.clock`)."""
 
     def __init__(
         self,
@@ -212,6 +215,7 @@ class GymServer:
         handle_signals: bool = False,
         graceful_s: float = 5.0,
         http: str = "auto",
+        clock: Clock = time.time,
     ) -> None:
         self.participant = participant
         self.token = token
@@ -227,7 +231,8 @@ class GymServer:
             else f"http://{bound_host}:{bound_port}"
         )
         config = uvicorn.Config(
-            self.app,
+            ServerTimeHeaders(self.app, clock),  # x-gym-time and Date from the server's clock
+            date_header=False,
             log_config=None,
             log_level=log_level.lower(),
             access_log=False,

@@ -32,6 +32,7 @@ from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import ConfigError, DeadlineExceeded, PoolClosed
 from rl_gym_actors.gym import health as _health
 from rl_gym_actors.gym.answers import Answer
+from rl_gym_actors.gym.clock import ServerClock
 from rl_gym_actors.gym.retry import (
     DEFAULT_RETRY,
     Clock,
@@ -109,6 +110,13 @@ class GymTransport:
         self._control: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: the server's clock offset, from its answers (see :mod:`rl_gym_actors.gym.clock`)
+        self.server_clock = ServerClock()
+
+    def wire_deadline(self, deadline_ts: float) -> float:
+        """The ``deadline_ts`` to send for our local ``deadline_ts``: less the reply margin,
+        in the server's clock."""
+        return self.server_clock.to_server(self.retry.wire_deadline(deadline_ts, self._clock()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (type(self), self.endpoint, dict(self._options)))
@@ -217,6 +225,7 @@ class GymTransport:
         token = self.endpoint.resolved_token if control else None
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        sent = self._clock()
         try:
             async with asyncio.timeout(left):
                 async with session.request(
@@ -240,6 +249,8 @@ class GymTransport:
                 self._failed(mapped.error)
             raise mapped.error from exc
         self.health.succeeded()
+        if control and not waits:  # a held answer (a run, a prepare) says little of when
+            self.server_clock.sample(answer.headers, sent, self._clock())
         return answer
 
     # ------------------------------------------------------------ health

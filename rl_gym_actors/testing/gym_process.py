@@ -28,6 +28,7 @@ from typing import Any
 
 import rl_gym_actors
 from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
+from rl_gym_actors.gym.clock import CLOCK_OFFSET_ENV
 
 HOST = "127.0.0.1"
 _PACKAGE_ROOT = str(Path(rl_gym_actors.__file__).resolve().parents[1])
@@ -79,6 +80,8 @@ class _Base(abc.ABC):
 class GymServerProcess(_Base):
     """``rl-gym-actors gym serve`` in a subprocess. ``args`` are extra CLI arguments; the
     server's stderr goes to ``log_path``. ``token=None`` lets the server pick (env or generated).
+    ``clock_offset_s``: the server's clock runs that far off ours (through the test-only
+    ``RL_GYM_FAULT_CLOCK_OFFSET_S``, honoured with ``--allow-faults`` only).
     """
 
     def __init__(
@@ -89,8 +92,12 @@ class GymServerProcess(_Base):
         allow_faults: bool = True,
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        clock_offset_s: float = 0.0,
     ) -> None:
+        if clock_offset_s and not allow_faults:
+            raise ValueError("a clock offset needs allow_faults (it is a fault)")
         self.agent = agent
+        self.clock_offset_s = clock_offset_s  # the server's clock runs this far off (skew tests)
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
         self.allow_faults = allow_faults
@@ -148,6 +155,8 @@ class GymServerProcess(_Base):
     def _launch(self, port: int, timeout_s: float) -> None:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        if self.clock_offset_s:
+            env[CLOCK_OFFSET_ENV] = repr(float(self.clock_offset_s))
         # the package as this process imports it, whether installed or not
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
@@ -228,8 +237,10 @@ class GymServerThread(_Base):
         args: Sequence[str] = (),
         max_body_bytes: int | None = None,
         store_factory: Any = None,
+        clock_offset_s: float = 0.0,
     ) -> None:
         self.agent = agent
+        self.clock_offset_s = clock_offset_s  # the server's clock runs this far off (skew tests)
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
         self.allow_faults = allow_faults
@@ -268,6 +279,7 @@ class GymServerThread(_Base):
         from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
         from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
+        from rl_gym_actors.gym.clock import shifted
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
 
@@ -275,7 +287,10 @@ class GymServerThread(_Base):
         self.faults = FaultInjector() if self.allow_faults else None
         store = (self.store_factory or open_store)(self.state_dir)
         try:
-            participant = Participant(make_agent(self.agent), store, **participant_options(cli))
+            clock = shifted(self.clock_offset_s)
+            participant = Participant(
+                make_agent(self.agent), store, clock=clock, **participant_options(cli)
+            )
             faults = (
                 [] if self.faults is None else [fault_injection(self.faults, participant.knows)]
             )
@@ -287,6 +302,7 @@ class GymServerThread(_Base):
                 extensions=faults,
                 max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                 graceful_s=2.0,
+                clock=clock,
             )
         except OSError:
             store.close()

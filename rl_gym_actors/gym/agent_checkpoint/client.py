@@ -362,7 +362,7 @@ class GymClient(GymTransport):
             body = build_request(
                 PhaseRequest,
                 checkpoint_id=checkpoint_id,
-                deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()),
+                deadline_ts=self.wire_deadline(try_deadline),
             )
             answer = await self._send(
                 "POST",
@@ -444,9 +444,7 @@ class GymClient(GymTransport):
         build_request(request_model, deadline_ts=check_deadline(deadline_ts), **fields)
 
         async def attempt(try_deadline: float) -> M:
-            body = request_model(
-                deadline_ts=self.retry.wire_deadline(try_deadline, self._clock()), **fields
-            )
+            body = request_model(deadline_ts=self.wire_deadline(try_deadline), **fields)
             answer = await self._send(
                 "POST",
                 CONTROL_PREFIX + path,

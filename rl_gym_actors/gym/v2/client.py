@@ -241,9 +241,7 @@ class V2Client:
         gym = self.gym
 
         async def attempt(try_deadline: float) -> A:
-            body = request_model(
-                deadline_ts=gym.retry.wire_deadline(try_deadline, gym._clock()), **fields
-            )
+            body = request_model(deadline_ts=gym.wire_deadline(try_deadline), **fields)
             answer = await gym._send(
                 "POST",
                 f"{ROUTE_PREFIX}/{operation}",
