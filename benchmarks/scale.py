@@ -644,7 +644,7 @@ def _headline(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> Non
         "Finished attempts of the seeded size are written into each server's state dir with the "
         "server's own store and reply encoding while it is stopped (filling them through /run "
         "would take minutes); the smaller sizes are left by /run calls whose replies are "
-        "dropped. Running attempts are /run calls abandoned after 0.5 s."
+        "dropped. Running attempts are /run calls abandoned after 3 s."
     )
     four = max(tp, key=lambda r: r["nodes"])
     big = {(r["kind"], r["attempts"]): r for r in ck}
