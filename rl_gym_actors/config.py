@@ -229,13 +229,10 @@ def pool_with(pool: PoolConfig, size: int | None, rollouts_per_actor: int | None
 class LedgerConfig(_Settings):
     """How rollout actors report to the ledger: in batches of up to ``batch_size`` or every
     ``flush_interval_s``, whichever comes first. A checkpoint's prepare is bounded by its
-    deadline; ``prepare_rounds`` is only a backstop against a loop that makes no progress.
-    ``heal_s``: how long the ledger goes on resuming, in the background, a checkpoint id whose
-    resume failed (a partition, a server down), so Gym reopens without a person."""
+    deadline; ``prepare_rounds`` is only a backstop against a loop that makes no progress."""
 
     batch_size: Annotated[int, Field(ge=1)] = 100
     flush_interval_s: Annotated[float, Field(gt=0)] = 0.05
     prepare_rounds: Annotated[int, Field(ge=1)] = 10_000
-    heal_s: Annotated[float, Field(ge=0)] = 300.0
     prepare_slice_s: Annotated[float, Field(gt=0)] = 10.0
     forget_batch: Annotated[int, Field(ge=1)] = 500  # Gym v2: rollout ids per forget call
