@@ -1,9 +1,10 @@
 """The orchestrator end to end: a real local Ray, two real Gym servers on loopback.
 
-Every way a reply gets lost and its repair, with one rollout per actor and with two. After each
-test a checkpoint must commit on both endpoints, Gym must hold nothing running and nothing
-completed-un-ACKed, no rollout may have two sealed results and the agent must not have run a
-sealed key twice.
+Every way a reply gets lost and its repair, with one rollout per actor and with two, against the
+agent-checkpoint server and (slow) against ``gym serve --protocol v2``. After each test a
+checkpoint must commit on both endpoints, Gym must hold nothing running and nothing
+completed-un-ACKed (on v2: no episode, no kept reply, no retired mark once forgotten), no rollout
+may have two sealed results and the agent must not have run a sealed key twice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
 from rl_gym_actors.testing.polling import soon, wait_for
+from rl_gym_actors.testing.v2_server import V2ServerThread
 
 pytestmark = pytest.mark.ray
 
@@ -28,10 +30,22 @@ POLICY = TryPolicy(rollout_s=1.0, receipt_s=1.0, max_tries=3, control_s=5.0, adm
 _ckpt = itertools.count()
 
 
+@pytest.fixture(scope="module", params=["agent", pytest.param("v2", marks=pytest.mark.slow)])
+def protocol(request) -> str:
+    """The checkpoint protocol of the two Gym servers (``gym serve --protocol``)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def gyms(agent):
-    with GymServerThread(agent=agent) as a, GymServerThread(agent=agent) as b:
+def gyms(agent, protocol):
+    serve = GymServerThread if protocol == "agent" else V2ServerThread
+    with serve(agent=agent, allow_faults=True) as a, serve(agent=agent, allow_faults=True) as b:
         yield a, b
+
+
+def agent_only(protocol: str, why: str) -> None:
+    if protocol != "agent":
+        pytest.skip(f"agent-checkpoint only: {why}")
 
 
 @pytest.fixture(
@@ -39,7 +53,7 @@ def gyms(agent):
     params=[1, pytest.param(2, marks=pytest.mark.slow)],
     ids=["1-per-actor", "2-per-actor"],
 )
-def orch(request, ray_session, gyms):
+def orch(request, ray_session, gyms, protocol):
     endpoints = [
         GymEndpoint(url=g.url, token=g.token, name=n) for g, n in zip(gyms, "ab", strict=True)
     ]
@@ -48,10 +62,11 @@ def orch(request, ray_session, gyms):
         policy=POLICY,
         pool_size=2,
         rollouts_per_actor=request.param,
-        run_id=f"p{request.param}",
+        run_id=f"{protocol}-p{request.param}",  # the rows' ids start with it: this run's
         progress=False,
     ) as o:
-        o.test_prefix = f"p{request.param}"
+        o.test_prefix = f"{protocol}-p{request.param}"
+        o.protocol = protocol
         yield o
 
 
@@ -75,10 +90,17 @@ def settle_and_check(orch, gyms, agent, tmp_path, *batches):
         f"ck-{next(_ckpt)}", str(tmp_path / f"ck-{next(_ckpt)}"), deadline_s=30.0
     )
     assert [e.endpoint for e in report.endpoints] == [g.url for g in gyms]
-    assert all(e.commit.manifest_digest for e in report.endpoints)
+    assert all(e.commit is not None and e.protocol == orch.protocol for e in report.endpoints)
+    v2 = orch.protocol == "v2"
     for g in gyms:
-        snap = g.participant.snapshot()
-        assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0, snap
+        if v2:  # nothing runs, every reply handed over was forgotten with its retired marks
+            status = g.participant.status()
+            assert status["report"]["counts"]["episodes"] == 0, status
+            assert status["kept_replies"] == 0 and status["retired_rollouts"] == 0, status
+        else:
+            assert all(e.commit.manifest_digest for e in report.endpoints)
+            snap = g.participant.snapshot()
+            assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0, snap
     sealed: dict[str, int] = {}
     for outcomes in batches:
         for o in outcomes:
@@ -87,7 +109,8 @@ def settle_and_check(orch, gyms, agent, tmp_path, *batches):
                 if o.tries:  # a fresh seal (not a kept result handed out again)
                     assert agent.starts[(o.rollout_id, o.attempt_index)] == 1
                     ep = GymEndpoint(url=o.endpoint, token="test-token")
-                    assert key_state(ep, o.rollout_id, o.attempt_index) == "acknowledged"
+                    if not v2:
+                        assert key_state(ep, o.rollout_id, o.attempt_index) == "acknowledged"
     assert all(n == 1 for n in sealed.values()), f"a rollout sealed twice: {sealed}"
     snap = orch.snapshot()
     assert snap.ledger.invariant_ok
@@ -119,11 +142,13 @@ def test_deadline_while_the_agent_works_cancels_and_runs_the_next_try(orch, gyms
     assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 1, 2, False)
     wait_for(lambda: (r, 0) in agent.cancelled, what="the first try to be cancelled")
     ep = GymEndpoint(url=out.endpoint, token="test-token")
-    assert key_state(ep, r, 0) == "tombstoned"
+    if orch.protocol == "agent":
+        assert key_state(ep, r, 0) == "tombstoned"
     settle_and_check(orch, gyms, agent, tmp_path, [out])
 
 
 def test_receipt_fetch_timing_out_is_adopted(orch, gyms, agent, tmp_path):
+    agent_only(orch.protocol, "v2 has no receipt to fetch (the reply's digest is its receipt)")
     r = rid(orch, "receipt")
     (out,) = orch.run_batch([{"_ng_rollout_id": r, "receipt_delay_s": 2.5, "reward": 0.75}])
     assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 0, 1, True)
@@ -148,6 +173,7 @@ def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gym
 
 
 def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, agent, tmp_path):
+    agent_only(orch.protocol, "a finished try is held back by a slow receipt fetch")
     bad, done = rid(orch, "ff2-bad"), rid(orch, "ff2-done")
     rows = [
         {"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
@@ -186,6 +212,7 @@ def test_rows_beyond_the_slots_are_not_dispatched_after_fail_fast(orch, gyms, ag
 def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
     orch, gyms, agent, tmp_path
 ):
+    agent_only(orch.protocol, "the actor is held before its ACK by a slow receipt fetch")
     import ray
 
     r = rid(orch, "killed")
@@ -211,6 +238,7 @@ def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
 
 
 def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, agent, tmp_path):
+    agent_only(orch.protocol, "orphans of an earlier process are found by the ACK listing")
     # replies an earlier trainer process lost: completed on Gym, owned by nobody
     for g, ep in zip(gyms, "ab", strict=True):
         gym_call(
@@ -313,6 +341,7 @@ def test_named_try_of_an_unseen_rollout_adopts_the_finished_try_before_it(
 ):
     """A trainer that restarts names try 1 of a rollout this orchestrator never saw; try 0 had
     finished on Gym, its reply lost: try 0 is retired, found finished, and adopted (no rerun)."""
+    agent_only(orch.protocol, "key_state reads the agent-checkpoint status")
     r = rid(orch, "named-try")
     url = gyms[endpoint_index_for(r, len(gyms))].url
     ep = GymEndpoint(url=url, token="test-token")
