@@ -7,10 +7,11 @@ sealed and ACKed) instead of rerun. A ledger gates every checkpoint on all Gym s
 From the bottom up (docs/ARCHITECTURE.md draws the floors and follows a row and a checkpoint):
 ``errors``, ``protocol``, ``failures``, ``config``, ``outcome`` and ``metrics`` are the shared
 vocabulary; ``core/`` holds the pure state machines and tables; ``gym/`` both sides of the Gym
-wire; ``actors/`` the Ray actors; ``orchestrator`` (with ``rows``, ``stream``, ``dispatch``) the
-trainer's API, ``observe`` and ``progress`` what it shows; ``cli`` and ``local_gym`` the command
-line and a local server; ``integrations/`` the trainers' adapters; ``testing/`` the fakes and faults
-that tests, examples and benchmarks share.
+wire; ``actors/`` the Ray actors; ``orchestrator`` (with ``rows``, ``stream``, ``dispatch`` and
+``checkpoint_part``) the trainer's API, ``observe`` and ``progress`` what it shows; ``cli`` (with
+``cli_support``, ``cli_observe``, ``ray_attach``) and ``local_gym`` the command line and a local
+server; ``integrations/`` the trainers' adapters; ``testing/`` the fakes and faults that tests,
+examples and benchmarks share.
 """
 
 from __future__ import annotations

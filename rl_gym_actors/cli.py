@@ -2,8 +2,8 @@
 
 Each command registers itself in :data:`COMMANDS` with a function that adds its subparser; the
 subparser sets ``func`` (called with the parsed args, returning the exit status). To add a command
-(``status`` and ``ledger`` come from :mod:`rl_gym_actors.observe`), write ``add_<name>(subparsers)``
-and list it in ``COMMANDS``.
+(``status`` and ``ledger`` come from :mod:`rl_gym_actors.cli_observe`), write
+``add_<name>(subparsers)`` and list it in ``COMMANDS``.
 
 ``rl-gym-actors gym serve`` runs a Gym agent server that takes part in checkpoints. Once it
 accepts requests it prints exactly one JSON line on stdout::
@@ -354,7 +354,7 @@ def gym_abort(args: argparse.Namespace) -> int:
 
 
 def add_observe(subparsers: argparse._SubParsersAction) -> None:
-    from rl_gym_actors.observe import add_commands
+    from rl_gym_actors.cli_observe import add_commands
 
     add_commands(subparsers)  # status, ledger
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from rl_gym_actors.cli_observe import status_command
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.observe import status_command
 from rl_gym_actors.protocol import StatusReport
 from rl_gym_actors.testing.polling import soon
 

@@ -12,10 +12,11 @@ import uuid
 
 import pytest
 
+from rl_gym_actors.cli_observe import ledger_command
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-from rl_gym_actors.observe import ledger_command, snapshot_table
+from rl_gym_actors.observe import snapshot_table
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
