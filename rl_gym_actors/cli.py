@@ -185,6 +185,7 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
 class ParticipantOptions(TypedDict):
     lease_s: float | None
     checkpoint_root: str | None
+    name: str | None
 
 
 def participant_options(args: argparse.Namespace) -> ParticipantOptions:

@@ -81,7 +81,7 @@ class PartitionProxy:
                 link.close()
                 self._links.discard(link)
 
-    def _call(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    def _call(self, fn, *args) -> None:
         if self._loop is None:
             raise RuntimeError("the proxy is not started")
         done = threading.Event()

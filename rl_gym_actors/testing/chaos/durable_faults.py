@@ -83,19 +83,21 @@ def partition_heals(sizes: Sizes, tmp: Path, lease_s: float = 0.0) -> ChaosRow:
     )
     policy = TryPolicy(rollout_s=60.0, receipt_s=2.0, max_tries=1, control_s=2.0)
     server = GymServerProcess(token="chaos", args=["--checkpoint-lease-s", str(lease_s)]).start()
+    pid = server.pid
+    assert pid is not None  # started
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             slow = _in_background(orch.run_batch, _rows("ph", sizes, n=1, sleep_s=3.0))
             _wait(lambda: gym_counts(server.endpoint)[0] > 0, 30, "the slow run")
             ckpt = _in_background(orch.checkpoint, "ph-1", str(tmp / "ph-1"), deadline_s=4.0)
             _wait(lambda: _state(server.endpoint) != "accepting", 30, "admission closed")
-            os.kill(server.pid, signal.SIGSTOP)
+            os.kill(pid, signal.SIGSTOP)
             try:
                 ckpt.result(timeout=120)
                 failed = False
             except CheckpointFailed:
                 failed = True
-            os.kill(server.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
             healed = time.monotonic()
             _wait(lambda: _state(server.endpoint) == "accepting", 60, "admission reopened")
             open_s = time.monotonic() - healed
@@ -105,7 +107,7 @@ def partition_heals(sizes: Sizes, tmp: Path, lease_s: float = 0.0) -> ChaosRow:
             row.committed, row.recover_s = True, time.monotonic() - healed
             row.gym_running, row.gym_unacked = gym_counts(server.endpoint)
     finally:
-        os.kill(server.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         server.kill()
     row.extra.update(open_s=round(open_s, 2), first_failed=failed)
     row.happened = (
