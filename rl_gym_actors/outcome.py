@@ -15,7 +15,9 @@ OutcomeStatus = Literal["sealed", "failed", "abandoned"]
 class Outcome(BaseModel):
     """The end of one rollout.
 
-    ``status``: ``sealed`` (a result, digest-checked against its receipt), ``failed`` (no result;
+    ``status``: ``sealed`` (a result, digest-checked against its receipt; from a server that gives
+    no receipt per key, ``receipt`` is None and ``result_digest`` is checked by the checkpoint
+    gate against the receipt Gym lists, before it releases the result), ``failed`` (no result;
     ``reason`` says why) or ``abandoned`` (the batch stopped early; when the try had already
     finished on Gym its result was adopted and is kept here all the same).
     ``attempt_index`` is the try the result comes from (or the last try made); ``adopted`` marks
@@ -36,6 +38,7 @@ class Outcome(BaseModel):
     reply: Any = None
     reward: float | None = None
     receipt: CompletionReceipt | None = None
+    result_digest: str | None = None  # the sealed reply's; set also while its receipt is deferred
     adopted: bool = False
     acked: bool = False
     tries: int = 0
@@ -46,8 +49,9 @@ class Outcome(BaseModel):
 
     @property
     def has_result(self) -> bool:
-        """True when the outcome carries a sealed reply (also for an abandoned, adopted one)."""
-        return self.receipt is not None
+        """True when the outcome carries a sealed reply (also for an abandoned, adopted one; also
+        when its receipt is deferred to the checkpoint: ``receipt`` is then None)."""
+        return self.receipt is not None or self.result_digest is not None
 
 
 def reward_of(reply: Any) -> float | None:

@@ -18,6 +18,7 @@ from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.protocol import CONTROL_PREFIX, result_digest
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import soon, until
@@ -274,6 +275,43 @@ async def test_a_real_gym_without_the_receipt_route_still_seals_and_adopts(agent
         assert snap["running"] == 0 and snap["completed_unacknowledged"] == 0
         assert "receipts come from its status" in caplog.text
         assert (await w.snapshot()).receipts_with_run == 0
+
+
+async def test_a_real_gym_without_receipt_route_defers_receipts_to_the_checkpoint(agent):
+    """ack at_checkpoint on a server with neither a receipt beside /run nor a per-key route:
+    the rollouts seal (the lost reply adopted, not rerun) on their replies' own digests, with no
+    status listing per rollout; Gym holds each result completed, its listed receipt proving the
+    sealed digest (the checkpoint gate ACKs it from that listing)."""
+    from rl_gym_actors.testing.real_gym import RealGymStandIn
+
+    policy = QUICK.model_copy(update={"ack": "at_checkpoint"})
+    with GymServerThread(agent=agent) as server, RealGymStandIn(server.endpoint) as real:
+        w = RolloutWorker("w-defer", [real.endpoint], policy, slots=4)
+        outs = await asyncio.gather(
+            w.run_rollout({"reward": 0.5}, "rD-ok"),
+            w.run_rollout({"reward": 0.25, "drop_reply": True}, "rD-lost"),
+            w.run_rollout({"reward": 0.75}, "rD-two"),
+        )
+        snap = await w.snapshot()
+        await w.close()
+        assert [(o.status, o.adopted, o.attempt_index) for o in outs] == [
+            ("sealed", False, 0),
+            ("sealed", True, 0),
+            ("sealed", False, 0),
+        ]
+        assert agent.runs_of("rD-lost") == 1 and outs[1].reward == 0.25
+        assert all(o.receipt is None and o.has_result for o in outs)
+        assert (snap.receipts_deferred, snap.receipts_from_status) == (3, 0)
+        assert real.calls[CONTROL_PREFIX + "/status"] == 0  # no listing per rollout
+        async with GymClient(real.endpoint) as client:
+            status = await client.status("probe-defer", deadline_ts=time.time() + 10)
+        listed = {
+            a.rollout_id: a.completion_receipt for a in status.completed_unacknowledged_attempts
+        }
+        assert {rid: r.result_digest for rid, r in listed.items()} == {
+            o.rollout_id: o.result_digest for o in outs
+        }
+        assert all(o.result_digest == result_digest(o.reply) for o in outs)
 
 
 async def test_the_receipt_sent_with_the_run_answer_saves_the_fetch(gym, ctl, agent):

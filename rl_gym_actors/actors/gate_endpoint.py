@@ -50,6 +50,7 @@ class EndpointTally:
     orphans_acked: int = 0
     sealed_acked: int = 0
     retired: int = 0
+    receipt_mismatches: int = 0  # receipts listed that do not prove the sealed reply (not ACKed)
     rounds: int = 0
     last: StatusReport | None = None
     ready: bool = False

@@ -154,7 +154,7 @@ class StepPerformer:
                 receipts.append(answer.completion_receipt)
 
         await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
-        unique = list({r.key: r for r in receipts}.values())
+        unique = [r for r in {r.key: r for r in receipts}.values() if self._matches_seal(r)]
         for i in range(0, len(unique), ACK_CHUNK):
             chunk = unique[i : i + ACK_CHUNK]
             try:
@@ -184,6 +184,23 @@ class StepPerformer:
             tally.orphans_acked += counted
             tally.sealed_acked += kinds.count(GateAck.SEALED)
             metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
+
+    def _matches_seal(self, receipt: CompletionReceipt) -> bool:
+        """A receipt for a result a rollout sealed must prove the reply it sealed (its receipt
+        may have been deferred to this listing: a server without a per-key receipt). One that
+        does not is never ACKed: it stays on Gym, a blocker the checkpoint fails on."""
+        sealed = self._book.sealed_digest(receipt.rollout_id, receipt.attempt_index)
+        if sealed is None or sealed == receipt.result_digest:
+            return True
+        self.tally.receipt_mismatches += 1
+        logger.error(
+            "%s: receipt of %s has digest %s..., the sealed reply %s...: not ACKed",
+            self.tally.endpoint.label,
+            receipt.key,
+            receipt.result_digest[:12],
+            sealed[:12],
+        )
+        return False
 
     @staticmethod
     async def _ack_one(

@@ -77,7 +77,9 @@ class RolloutCounters(BaseModel):
     handed_over: int = 0
     adopt_requests: int = 0
     receipts_with_run: int = 0  # receipts the /run answer carried (no fetch)
-    receipts_fetched: int = 0
+    receipts_fetched: int = 0  # receipt requests (per key, or a status listing when no route)
+    receipts_from_status: int = 0  # of them, status listings (a server without a per-key route)
+    receipts_deferred: int = 0  # sealed on the reply's digest; the checkpoint gate's listing
     v2_kept_replies_found: int = 0  # Gym v2: lost replies found kept on our server (adopted)
 
 

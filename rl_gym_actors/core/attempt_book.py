@@ -182,6 +182,9 @@ class AttemptBook:
         self._counts: dict[str, _Counts] = {ep: _Counts() for ep in endpoints}
         self._listed = frozenset(self._counts)
         self._held: dict[str, int] = {}
+        # the digest each sealed, not yet ACKed attempt was sealed on: the gate checks a receipt
+        # from a status listing against it before it ACKs (a receipt deferred to the checkpoint)
+        self._digests: dict[tuple[str, int], str] = {}
         self.reports = 0
         self.orphans_acked = 0
         self.sealed_acked = 0
@@ -197,6 +200,11 @@ class AttemptBook:
     def apply(self, report: AttemptReport) -> None:
         """Fold one report. Order and repetition do not change the result."""
         self.reports += 1
+        key = (report.rollout_id, report.attempt_index)
+        if report.state is AttemptState.SEALED and report.result_digest is not None:
+            self._digests[key] = report.result_digest
+        elif report.state is AttemptState.ACKED:
+            self._digests.pop(key, None)
         self._fold(
             report.rollout_id,
             report.attempt_index,
@@ -237,6 +245,7 @@ class AttemptBook:
         """The gate ACKed the attempt: what it was (see :class:`GateAck`); counted unless
         ``KNOWN``."""
         attempt = self._attempts.get((rollout_id, attempt_index))
+        self._digests.pop((rollout_id, attempt_index), None)
         if attempt is not None and attempt.state is AttemptState.ACKED:
             kind = GateAck.KNOWN
         elif attempt is not None and attempt.state is AttemptState.SEALED:
@@ -275,6 +284,7 @@ class AttemptBook:
         # rebuilt, not deleted from: a dict never shrinks its table on deletes
         self._attempts = {k: a for k, a in self._attempts.items() if k[0] not in gone}
         self._rollouts = {r: v for r, v in self._rollouts.items() if r not in gone}
+        self._digests = {k: d for k, d in self._digests.items() if k[0] not in gone}
         dropped = before - len(self._attempts)
         self.pruned += dropped
         return dropped
@@ -356,6 +366,13 @@ class AttemptBook:
             rollout.current == attempt_index,
             rollout.released_at >= attempt_index,
         )
+
+    def sealed_digest(self, rollout_id: str, attempt_index: int) -> str | None:
+        """The digest a rollout sealed this attempt on, while it is sealed and not ACKed."""
+        attempt = self._attempts.get((rollout_id, attempt_index))
+        if attempt is None or attempt.state is not AttemptState.SEALED:
+            return None
+        return self._digests.get((rollout_id, attempt_index))
 
     def current_attempt(self, rollout_id: str) -> int | None:
         rollout = self._rollouts.get(rollout_id)

@@ -4,10 +4,14 @@ docs/PROTOCOL.md (section 7, "How a real Gym server differs") lists where a real
 differ from ours; a client must cope with both. :class:`RealGymStandIn` is a small reverse proxy in
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
-- no (ext) routes: ``GET /ng-control/v1/capabilities``, ``GET .../receipt``, ``GET
-  .../completion-receipt`` (the first real participant has no per-key receipt route) and
-  ``POST .../retire-batch`` answer 404
-  ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` header is dropped;
+- no (ext) routes: ``GET .../receipt``, ``GET .../completion-receipt`` (the first real
+  participant has no per-key receipt route) and ``POST .../retire-batch`` answer 404
+  ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` and ``x-gym-completion-receipt``
+  headers are dropped;
+- ``GET /ng-control/v1/capabilities`` answers without a token as a real Gym's control plane
+  does (its ``ControlCapabilities`` plus the fence's ``phase``, ``active_checkpoint_id`` and
+  ``deadline_ts``), with only the features a real agent participant lists
+  (:data:`REAL_FEATURES`): no (ext) feature, no route names;
 - the prepare 409 ``agent_prepare_incomplete`` carries only ``error`` (counts in its detail),
   no ``report``;
 - 401 answers ``{"detail": "..."}``; 422 answers FastAPI's default ``{"detail": [{...}]}``;
@@ -24,8 +28,10 @@ front of one of our servers that rewrites its answers into the real Gym's forms:
 - while a prepare is in progress (``state`` is ``preparing``), ``status`` lists each running
   attempt with the state ``park_requested`` (the counts stay as they are).
 
-A failure to reach the server answers a plain-text 502. It runs in a thread with its own event
-loop, on 127.0.0.1, as a context manager with ``.url``, ``.token`` and ``.endpoint``.
+It counts what it answers per path (``calls``, and the body bytes in ``bytes_out``): how much
+status traffic a client costs. A failure to reach the server answers a plain-text 502. It runs
+in a thread with its own event loop, on 127.0.0.1, as a context manager with ``.url``, ``.token``
+and ``.endpoint``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections import Counter
 from typing import Any
 
 import aiohttp
@@ -43,18 +50,35 @@ from rl_gym_actors.gym.answers import RETIRED_RUN_BODY
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
+    CONTINUATION_INDEX_FEATURE,
     CONTROL_PREFIX,
     ROLLOUT_ID_FIELD,
 )
 
 HOST = "127.0.0.1"
 _EXT_ROUTES = (
-    CAPABILITIES_PATH,
     CONTROL_PREFIX + "/receipt",
     CONTROL_PREFIX + "/completion-receipt",  # only later real participants have it
     CONTROL_PREFIX + "/retire-batch",
 )
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
+#: what a real Gym's agent participant lists in its capabilities' ``features``
+REAL_FEATURES = ("completed_result_acknowledgement", CONTINUATION_INDEX_FEATURE)
+#: the fields of a real Gym's capabilities answer (ControlCapabilities + the fence's snapshot)
+_CAPABILITY_FIELDS = (
+    "component",
+    "name",
+    "schema_version",
+    "admission_states",
+    "checkpoint_mode",
+    "concurrency_contract",
+    "multi_process",
+    "instance_role",
+    "features",
+    "phase",
+    "active_checkpoint_id",
+    "deadline_ts",
+)
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -104,6 +128,8 @@ class RealGymStandIn:
         self.url: str | None = None
         self.retired_while_running = 0  # runs answered with "No response returned." (500)
         self.agent_failures = 0  # agent errors answered as a real Gym does
+        self.calls: Counter[str] = Counter()  # path -> requests answered
+        self.bytes_out: Counter[str] = Counter()  # path -> body bytes answered
         self._start_timeout_s = start_timeout_s
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,6 +193,15 @@ class RealGymStandIn:
     async def _forward(
         self, session: aiohttp.ClientSession, request: web.Request
     ) -> web.StreamResponse:
+        response = await self._answer(session, request)
+        self.calls[request.path] += 1
+        body = getattr(response, "body", None)
+        self.bytes_out[request.path] += len(body) if isinstance(body, bytes) else 0
+        return response
+
+    async def _answer(
+        self, session: aiohttp.ClientSession, request: web.Request
+    ) -> web.StreamResponse:
         path = request.path
         if path in _EXT_ROUTES:
             return _json(404, {"detail": "Not Found"})
@@ -210,6 +245,11 @@ class RealGymStandIn:
             if self.agent_error == "plain":
                 return web.Response(status=500, text="Internal Server Error")
             return _json(500, detail)  # the repr, as a JSON string
+        if path == CAPABILITIES_PATH and status == 200 and isinstance(body, dict):
+            caps = {k: body.get(k) for k in _CAPABILITY_FIELDS}
+            upstream = body.get("features") or []
+            caps["features"] = [f for f in REAL_FEATURES if f in upstream]
+            return _json(200, caps)
         if path == CONTROL_PREFIX + "/status" and status == 200:
             return _json(200, _park_requested(body))
         if status == 401:

@@ -29,7 +29,7 @@ from rl_gym_actors.gym.agent_checkpoint.faults import with_faults
 from rl_gym_actors.gym.retry import RetryPolicy
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
-from rl_gym_actors.testing.real_gym import RealGymStandIn
+from rl_gym_actors.testing.real_gym import REAL_FEATURES, RealGymStandIn
 
 aio = pytest.mark.asyncio(loop_scope="session")  # the suite shares one event loop
 
@@ -82,8 +82,25 @@ async def test_prepare_409_without_a_report_reads_the_lists_from_status(client):
 
 
 @aio
+async def test_capabilities_as_a_real_gym_serves_them(real_gym):
+    """Without a token, the fields of a real Gym's ControlCapabilities and its fence snapshot,
+    and only the features a real agent participant lists (no (ext) feature, no route name)."""
+    async with GymClient(GymEndpoint(url=real_gym.url, token="wrong")) as anonymous:
+        caps = await anonymous.capabilities(deadline_ts=soon())
+    assert caps is not None and caps.features == list(REAL_FEATURES)
+    assert not caps.model_extra and (caps.phase, caps.active_checkpoint_id) == ("idle", None)
+    assert (caps.component, caps.checkpoint_mode) == ("responses_api_agents", "export_restore")
+    async with GymClient(real_gym.endpoint) as c:
+        assert not await c.offers("retire-batch", deadline_ts=soon())
+        assert not await c.offers("receipt", deadline_ts=soon())
+        await c.prepare("cp-caps", deadline_ts=soon())
+        held = await c.capabilities(deadline_ts=soon())
+        assert held is not None and held.active_checkpoint_id == "cp-caps"
+        await c.resume("cp-caps", deadline_ts=soon())
+
+
+@aio
 async def test_ext_routes_missing(client):
-    assert await client.capabilities(deadline_ts=soon()) is None
     with pytest.raises(InvalidRequest) as info:  # no receipt route on a real Gym
         await client.receipt(rid(), 0, deadline_ts=soon())
     assert info.value.status == 404

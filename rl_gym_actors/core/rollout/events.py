@@ -68,6 +68,16 @@ class ReceiptReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceiptDeferred:
+    """A deferrable receipt fetch (``FetchReceipt.may_defer``) on a server that gives no receipt
+    per key (no receipt with ``/run``, no per-key route): the rollout seals on the reply's own
+    digest and the checkpoint gate takes the receipt from the one status listing it reads, and
+    checks it against that digest, before it ACKs."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class StepFailed:
     """The pending control call (receipt fetch, retire, replay or ACK) failed; the phase says
     which one it was."""
@@ -127,6 +137,7 @@ Event = (
     | RunAdmissionClosed
     | DeadlineFired
     | ReceiptReceived
+    | ReceiptDeferred
     | StepFailed
     | DigestMismatch
     | RetireAnswered
@@ -151,8 +162,12 @@ class StartRun:
 
 @dataclass(frozen=True, slots=True)
 class FetchReceipt:
+    """The try's completion receipt. ``may_defer``: the result is ACKed at the checkpoint, so a
+    server without a per-key receipt may answer :class:`ReceiptDeferred`."""
+
     attempt_index: int
     deadline_ts: float
+    may_defer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +203,7 @@ class Seal:
 
     attempt_index: int
     reply: Any
-    receipt: CompletionReceipt
+    receipt: CompletionReceipt | None  # None: deferred to the checkpoint gate (ReceiptDeferred)
     adopted: bool
 
 

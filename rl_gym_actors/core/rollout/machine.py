@@ -17,9 +17,18 @@ from rl_gym_actors.core.rollout.steps import PendingStep
 from rl_gym_actors.errors import IllegalTransition
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
-from rl_gym_actors.protocol import CompletionReceipt
+from rl_gym_actors.protocol import CompletionReceipt, result_digest
 
 # ---------------------------------------------------------------- the machine
+
+#: the receipt fetches a server without a per-key receipt may defer to the checkpoint gate
+_DEFERRABLE = frozenset({RolloutPhase.RECEIPT, RolloutPhase.ADOPT_RECEIPT})
+
+
+def _digest_of(seal: events.Seal | None) -> str | None:
+    if seal is None:
+        return None
+    return seal.receipt.result_digest if seal.receipt else result_digest(seal.reply)
 
 
 class RolloutMachine:
@@ -263,6 +272,14 @@ class RolloutMachine:
             return
         self._begin_step(RolloutPhase.ACKING, ev.now, out, receipt=ev.receipt)
 
+    def _on_receipt_deferred(self, ev: events.ReceiptDeferred, out: list[events.Effect]) -> None:
+        # only a deferrable fetch (ack at_checkpoint) is answered so: the gate ACKs it, with the
+        # receipt its status listing carries, checked against the digest sealed here
+        assert self.policy.ack == "at_checkpoint", "a receipt is deferred only to a checkpoint"
+        adopted = self._replayed or self.phase is RolloutPhase.ADOPT_RECEIPT
+        self._seal(None, adopted, out)
+        self._finish_with_result(out)
+
     def _on_receipt_failed(self, ev: events.StepFailed, out: list[events.Effect]) -> None:
         if self._may_repeat(ev.failure, ev.now, out):
             return
@@ -282,7 +299,9 @@ class RolloutMachine:
             self._why(reason, FailureKind.PROTOCOL)
             self._begin_step(RolloutPhase.RELEASING, ev.now, out, receipt=ev.receipt)
 
-    def _seal(self, receipt: CompletionReceipt, adopted: bool, out: list[events.Effect]) -> None:
+    def _seal(
+        self, receipt: CompletionReceipt | None, adopted: bool, out: list[events.Effect]
+    ) -> None:
         if self.sealed is not None:
             raise IllegalTransition(
                 f"rollout {self.rollout_id}: a second seal", state=self.phase.value, event="seal"
@@ -294,7 +313,7 @@ class RolloutMachine:
             AttemptState.SEALED,
             adopted=adopted,
             reward=reward_of(self._reply),
-            result_digest=receipt.result_digest,
+            result_digest=receipt.result_digest if receipt else result_digest(self._reply),
         )
 
     def _on_ack(self, ev: events.AckAnswered, out: list[events.Effect]) -> None:
@@ -422,6 +441,8 @@ class RolloutMachine:
         if issubclass(call, events.Ack):
             assert receipt is not None  # the ACK phases are entered with the receipt they send
             make = functools.partial(events.Ack, receipt)
+        elif phase in _DEFERRABLE and self.policy.ack == "at_checkpoint":
+            make = functools.partial(events.FetchReceipt, self._attempt, may_defer=True)
         else:
             make = functools.partial(call, self._attempt)
         out.append(self._steps.begin(now, budget, make))
@@ -490,6 +511,7 @@ class RolloutMachine:
             reply=seal.reply if seal else None,
             reward=reward_of(seal.reply) if seal else None,
             receipt=seal.receipt if seal else None,
+            result_digest=_digest_of(seal),
             adopted=seal.adopted if seal else False,
             acked=self.acked,
             tries=self.tries,
