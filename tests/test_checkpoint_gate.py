@@ -275,7 +275,7 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
 async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, tmp_path):
     """A real Gym's prepare 409 carries counts only and it has no receipt route: the orphans'
     receipts come from its status, and the forgotten run is still retired."""
-    from rl_gym_actors.errors import AgentFailed
+    from rl_gym_actors.errors import StaleAttempt
     from rl_gym_actors.testing.real_gym import RealGymStandIn
 
     with (
@@ -305,7 +305,8 @@ async def test_a_real_gym_without_receipt_route_or_prepare_report(ray_session, t
 
             assert report.orphans_acked == 1 and report.retired == 1
             assert manifest(str(tmp_path))
-            with pytest.raises(AgentFailed) as failed:  # a real Gym's plain-text 500
+            # a real Gym's 500 "No response returned." to a retired run: the retire's outcome
+            with pytest.raises(StaleAttempt) as failed:
                 await asyncio.wait_for(slow, 5.0)
             assert failed.value.status == 500
             status = await client.status("probe-real-after", deadline_ts=soon())
