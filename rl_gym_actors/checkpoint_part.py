@@ -30,6 +30,7 @@ from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION, SealedIds
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.gym.checkpoint_files import fsync_dir, write_file_atomically
 from rl_gym_actors.outcome import Outcome
 
 PART_DIR = "rl_gym_actors"
@@ -80,7 +81,7 @@ def write_part(
     try:
         directory.mkdir(parents=True, exist_ok=True)
         data = sealed.to_bytes()
-        _write_atomic(directory / SEALED_FILE, data)
+        write_file_atomically(directory / SEALED_FILE, data)
         part = CheckpointPart(
             run_id=run_id,
             checkpoint_id=checkpoint_id,
@@ -92,8 +93,8 @@ def write_part(
                 name=SEALED_FILE, ids=len(sealed), sha256=hashlib.sha256(data).hexdigest()
             ),
         )
-        _write_atomic(directory / PART_FILE, part.model_dump_json().encode())
-        _fsync_dir(directory)
+        write_file_atomically(directory / PART_FILE, part.model_dump_json().encode())
+        fsync_dir(directory)
     except OSError as exc:
         raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
     return part
@@ -178,20 +179,3 @@ async def write_memory_part(
         sealed=sealed,
         keep_results=keep_results,
     )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
