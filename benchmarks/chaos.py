@@ -66,7 +66,7 @@ def body(result: Result, args: Any) -> None:
     names = args.only or [
         n for n in chaos.SCENARIOS if n != "driver_killed_lease" or chaos.server_has_leases()
     ]
-    if "driver_killed_lease" not in names:
+    if not args.only and "driver_killed_lease" not in names:
         result.notes.append(
             "The Gym server has no checkpoint lease yet (`gym serve "
             "--checkpoint-lease-s`): the driver row shows abort_checkpoint only."
@@ -93,7 +93,13 @@ def body(result: Result, args: Any) -> None:
     if args.append:  # the rows of the last run stay, those run now replace theirs
         previous = RESULTS_DIR / "chaos.json"
         kept = json.loads(previous.read_text())["rows"] if previous.exists() else []
-        rows = [r for r in kept if r.get("name") not in names] + rows
+        kept = [r for r in kept if r.get("name") not in names]
+        if kept:
+            result.notes.append(
+                f"--append: {len(kept)} rows kept from the previous run "
+                f"({', '.join(str(r.get('name')) for r in kept)}); run now: {', '.join(names)}"
+            )
+        rows = kept + rows
     result.rows = rows
 
     def gym(r: dict[str, Any]) -> str:
