@@ -42,6 +42,7 @@ BENCHMARKS = [
     "chaos",
     "scale",
     "store_commit",
+    "receipts_real_gym",
     "hotpath_profile",
 ]
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
@@ -562,6 +563,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         "chaos": "Chaos: one fault per row",
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints",
         "store_commit": "The durable server's group commit apart from the web stack",
+        "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
     }
     for name in BENCHMARKS:
         if name not in titles:
