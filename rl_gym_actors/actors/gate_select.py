@@ -32,6 +32,18 @@ from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
 DISCOVER_S = 10.0  # at most this long (and half the checkpoint's budget) to ask the servers
 
 
+def own_rollouts(
+    run_id: str | None, sweep_foreign: bool, claims: frozenset[str]
+) -> Callable[[str], bool] | None:
+    """Which rollout ids are this run's on a shared server, as the agent-checkpoint gate reads
+    it: with a run id, those with its prefix and the ids it claims; None (every one) without a
+    run id or when sweeping foreign ones."""
+    if run_id is None or sweep_foreign:
+        return None
+    prefix = f"{run_id}-"
+    return lambda rid: rid.startswith(prefix) or rid in claims
+
+
 class GateSelect:
     """The per-server protocol choice of one ledger (``clients`` line up with ``endpoints``)."""
 
@@ -81,6 +93,7 @@ class GateSelect:
         *,
         control_s: float,
         forget_batch: int = 500,
+        own: Callable[[str], bool] | None = None,
     ) -> CheckpointReport:
         start = time.time()
         failed = await self.discover(min(deadline_ts, start + DISCOVER_S))
@@ -113,6 +126,7 @@ class GateSelect:
             owners,
             control_s=control_s,
             forget_batch=forget_batch,
+            own=own,
         )
         jobs: list[asyncio.Future] = [
             asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))

@@ -38,7 +38,7 @@ from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_abort import AbortReport
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
-from rl_gym_actors.actors.gate_select import GateSelect
+from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
@@ -309,6 +309,7 @@ class LedgerActor:
                 deadline_ts,
                 control_s=self._policy.control_s,
                 forget_batch=self._config.forget_batch,
+                own=own_rollouts(self._run_id, bool(sweep_foreign), frozenset(claims)),
             )
         except CheckpointFailed:
             self._book.record_checkpoint(checkpoint_id, committed=False)

@@ -6,7 +6,9 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
 1. every owner flushes its reports (as on the agent-checkpoint gate);
 2. attempts the book has as running that no live owner holds (its owner died, or let go) are
    retired, each on its own server, before prepare (a v2 participant takes a retire only while
-   no checkpoint is open);
+   no checkpoint is open); so are the episodes the server's status reports running that are this
+   run's (``own``: its run id's prefix, or every one without a run id) and that the book does not
+   know or no live owner holds (a dead driver's, whose book died with it);
 3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
    open, commit scoped to the attempts live owners hold (less every restart a server reports),
    resume whatever happened; :class:`~rl_gym_actors.errors.CheckpointFailed` names the blockers;
@@ -53,6 +55,7 @@ class V2Gate:
         *,
         control_s: float,
         forget_batch: int = FORGET_BATCH,
+        own: Callable[[str], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not len(endpoints) == len(labels) == len(participants):
@@ -64,6 +67,7 @@ class V2Gate:
         self._owners = owners
         self._control_s = control_s
         self._batch = max(1, forget_batch)
+        self._own = own  # which rollout ids are this run's (None: every one)
         self._clock = clock
 
     async def run(
@@ -132,6 +136,13 @@ class V2Gate:
             for rid, att in self._book.running_on(endpoint.url)
             if self._book.claimant(rid, att, endpoint.url, live) is None
         ]
+        stale += [
+            key
+            for key in await self._running_on_server(part, deadline_ts)
+            if key not in stale
+            and (self._own is None or self._own(key[0]))
+            and self._book.claimant(key[0], key[1], endpoint.url, live) is None
+        ]
         if not stale:
             return 0
         episodes = [EpisodeId(rollout_id=rid, attempt=att) for rid, att in stale]
@@ -148,6 +159,21 @@ class V2Gate:
         for rid, att in stale:
             self._book.record_retired(endpoint.url, rid, att)
         return len(stale)
+
+    async def _running_on_server(
+        self, part: Participant, deadline_ts: float
+    ) -> list[tuple[str, int]]:
+        """The episodes ``part``'s status reports running (its readiness blockers, at most
+        100 of them); none when the status cannot be read (prepare names them then)."""
+        try:
+            status = await part.client.status(
+                deadline_ts=min(deadline_ts, self._clock() + self._control_s)
+            )
+        except RlGymError as exc:
+            logger.warning("%s: status for unheld episodes failed: %s", part.name, exc)
+            return []
+        found = [EpisodeId.from_capture_key(key) for key in status.report.blockers]
+        return [(e.rollout_id, e.attempt) for e in found]
 
     async def _forget_finished(self, checkpoint_id: str) -> int:
         """Forget the rollouts finished for good, in batches; how many were forgotten."""
