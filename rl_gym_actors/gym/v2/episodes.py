@@ -195,12 +195,14 @@ class EpisodeTable:
             self.kept.pop(rollout_id, None)
 
     def export(self, scope: set[EpisodeId] | None) -> list[dict[str, Any]]:
-        """Records of every parked episode, and of restored ones still pending that the scope
-        continues (under their replacement attempt, the one the scope names)."""
+        """Records of every parked episode the scope names (all without a scope: Gym exports
+        within the commit's scope, and NeMo RL's adapter refuses an export outside it), and of
+        restored ones still pending that the scope continues (under their replacement attempt,
+        the one the scope names)."""
         records = [
             record(e.episode_id, e.boundary)
             for e in self.live.values()
-            if e.state == PARKED and not e.retiring
+            if e.state == PARKED and not e.retiring and (scope is None or e.episode_id in scope)
         ]
         for e in self.restored.values():
             if scope is None or e.episode_id in scope:
