@@ -70,6 +70,7 @@ from rl_gym_actors.integrations.nemo_rl.rows import (
     failure_for,
 )
 from rl_gym_actors.integrations.nemo_rl.servers import OwnServers, PolicyEndpoint
+from rl_gym_actors.integrations.nemo_rl.v2_checkpoint_calls import V2CheckpointCalls
 from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.outcome import Outcome
@@ -90,11 +91,14 @@ class DropInStats:
     cancelled_streams: int = 0
 
 
-class GymRolloutEnv(CheckpointCalls):
+class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
     """NeMo RL's environment actor interface over the orchestrator; see the module docstring."""
 
     def __init__(self, cfg: DropInConfig | Mapping[str, Any]) -> None:
         self.cfg = DropInConfig.from_any(cfg)
+        self.checkpoint_instance = (
+            cfg.get("checkpoint_instance") if isinstance(cfg, Mapping) else None
+        )
         prefix = check_prefix(f"{self.cfg.run_id}-{uuid.uuid4().hex[:8]}")
         self._book = RolloutBook(prefix, hold_s=self.cfg.hold_s, max_entries=self.cfg.max_held)
         self._orch: Any = None
