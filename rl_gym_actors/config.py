@@ -28,7 +28,7 @@ def checkpoint_id_arg(value: object) -> str:
     """A checkpoint id from a caller; :class:`ConfigError` unless it is a valid wire id."""
     if not is_valid_checkpoint_id(value):
         raise ConfigError(f"invalid checkpoint_id {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def run_id_arg(value: object, what: str = "run_id") -> str:
@@ -151,6 +151,7 @@ class RetryPolicy(_Settings):
 
     def backoff(self, retry_number: int, rand: float = 0.0) -> float:
         """The sleep after try ``retry_number`` fails; ``rand`` in [0, 1) draws the jitter."""
+        # a wait reads only attempt_number of tenacity's RetryCallState, which _Try carries
         return self.wait(lambda: rand)(_Try(max(retry_number, 1)))  # type: ignore[arg-type]
 
     def try_deadline(self, deadline_ts: float, now: float) -> float:

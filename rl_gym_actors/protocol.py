@@ -55,7 +55,7 @@ def is_valid_rollout_id(value: object) -> TypeGuard[str]:
     )
 
 
-def is_valid_checkpoint_id(value: object) -> bool:
+def is_valid_checkpoint_id(value: object) -> TypeGuard[str]:
     return (
         isinstance(value, str)
         and 0 < len(value) <= CHECKPOINT_ID_MAX

@@ -57,6 +57,7 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
     has_token = bool(loader.has_token(ignore_auth_mode=True))
     channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
     stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+    # generated protobuf module: its messages are made at import, not declared for mypy
     request = gcs_service_pb2.GetClusterIdRequest()  # type: ignore[attr-defined]
 
     def ask(metadata: tuple[tuple[str, str], ...]) -> Any:

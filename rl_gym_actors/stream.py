@@ -122,7 +122,9 @@ class Stream:
             raise
         finally:
             await self.stop(())
-        return outcomes  # type: ignore[return-value]
+        done = [o for o in outcomes if o is not None]
+        assert len(done) == self.fed, "a stream ran to its end without every row's outcome"
+        return done
 
     def cancel(self) -> None:
         """The caller gave up: cancel every row (a running rollout retires its try)."""

@@ -60,7 +60,7 @@ def test_the_view_is_the_record_without_its_results():
     assert view_fields < set(RolloutRecord.__dataclass_fields__)
     view = RolloutView()
     with pytest.raises(AttributeError):
-        view.kept = None  # type: ignore[attr-defined]
+        view.kept = None  # type: ignore[attr-defined]  # the point: the view has no such field
 
 
 def test_the_error_is_typed_and_pickles():

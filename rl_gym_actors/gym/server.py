@@ -104,7 +104,7 @@ def http_protocol(choice: str = "auto") -> str:
     if choice != "auto":
         return choice
     try:
-        import httptools  # noqa: F401
+        import httptools  # noqa: F401  (only whether it imports)
     except ImportError:
         return "h11"
     return "httptools"

@@ -198,7 +198,7 @@ class AsIsRunner:
                     reason="batch abandoned: another row failed",
                     failure=FailureKind.ABANDONED,
                 )
-        return outcomes  # type: ignore[return-value]
+        return [o for o in outcomes if o is not None]  # every None was just filled
 
     async def _rollout(self, row: Mapping[str, Any], rollout_id: str, on_try) -> Outcome:
         endpoint = choose_endpoint(row, rollout_id, self.endpoints)

@@ -99,6 +99,7 @@ def make_step_agent(spec: str | Agent | StepAgent) -> StepAgent:
             arity = len(inspect.signature(spec).parameters)
         except (TypeError, ValueError):
             arity = 1
+        # the arity, checked at run time, says which kind of callable ``spec`` is
         return spec if arity == 2 else plain(spec)  # type: ignore[return-value,arg-type]
     if isinstance(spec, str):
         return plain(make_agent(spec))
