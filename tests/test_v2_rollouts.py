@@ -101,3 +101,66 @@ async def test_v2_lost_reply_is_adopted_and_deadline_retires(ray_session):
         assert slow.status == "failed" and slow.tries == 2
         status = server.participant.status()
         assert status["retired_rollouts"] == 1 and status["report"]["counts"]["episodes"] == 0
+
+
+async def test_v2_gym_kill_9_with_a_state_dir_mid_batch(ray_session, tmp_path):
+    """``gym serve --protocol v2 --state-dir`` SIGKILLed with 3 runs in flight and restarted on
+    its port: the kept replies of the batch before survive (4), every in-flight row is sealed
+    by a later try or failed with a reason (its retire met the endpoint while it restarted, as
+    on the agent-checkpoint server), the checkpoint commits, the failed rows sent again seal,
+    and the server ends with no episode, no kept reply and no retired mark."""
+    import time
+
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.gym.v2.client import V2Client
+    from rl_gym_actors.testing.gym_process import GymServerProcess
+
+    server = GymServerProcess(args=["--protocol", "v2"], state_dir=tmp_path / "state").start()
+    policy = TryPolicy(rollout_s=20.0, max_tries=3, control_s=5.0, admission_wait_s=30.0)
+    try:
+        async with GymClient(server.endpoint) as gym, orchestrator(server, policy) as orch:
+            v2 = V2Client(gym)
+            before = await orch.arun_batch(
+                [{"_ng_rollout_id": f"kept-{i}", "reward": 0.1} for i in range(4)]
+            )
+            assert [o.status for o in before] == ["sealed"] * 4
+            rows = [{"_ng_rollout_id": f"cut-{i}", "sleep_s": 3.0, "reward": 0.2} for i in range(3)]
+            batch = asyncio.ensure_future(orch.arun_batch(rows))
+
+            async def running() -> bool:
+                status = await v2.status(deadline_ts=time.time() + 5)
+                return status.report.counts.get("episodes") == 3
+
+            await until(running, timeout_s=20.0, what="3 runs in flight")
+            server.kill()
+            server.start()
+            status = await v2.status(deadline_ts=time.time() + 10)
+            assert (status.model_extra or {})["kept_replies"] == 4  # durable across the crash
+            outcomes = await asyncio.wait_for(batch, 90.0)
+            for o in outcomes:  # a first try never finished: sealed later, or failed naming why
+                assert (o.status == "sealed" and o.attempt_index >= 1 and o.reward == 0.2) or (
+                    o.status == "failed" and o.reason
+                ), o
+            report = await orch.acheckpoint("after-kill", str(tmp_path / "ck"), deadline_s=30.0)
+            assert report.endpoints[0].protocol == "v2" and report.endpoints[0].commit is not None
+            sealed = [o.rollout_id for o in outcomes if o.status == "sealed"]
+            left = [{**r, "sleep_s": 0.0} for r in rows if r["_ng_rollout_id"] not in sealed]
+
+            async def resent() -> bool:  # an actor that still has the endpoint down fails at once
+                again = await orch.arun_batch(left)
+                for o in again:
+                    assert o.status == "sealed" or o.reason, o
+                    if o.status == "sealed":
+                        sealed.append(o.rollout_id)
+                        left[:] = [r for r in left if r["_ng_rollout_id"] != o.rollout_id]
+                return not left
+
+            await until(resent, timeout_s=30.0, interval_s=1.0, what="the cut rows to seal")
+            assert sorted(sealed) == sorted(r["_ng_rollout_id"] for r in rows)  # each once
+            await orch.acheckpoint("after-again", str(tmp_path / "ck2"), deadline_s=30.0)
+            status = await v2.status(deadline_ts=time.time() + 10)
+            extra = status.model_extra or {}
+            assert status.report.counts.get("episodes") == 0 and extra["kept_replies"] == 0
+            assert status.retired_rollouts == 0
+    finally:
+        server.kill()
