@@ -12,6 +12,7 @@ When Ray's modules for that are missing (another Ray version), it checks nothing
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from rl_gym_actors.errors import RlGymError
@@ -46,19 +47,26 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
         return
     try:
         import grpc  # type: ignore[import-untyped]  # Ray's own dependency, no stubs
-        from ray._raylet import (  # type: ignore[attr-defined]  # Ray 2.60's token loader
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # no gRPC stubs of Ray's: only whether anything listens there
+        _listening(address, host or "127.0.0.1", int(port), timeout_s)
+        return
+    try:  # Ray 2.60's token authentication; older Rays have none
+        from ray._raylet import (  # type: ignore[attr-defined]
             AuthenticationTokenLoader,
             Config,
         )
-        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-    except ImportError:  # another Ray: let ray.init find out
+    except ImportError:
+        AuthenticationTokenLoader = Config = None
+    request_type = getattr(gcs_service_pb2, "GetClusterIdRequest", None)  # generated code
+    if request_type is None:
+        _listening(address, host or "127.0.0.1", int(port), timeout_s)
         return
-    loader: Any = AuthenticationTokenLoader.instance()
-    has_token = bool(loader.has_token(ignore_auth_mode=True))
+    loader: Any = AuthenticationTokenLoader.instance() if AuthenticationTokenLoader else None
+    has_token = bool(loader is not None and loader.has_token(ignore_auth_mode=True))
     channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
     stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-    # generated protobuf module: its messages are made at import, not declared for mypy
-    request = gcs_service_pb2.GetClusterIdRequest()  # type: ignore[attr-defined]
+    request = request_type()
 
     def ask(metadata: tuple[tuple[str, str], ...]) -> Any:
         try:
@@ -71,7 +79,7 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
         code = ask(())
         if code == grpc.StatusCode.UNAUTHENTICATED and has_token:
             code = ask(tuple(loader.get_token_for_http_header().items()))
-            if code is None and AUTH_MODE_ENV not in os.environ:
+            if code is None and AUTH_MODE_ENV not in os.environ and Config is not None:
                 os.environ[AUTH_MODE_ENV] = "token"  # ray.init sends the token too
                 Config.initialize("")
     finally:
@@ -91,3 +99,15 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
             reason=UNREACHABLE,
         )
     # any other answer: a GCS is there; ray.init handles the rest
+
+
+def _listening(address: str, host: str, port: int, timeout_s: float) -> None:
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RayAttachFailed(
+            f"nothing answers as Ray at {address} ({exc.strerror or exc}): start it "
+            f"(`ray start --head --port={port}`) or give the address `ray status` shows",
+            address=address,
+            reason=UNREACHABLE,
+        ) from None
