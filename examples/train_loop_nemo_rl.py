@@ -143,7 +143,6 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
                 }
             if step == args.crash_in_step:
                 print(f"{loop.MIDSTEP} {step}", flush=True)  # the supervisor kills us now
-            adopted_before = ray.get(actor.status.remote())["stats"]["adopted"]
             got, redispatches = rollout(ray, actor, rows)
             used = []
             for i in sorted(got):
@@ -161,7 +160,9 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
                     args.lr,
                 )
             )
-            adopted = ray.get(actor.status.remote())["stats"]["adopted"] - adopted_before
+            # each result says whether it came from Gym's store rather than a run of this call
+            from_gym = [(rows[i], got[i][1]["gym_adopted"]) for i in sorted(got)]
+            adopted = sum(a for _, a in from_gym)
             record = {
                 "incarnation": incarnation,
                 "step": step,
@@ -170,7 +171,9 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
                 "rows": len(rows),
                 "sealed": len(used),
                 "adopted": adopted,
-                "replayed_after_restart": 0,
+                # adopted without a fault of their own: replayed from Gym's store after a
+                # restart (a run the dead trainer started and never ACKed)
+                "replayed_after_restart": sum(a for r, a in from_gym if not loop._faulty(r)),
                 "tries": len(rows) + redispatches,
                 "redispatches": redispatches,
                 "faults": faults,

@@ -182,6 +182,13 @@ class TryPolicy(_Settings):
     trainer that restarts from its last checkpoint gets every later result replayed, not rerun;
     ``"on_seal"`` ACKs it as soon as the rollout seals it (Gym's memory comes back sooner, but a
     result the trainer loses in a crash is gone).
+
+    ``defer_receipts`` (with ``at_checkpoint``): on a server that gives no receipt beside ``/run``
+    and has no per-key receipt route, a rollout seals on its reply's digest and the checkpoint
+    gate reads every receipt from its one status listing (``Outcome.receipt`` None until then).
+    False makes each rollout read its receipt from a status listing at seal (a listing per
+    rollout, growing with the results held): for a consumer that needs the receipt with the
+    result (NeMo RL's checkpoint work, PR #4093).
     """
 
     rollout_s: Annotated[float, Field(gt=0)] = 60.0
@@ -191,6 +198,7 @@ class TryPolicy(_Settings):
     admission_wait_s: Annotated[float, Field(gt=0)] = 600.0
     retry: RetryPolicy = RetryPolicy()
     ack: Literal["at_checkpoint", "on_seal"] = "at_checkpoint"
+    defer_receipts: bool = True
 
 
 def policy_with_ack(policy: TryPolicy, ack: str | None) -> TryPolicy:

@@ -125,3 +125,8 @@ def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loo
     assert result["redispatches"] > 0  # infrastructure failures re-dispatched
     assert result["gym"]["completed_unacknowledged"] == 0
     assert "no rollout counted twice True" in proc.stdout
+    # counted from the results' gym_adopted flags (was a constant 0): the runs the killed
+    # trainer left on Gym came back from Gym's store, and the summary prints that count
+    replayed = result["replayed_after_restart"]
+    assert 0 < replayed <= result["adopted_tries"]
+    assert f"replayed from Gym instead of rerun: {replayed}" in proc.stdout.replace("\n", " ")

@@ -441,7 +441,11 @@ class RolloutMachine:
         if issubclass(call, events.Ack):
             assert receipt is not None  # the ACK phases are entered with the receipt they send
             make = functools.partial(events.Ack, receipt)
-        elif phase in _DEFERRABLE and self.policy.ack == "at_checkpoint":
+        elif (
+            phase in _DEFERRABLE
+            and self.policy.ack == "at_checkpoint"
+            and self.policy.defer_receipts
+        ):
             make = functools.partial(events.FetchReceipt, self._attempt, may_defer=True)
         else:
             make = functools.partial(call, self._attempt)

@@ -23,7 +23,10 @@ Rollouts
     The rollouts of a stream RL cancels keep running here; their results are held (up to
     ``hold_s``) for RL's re-dispatch of the same rows, which gets them without a rerun. A
     re-dispatched row whose earlier rollout failed starts its next try after retiring the last
-    one, so a try that finished on Gym after all is adopted, not rerun.
+    one, so a try that finished on Gym after all is adopted, not rerun. Each result carries
+    ``gym_adopted`` (True: it came from Gym's store, not a run of this call) and, when its
+    receipt is known, ``gym_completion_receipt``: always with 4-tuples (receipts never
+    deferred); with 3-tuples left out while deferred to the checkpoint (NeMo RL main reads none).
 
 Checkpoints
     The calls of NeMo RL's checkpoint-participant work (``prepare_checkpoint(id, deadline_ts)``,
@@ -49,7 +52,7 @@ from typing import Any
 
 import ray
 
-from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl.checkpoint_calls import CheckpointCalls
@@ -79,6 +82,11 @@ from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, StatusReport
 logger = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 10.0
+
+
+class ReceiptMissing(Exception):
+    """A sealed result without the completion receipt a 4-tuple consumer requires (a bug: its
+    receipts are never deferred); the row fails as ``internal_error``."""
 
 
 @dataclass(slots=True)
@@ -142,7 +150,7 @@ class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
             self.endpoints = [*cfg.endpoints, *own]
             orch = Orchestrator(
                 self.endpoints,
-                policy=cfg.policy,
+                policy=self._try_policy(),
                 pool=cfg.pool,
                 ledger=cfg.ledger,
                 orchestrator_id=cfg.orchestrator_id,
@@ -153,6 +161,21 @@ class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
             await orch.astart()
             self._orch = orch
             self._feed = RolloutFeed(orch)
+
+    def _try_policy(self) -> TryPolicy:
+        """The rollouts' policy. A 4-tuple consumer (NeMo RL's checkpoint work, PR #4093) needs
+        every result's ``gym_completion_receipt`` (its actor asserts one on each result and its
+        ACK validates it), so receipts are never deferred to the checkpoint for it: on a Gym
+        without a per-key receipt route each rollout reads its receipt from a status listing at
+        seal. A 3-tuple consumer (NeMo RL main) reads no receipt: receipts may be deferred, and
+        a result whose receipt was deferred carries no ``gym_completion_receipt``."""
+        if self.stream_tuple == 3 or not self.cfg.policy.defer_receipts:
+            return self.cfg.policy
+        logger.info(
+            "stream_tuple 4: receipts are not deferred (each result carries its receipt); "
+            "on a Gym without a receipt route that costs a status listing per rollout"
+        )
+        return self.cfg.policy.model_copy(update={"defer_receipts": False})
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """Install the tokenizer message logs are built with (once, at spin-up)."""
@@ -314,6 +337,17 @@ class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
                             result["gym_completion_receipt"] = outcome.receipt.model_dump(
                                 mode="json", exclude_none=True
                             )
+                        elif self.stream_tuple == 4:  # never deferred for it (_try_policy)
+                            raise ReceiptMissing(
+                                f"{claim.rollout_id}: sealed without a completion receipt, "
+                                "which a 4-tuple consumer requires"
+                            )
+                        # from Gym's store, not from a run this call started: a finished try
+                        # adopted (a dead trainer's, a lost reply) or a sealed result re-sent
+                        result["gym_adopted"] = outcome.adopted or outcome.repeated
+                    except ReceiptMissing as exc:
+                        failures.append((claim.rowidx, FailureKind.INTERNAL, str(exc)))
+                        continue
                     except Exception as exc:
                         if isinstance(exc, RolloutDataError) and raise_as is None:
                             raise_as = type(exc)  # NeMo RL's ValueError / RuntimeError
