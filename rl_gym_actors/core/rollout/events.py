@@ -3,7 +3,7 @@
 Pure data. Events carry the time they happened (``now``, Unix seconds); effects that wait carry
 an absolute deadline. A failed call's event carries its
 :class:`~rl_gym_actors.failures.FailureKind`; :func:`receipt_problem` checks a receipt against
-the reply it should prove.
+the reply it should prove; :func:`outcome_of` is what a finished rollout hands back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.failures import FailureKind
-from rl_gym_actors.outcome import Outcome
+from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
 
 
@@ -206,6 +206,11 @@ class Seal:
     receipt: CompletionReceipt | None  # None: deferred to the checkpoint gate (ReceiptDeferred)
     adopted: bool
 
+    @property
+    def digest(self) -> str:
+        """The sealed reply's digest: its receipt's, or (receipt deferred) the reply's own."""
+        return self.receipt.result_digest if self.receipt else result_digest(self.reply)
+
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -215,6 +220,37 @@ class Report:
 @dataclass(frozen=True, slots=True)
 class Finish:
     outcome: Outcome
+
+
+def outcome_of(
+    rollout_id: str,
+    status: OutcomeStatus,
+    seal: Seal | None,
+    last_attempt: int | None,
+    *,
+    acked: bool,
+    tries: int,
+    endpoint: str,
+    reason: str | None,
+    failure: FailureKind | None,
+) -> Outcome:
+    """What a finished rollout hands back: the sealed result when there is one (``attempt_index``
+    its try's), else none (``attempt_index`` the last try made)."""
+    return Outcome(
+        rollout_id=rollout_id,
+        status=status,
+        attempt_index=seal.attempt_index if seal else last_attempt,
+        reply=seal.reply if seal else None,
+        reward=reward_of(seal.reply) if seal else None,
+        receipt=seal.receipt if seal else None,
+        result_digest=seal.digest if seal else None,
+        adopted=seal.adopted if seal else False,
+        acked=acked,
+        tries=tries,
+        endpoint=endpoint,
+        reason=reason,
+        failure=failure,
+    )
 
 
 Effect = StartRun | FetchReceipt | Retire | Replay | Ack | WaitUntil | Seal | Report | Finish

@@ -1,34 +1,23 @@
 """The tries of one rollout on one endpoint: :class:`RolloutMachine` (see the package's
 docstring for the rule it keeps). Events in, effects out; the phases and their table live in
-:mod:`.phases`, the pending control call in :mod:`.steps`."""
+:mod:`.phases` (with the call each step sends), the pending control call in :mod:`.steps`."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from rl_gym_actors import errors
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptLog, AttemptState
 from rl_gym_actors.core.rollout import events
-from rl_gym_actors.core.rollout.phases import STEP_CALLS, TABLE, RolloutPhase
+from rl_gym_actors.core.rollout.phases import TABLE, RolloutPhase, step_call
 from rl_gym_actors.core.rollout.steps import PendingStep
 from rl_gym_actors.errors import IllegalTransition
 from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.outcome import Outcome, OutcomeStatus, reward_of
-from rl_gym_actors.protocol import CompletionReceipt, result_digest
+from rl_gym_actors.protocol import CompletionReceipt
 
 # ---------------------------------------------------------------- the machine
-
-#: the receipt fetches a server without a per-key receipt may defer to the checkpoint gate
-_DEFERRABLE = frozenset({RolloutPhase.RECEIPT, RolloutPhase.ADOPT_RECEIPT})
-
-
-def _digest_of(seal: events.Seal | None) -> str | None:
-    if seal is None:
-        return None
-    return seal.receipt.result_digest if seal.receipt else result_digest(seal.reply)
 
 
 class RolloutMachine:
@@ -306,14 +295,11 @@ class RolloutMachine:
             raise IllegalTransition(
                 f"rollout {self.rollout_id}: a second seal", state=self.phase.value, event="seal"
             )
-        self.sealed = events.Seal(self._attempt, self._reply, receipt, adopted)
-        out.append(self.sealed)
+        seal = self.sealed = events.Seal(self._attempt, self._reply, receipt, adopted)
+        out.append(seal)
+        reward = reward_of(self._reply)
         self._report(
-            out,
-            AttemptState.SEALED,
-            adopted=adopted,
-            reward=reward_of(self._reply),
-            result_digest=receipt.result_digest if receipt else result_digest(self._reply),
+            out, AttemptState.SEALED, adopted=adopted, reward=reward, result_digest=seal.digest
         )
 
     def _on_ack(self, ev: events.AckAnswered, out: list[events.Effect]) -> None:
@@ -432,23 +418,12 @@ class RolloutMachine:
         *,
         receipt: CompletionReceipt | None = None,
     ) -> None:
-        """Enter a step phase and send the call it waits on (STEP_CALLS), on the current try
-        (an ACK: on ``receipt``)."""
+        """Enter a step phase and send the call it waits on (``step_call``), on the current
+        try (an ACK: on ``receipt``)."""
         self.phase = phase
         budget = self.policy.receipt_s if phase is RolloutPhase.RECEIPT else self.policy.control_s
-        call = STEP_CALLS[phase]
-        make: Callable[[float], events.Effect]
-        if issubclass(call, events.Ack):
-            assert receipt is not None  # the ACK phases are entered with the receipt they send
-            make = functools.partial(events.Ack, receipt)
-        elif (
-            phase in _DEFERRABLE
-            and self.policy.ack == "at_checkpoint"
-            and self.policy.defer_receipts
-        ):
-            make = functools.partial(events.FetchReceipt, self._attempt, may_defer=True)
-        else:
-            make = functools.partial(call, self._attempt)
+        may_defer = self.policy.ack == "at_checkpoint" and self.policy.defer_receipts
+        make = step_call(phase, self._attempt, may_defer=may_defer, receipt=receipt)
         out.append(self._steps.begin(now, budget, make))
 
     def _may_repeat(self, failure: FailureKind, now: float, out: list[events.Effect]) -> bool:
@@ -507,16 +482,11 @@ class RolloutMachine:
         last = self._log.release(self.attempt, self._is_adopted)
         if last is not None:
             out.append(events.Report(last))
-        seal = self.sealed
-        self.outcome = Outcome(
-            rollout_id=self.rollout_id,
-            status=status,
-            attempt_index=seal.attempt_index if seal else self.attempt,
-            reply=seal.reply if seal else None,
-            reward=reward_of(seal.reply) if seal else None,
-            receipt=seal.receipt if seal else None,
-            result_digest=_digest_of(seal),
-            adopted=seal.adopted if seal else False,
+        self.outcome = events.outcome_of(
+            self.rollout_id,
+            status,
+            self.sealed,
+            self.attempt,
             acked=self.acked,
             tries=self.tries,
             endpoint=self.endpoint,

@@ -3,10 +3,13 @@
 Pure data: which phase a :class:`~rl_gym_actors.core.rollout.RolloutMachine` is in, and for each
 (phase, event type) pair the name of the machine's handler that takes it. A pair not in
 :data:`TABLE` is an illegal transition (:class:`~rl_gym_actors.errors.IllegalTransition`).
+:func:`step_call` builds the call a step phase waits on.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from enum import StrEnum
 
 from rl_gym_actors.core.rollout.events import (
@@ -16,6 +19,7 @@ from rl_gym_actors.core.rollout.events import (
     AdoptRequested,
     DeadlineFired,
     DigestMismatch,
+    Effect,
     FetchReceipt,
     ReceiptDeferred,
     ReceiptReceived,
@@ -30,6 +34,7 @@ from rl_gym_actors.core.rollout.events import (
     StepFailed,
     Woke,
 )
+from rl_gym_actors.protocol import CompletionReceipt
 
 
 class RolloutPhase(StrEnum):
@@ -69,6 +74,28 @@ STEP_CALLS: dict[RolloutPhase, type[FetchReceipt | Retire | Replay | Ack]] = {
     RolloutPhase.ACKING: Ack,
     RolloutPhase.RELEASING: Ack,
 }
+
+#: the receipt fetches a server without a per-key receipt may defer to the checkpoint gate
+_DEFERRABLE = frozenset({RolloutPhase.RECEIPT, RolloutPhase.ADOPT_RECEIPT})
+
+
+def step_call(
+    phase: RolloutPhase,
+    attempt: int,
+    *,
+    may_defer: bool,
+    receipt: CompletionReceipt | None = None,
+) -> Callable[[float], Effect]:
+    """The call a step phase sends (:data:`STEP_CALLS`), built for a deadline: an ACK on
+    ``receipt``, the others on ``attempt``; with ``may_defer`` (results ACKed at the checkpoint,
+    receipts deferred) a receipt fetch the checkpoint gate may take over."""
+    call = STEP_CALLS[phase]
+    if issubclass(call, Ack):
+        assert receipt is not None  # the ACK phases are entered with the receipt they send
+        return functools.partial(Ack, receipt)
+    if phase in _DEFERRABLE and may_defer:
+        return functools.partial(FetchReceipt, attempt, may_defer=True)
+    return functools.partial(call, attempt)
 
 
 def _table() -> dict[tuple[RolloutPhase, type], str]:
