@@ -6,9 +6,10 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
 1. every owner flushes its reports (as on the agent-checkpoint gate);
 2. attempts the book has as running that no live owner holds (its owner died, or let go) are
    retired, each on its own server, before prepare (a v2 participant takes a retire only while
-   no checkpoint is open); so are the episodes the server's status reports running that are this
-   run's (``own``: its run id's prefix, or every one without a run id) and that the book does not
-   know or no live owner holds (a dead driver's, whose book died with it);
+   no checkpoint is open); so are the episodes the server's status reported running that are this
+   run's (``own``: its run id's prefix, or every one without a run id) and that the book, once
+   every live owner has flushed its reports, does not know at all (a dead driver's, whose book
+   died with it; read before the flush, so a run a live owner starts meanwhile is never taken);
 3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
    open, commit scoped to the attempts live owners hold (less every restart a server reports),
    resume whatever happened; :class:`~rl_gym_actors.errors.CheckpointFailed` names the blockers;
@@ -73,10 +74,13 @@ class V2Gate:
     async def run(
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
     ) -> list[EndpointCheckpoint]:
+        seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
+        if any(seen):  # every run a live owner started before that status is reported now
+            await self._owners.flush(min(deadline_ts, self._clock() + self._control_s))
         live = self._owners.live()
         retired = [
-            await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts)
-            for ep, part in zip(self._endpoints, self._parts, strict=True)
+            await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts, running)
+            for ep, part, running in zip(self._endpoints, self._parts, seen, strict=True)
         ]
         live = self._owners.live()
         continued = [
@@ -129,8 +133,11 @@ class V2Gate:
         checkpoint_id: str,
         live: frozenset[str],
         deadline_ts: float,
+        on_server: list[tuple[str, int]],
     ) -> int:
-        """Retire what the book has as running on ``endpoint`` that no live owner holds."""
+        """Retire what the book has as running on ``endpoint`` that no live owner holds, and
+        what the server reported running (``on_server``, read before the owners' flush) that
+        is this run's and that the book does not know at all (its owner's book died)."""
         stale = [
             (rid, att)
             for rid, att in self._book.running_on(endpoint.url)
@@ -138,10 +145,10 @@ class V2Gate:
         ]
         stale += [
             key
-            for key in await self._running_on_server(part, deadline_ts)
+            for key in on_server
             if key not in stale
             and (self._own is None or self._own(key[0]))
-            and self._book.claimant(key[0], key[1], endpoint.url, live) is None
+            and self._book.attempt(*key) is None
         ]
         if not stale:
             return 0
