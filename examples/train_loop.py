@@ -439,6 +439,12 @@ def supervise(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 crash["processes_killed"] = _crash(proc)
             crash["exit_status"] = proc.returncode
+            print(
+                f"  killed the trainer in step {args.crash_in_step} "
+                f"({crash['processes_killed']} processes, "
+                f"{crash.get('running_on_gym', '?')} runs going on Gym); restarting it",
+                flush=True,
+            )
         proc = _child(args, gym.url, 0)
         lines = _lines(proc, args.verbose)
         _wait_line(lines, "checkpoint step-" + str(args.steps), timeout_s=args.timeout_s)
@@ -668,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         f"work dir {args.workdir} (checkpoints, steps.jsonl; kept after the run)\n"
         f"{args.steps} steps of {args.prompts} prompts x {args.group}, a checkpoint every "
         f"{args.ckpt_every}, the trainer killed in step {args.crash_in_step or 'none'}; "
-        f"Ray token authentication {ray_auth_mode()} (RAY_AUTH_MODE)",
+        f"Ray's token authentication: RAY_AUTH_MODE={ray_auth_mode()}",
         flush=True,
     )
     result = supervise(args)
