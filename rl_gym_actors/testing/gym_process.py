@@ -29,6 +29,7 @@ from typing import Any
 import rl_gym_actors
 from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
 from rl_gym_actors.gym.clock import CLOCK_OFFSET_ENV
+from rl_gym_actors.testing.polling import scaled
 
 HOST = "127.0.0.1"
 _PACKAGE_ROOT = str(Path(rl_gym_actors.__file__).resolve().parents[1])
@@ -178,7 +179,7 @@ class GymServerProcess(_Base):
 
         threading.Thread(target=read, name="gym-server-stdout", daemon=True).start()
         try:
-            line = lines.get(timeout=timeout_s)
+            line = lines.get(timeout=scaled(timeout_s))  # stretched by the machine's load
         except queue.Empty:
             self.kill()
             raise GymServerError(f"no JSON line within {timeout_s}s; log: {self._tail()}") from None
@@ -213,7 +214,7 @@ class GymServerProcess(_Base):
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
-                self._proc.wait(timeout_s)
+                self._proc.wait(scaled(timeout_s))
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
@@ -269,7 +270,7 @@ class GymServerThread(_Base):
         except OSError:
             self._build(0)  # the old port is taken: take a free one
         try:
-            self._thread = self.server.serve_in_thread(timeout_s)
+            self._thread = self.server.serve_in_thread(scaled(timeout_s))
         except RuntimeError as exc:
             raise GymServerError(str(exc)) from exc
         return self
@@ -313,7 +314,7 @@ class GymServerThread(_Base):
     def _join(self, timeout_s: float) -> None:
         if self._thread is None:
             return
-        self._thread.join(timeout_s)
+        self._thread.join(scaled(timeout_s))
         if self._thread.is_alive():
             raise GymServerError(f"server thread did not stop within {timeout_s}s")
 
