@@ -1,6 +1,8 @@
 """The agent-checkpoint protocol (``/ng-control/v1/agent-checkpoint/*``, ``/run``), both sides.
 
 - :mod:`.client`: :class:`~.client.GymClient`, the trainer side's calls of this protocol.
+- :mod:`.client_answers`: the client's pure side (its ``/run`` result, a prepare 409 as a value,
+  the receipt header, the checks of the keys and receipts it is given).
 - :mod:`.machine`: the lifecycle of one execution key as one table (state x event -> state).
 - :mod:`.core`: :class:`~.core.ParticipantCore`, every decision of the server side, pure.
 - :mod:`.participant`: :class:`~.participant.Participant`, the async shell around the core.

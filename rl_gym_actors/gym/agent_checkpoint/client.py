@@ -27,13 +27,11 @@ says what to abort.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import (
@@ -43,8 +41,14 @@ from rl_gym_actors.errors import (
     ProtocolViolation,
     RlGymError,
 )
+from rl_gym_actors.gym.agent_checkpoint.client_answers import (
+    RunResult,
+    as_receipt,
+    check_key,
+    header_receipt,
+    prepare_incomplete,
+)
 from rl_gym_actors.gym.answers import (
-    Answer,
     as_model,
     build_request,
     encode,
@@ -58,7 +62,6 @@ from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
     CONTROL_PREFIX,
-    RECEIPT_HEADER,
     REPLAYED_HEADER,
     ROLLOUT_ID_FIELD,
     AckAnswer,
@@ -78,87 +81,14 @@ from rl_gym_actors.protocol import (
     RetireKeyAnswer,
     RetireRequest,
     StatusReport,
-    is_valid_rollout_id,
-    result_digest,
 )
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
-PREPARE_INCOMPLETE = "agent_prepare_incomplete"
-
 # re-exported: the pure answer mappings are part of this client's API
 __all__ = ["GymClient", "RunResult", "error_for_response", "run_failure"]
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """What ``/run`` answered: the agent's reply (usually a dict), whether the server replayed a
-    stored reply (the (ext) ``x-gym-replayed`` header; always False on a server without it), the
-    raw bytes of the body, and the completion receipt when the server sent it beside the answer
-    (the (ext) ``x-gym-completion-receipt`` header, the receipt's JSON; None without it, or when
-    it is no receipt: then it is fetched as from any server)."""
-
-    reply: Any
-    replayed: bool
-    raw: bytes = field(repr=False)
-    receipt: CompletionReceipt | None = None
-
-    @property
-    def digest(self) -> str:
-        """The reply's canonical digest, to compare with a receipt's ``result_digest``."""
-        return result_digest(self.reply)
-
-
-@dataclass(frozen=True, slots=True)
-class _Incomplete:
-    report: StatusReport | None  # None: the 409 carried counts only
-
-
-def _prepare_incomplete(answer: Answer) -> _Incomplete | None:
-    """A prepare 409 ``agent_prepare_incomplete`` as a value; None for any other answer."""
-    try:
-        body = json.loads(answer.raw)
-    except ValueError:
-        return None
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, Mapping) or err.get("code") != PREPARE_INCOMPLETE:
-        return None
-    if isinstance(body.get("report"), Mapping):
-        report = as_model(StatusReport, body["report"], answer.url)
-        return _Incomplete(report.model_copy(update={"ready_to_commit": False}))
-    logger.debug("%s: prepare 409 without a report (%s)", answer.url, err.get("detail"))
-    return _Incomplete(None)
-
-
-def _header_receipt(answer: Answer) -> CompletionReceipt | None:
-    """The (ext) receipt sent beside a 2xx ``/run`` answer; None when absent or malformed (the
-    caller then fetches it, as from a server without the header)."""
-    header = answer.headers.get(RECEIPT_HEADER)
-    if header is None:
-        return None
-    try:
-        return CompletionReceipt.model_validate_json(header)
-    except ValidationError:
-        logger.warning("%s: ignoring a malformed %s header", answer.url, RECEIPT_HEADER)
-        return None
-
-
-def _rollout_key(rollout_id: str, attempt_index: int) -> None:
-    if not is_valid_rollout_id(rollout_id):
-        raise ConfigError(f"invalid rollout_id {rollout_id!r}")
-    if not isinstance(attempt_index, int) or isinstance(attempt_index, bool) or attempt_index < 0:
-        raise ConfigError(f"attempt_index must be an int >= 0, got {attempt_index!r}")
-
-
-def _receipt(value: CompletionReceipt | Mapping[str, Any]) -> CompletionReceipt:
-    if isinstance(value, CompletionReceipt):
-        return value
-    try:
-        return CompletionReceipt.model_validate(value)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid completion receipt: {exc}") from exc
 
 
 class GymClient(GymTransport):
@@ -199,7 +129,7 @@ class GymClient(GymTransport):
         deadline_ts: float,
         kind: RetryOn,
     ) -> RunResult:
-        _rollout_key(rollout_id, attempt_index)
+        check_key(rollout_id, attempt_index)
         if not isinstance(row, Mapping):
             raise ConfigError(f"row must be a mapping, got {type(row).__name__}")
         for name, value in ((ROLLOUT_ID_FIELD, rollout_id), (ATTEMPT_INDEX_FIELD, attempt_index)):
@@ -217,7 +147,7 @@ class GymClient(GymTransport):
                 reply=ok(answer),
                 replayed=answer.headers.get(REPLAYED_HEADER, "").strip() == "1",
                 raw=answer.raw,
-                receipt=_header_receipt(answer),
+                receipt=header_receipt(answer),
             )
 
         return await self._with_retry(
@@ -236,7 +166,7 @@ class GymClient(GymTransport):
         ``InvalidRequest``, and the caller reads receipts from a listing). Raises
         ``NotCompleted``, ``StaleAttempt``, ``UnknownExecution`` or, from a real Gym,
         ``AckRejected`` (``completed_execution_acknowledgement_error``: no receipt to give)."""
-        _rollout_key(rollout_id, attempt_index)
+        check_key(rollout_id, attempt_index)
         params = {"rollout_id": rollout_id, "attempt_index": str(attempt_index)}
         if await self.offers("receipt", deadline_ts=deadline_ts):
             return await self._control_call(
@@ -262,7 +192,7 @@ class GymClient(GymTransport):
     ) -> AckAnswer:
         """ACK one completed execution by its receipt. Raises ``AckRejected`` when the key is
         unknown, not completed, or any receipt field differs."""
-        body = _receipt(receipt).model_dump(mode="json", exclude_none=True)
+        body = as_receipt(receipt).model_dump(mode="json", exclude_none=True)
         return await self._control_call(
             AckAnswer,
             "POST",
@@ -276,7 +206,7 @@ class GymClient(GymTransport):
         self, receipts: Iterable[CompletionReceipt | Mapping[str, Any]], *, deadline_ts: float
     ) -> AckBatchAnswer:
         """ACK a batch, all or nothing (at least one receipt, keys unique)."""
-        request = build_request(AckBatchRequest, executions=[_receipt(r) for r in receipts])
+        request = build_request(AckBatchRequest, executions=[as_receipt(r) for r in receipts])
         answer = await self._control_call(
             AckBatchAnswer,
             "POST",
@@ -297,7 +227,7 @@ class GymClient(GymTransport):
     ) -> RetireAnswer:
         """Give up on a try: a running one is cancelled (``retired``), an unknown one tombstoned,
         a completed and un-ACKed one refused (``completed_unacknowledged``: adopt it)."""
-        _rollout_key(rollout_id, attempt_index)
+        check_key(rollout_id, attempt_index)
         return await self._phase_call(
             RetireAnswer,
             RetireRequest,
@@ -315,7 +245,7 @@ class GymClient(GymTransport):
         """(ext) ``retire`` of many keys in one call, answered per key in the order sent; only
         for a server that offers ``retire-batch`` (see :meth:`offers`)."""
         for rollout_id, attempt_index in keys:
-            _rollout_key(rollout_id, attempt_index)
+            check_key(rollout_id, attempt_index)
         answer = await self._phase_call(
             RetireBatchAnswer,
             RetireBatchRequest,
@@ -373,7 +303,7 @@ class GymClient(GymTransport):
                 deadline_ts=try_deadline,
             )
             if answer.status == 409:
-                incomplete = _prepare_incomplete(answer)
+                incomplete = prepare_incomplete(answer)
                 if incomplete is not None:
                     return incomplete.report
             return as_model(StatusReport, ok(answer), answer.url)
