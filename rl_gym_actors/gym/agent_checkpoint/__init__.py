@@ -6,6 +6,7 @@
 - :mod:`.machine`: the lifecycle of one execution key as one table (state x event -> state).
 - :mod:`.core`: :class:`~.core.ParticipantCore`, every decision of the server side, pure.
 - :mod:`.participant`: :class:`~.participant.Participant`, the async shell around the core.
+- :mod:`.lease`: :class:`~.lease.LeaseTimer`, the shell's timer on the checkpoint lease.
 - :mod:`.settled`: the compact record of keys that were ACKed or tombstoned.
 - :mod:`.routes`: :func:`~.routes.create_app`, the HTTP routes of this protocol's server.
 - :mod:`.faults`: fault injection (``--allow-faults``), a middleware the routes never see.

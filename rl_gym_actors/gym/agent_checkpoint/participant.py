@@ -2,8 +2,9 @@
 
 :class:`Participant` performs what :class:`~rl_gym_actors.gym.agent_checkpoint.core.ParticipantCore`
 decides: it runs each agent call as its own task (a caller that disconnects never cancels it),
-waits in prepare, cancels a run on retire, writes checkpoint files, keeps the checkpoint lease,
-and awaits the store before every answer, so nothing is answered before it is durable.
+waits in prepare, cancels a run on retire, writes checkpoint files, keeps the checkpoint lease
+(:mod:`.lease`), and awaits the store before every answer, so nothing is answered before it is
+durable.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rl_gym_actors.errors import (
     StaleAttempt,
 )
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
+from rl_gym_actors.gym.agent_checkpoint.lease import LeaseTimer
 from rl_gym_actors.gym.agents import LineagedReply
 from rl_gym_actors.gym.checkpoint_files import (
     CheckpointUnreadable,
@@ -129,8 +131,7 @@ class Participant:
         self._runs: dict[ExecutionKey, asyncio.Task] = {}
         self._changed = asyncio.Condition()
         self._commit_lock = asyncio.Lock()
-        self._lease_timer: asyncio.TimerHandle | None = None
-        self._expiry: asyncio.Future[None] | None = None
+        self._lease = LeaseTimer(self.core, clock, self._after_expiry)
         self._closing = False
         fence = self.core.fence
         if fence.active is not None and lease_s is not None and fence.lease_until is None:
@@ -164,36 +165,13 @@ class Participant:
             raise ServerUnavailable("the server is shutting down", status=503)
         if self.store.broken:
             raise StoreUnavailable("the store is failing its writes; try again later", status=503)
-        self._expire()
+        self._lease.expire()
 
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
     # ------------------------------------------------------------ the lease
-
-    def _renew(self, checkpoint_id: str | None, deadline_ts: float | None) -> None:
-        self.core.renew(checkpoint_id, deadline_ts, self._clock())
-        self._arm_lease_timer()
-
-    def _arm_lease_timer(self) -> None:
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-            self._lease_timer = None
-        until = self.core.fence.lease_until
-        if until is None:
-            return
-        loop = asyncio.get_running_loop()
-        self._lease_timer = loop.call_later(
-            max(0.0, until - self._clock()) + 0.01, self._on_lease_timer
-        )
-
-    def _on_lease_timer(self) -> None:
-        self._lease_timer = None
-        if self._expire():
-            self._expiry = asyncio.ensure_future(self._after_expiry())  # keep a reference
-        elif self.core.fence.lease_until is not None:
-            self._arm_lease_timer()
 
     async def _after_expiry(self) -> None:
         try:
@@ -202,29 +180,10 @@ class Participant:
             logger.error("the lease expiry could not be written: %s", exc)
         await self._notify()
 
-    def _expire(self) -> bool:
-        expired = self.core.expire(self._clock())
-        if expired is None:
-            return False
-        logger.warning(
-            "checkpoint lease expired: checkpoint_id=%s phase=%s lease_until=%.3f; admission "
-            "reopened and the id is spent",
-            expired.checkpoint_id,
-            expired.phase.value,
-            expired.lease_until,
-            extra={
-                "event": "checkpoint_lease_expired",
-                "checkpoint_id": expired.checkpoint_id,
-                "phase": expired.phase.value,
-                "lease_until": expired.lease_until,
-            },
-        )
-        return True
-
     async def start(self) -> None:
         """In the serving loop, before the first request: arm the lease timer of a
         checkpoint that was active when the server last stopped."""
-        self._arm_lease_timer()
+        self._lease.arm()
 
     # ------------------------------------------------------------ data plane
 
@@ -317,9 +276,9 @@ class Participant:
         return answer
 
     async def status(self, checkpoint_id: str | None) -> StatusReport:
-        self._expire()
+        self._lease.expire()
         answer = self.core.status(checkpoint_id)
-        self._renew(checkpoint_id, None)
+        self._lease.renew(checkpoint_id, None)
         await self._durable_read()
         return answer
 
@@ -328,7 +287,7 @@ class Participant:
     ) -> RetireAnswer:
         self._admit()
         answer, cancel = self.core.retire(checkpoint_id, key)
-        self._renew(checkpoint_id, deadline_ts)
+        self._lease.renew(checkpoint_id, deadline_ts)
         task = self._runs.pop(key, None) if cancel else None
         if task is not None:
             task.cancel()
@@ -348,7 +307,7 @@ class Participant:
             if task is not None:
                 task.cancel()
             answers.append(answer)
-        self._renew(checkpoint_id, deadline_ts)
+        self._lease.renew(checkpoint_id, deadline_ts)
         await self._durable()
         await self._notify()
         return answers
@@ -357,7 +316,7 @@ class Participant:
         """Close admission; wait until nothing runs or ``deadline_ts``; ready or 409."""
         self._admit()
         recorded = self.core.begin_prepare(checkpoint_id)
-        self._renew(checkpoint_id, deadline_ts)
+        self._lease.renew(checkpoint_id, deadline_ts)
         if recorded is not None:
             return recorded
         fence = self.core.fence
@@ -374,7 +333,7 @@ class Participant:
                 pass
         if self._closing:
             raise ServerUnavailable("the server is shutting down", status=503)
-        self._expire()
+        self._lease.expire()
         try:
             report = self.core.finish_prepare(checkpoint_id)
         finally:
@@ -392,7 +351,7 @@ class Participant:
         async with self._commit_lock:  # one writer of checkpoint files at a time
             self._admit()
             recorded, executions = self.core.begin_commit(checkpoint_id)
-            self._renew(checkpoint_id, deadline_ts)
+            self._lease.renew(checkpoint_id, deadline_ts)
             if recorded is not None:
                 return recorded
             await self._durable()
@@ -405,7 +364,7 @@ class Participant:
                     f"cannot write {checkpoint_dir!r}: {exc}", status=409, code="commit_failed"
                 ) from exc
             answer = self.core.finish_commit(checkpoint_id, CommitAnswer.model_validate(written))
-            self._renew(checkpoint_id, deadline_ts)
+            self._lease.renew(checkpoint_id, deadline_ts)
             await self._durable()
             self._since = {k: t for k, t in self._since.items() if self.knows(k)}
             return answer
@@ -429,7 +388,7 @@ class Participant:
             except CheckpointUnreadable as exc:
                 raise GymRejected(str(exc), status=409, code="restore_failed") from None
             answer = self.core.finish_restore(checkpoint_id, RestoreAnswer.model_validate(read))
-            self._renew(checkpoint_id, deadline_ts)
+            self._lease.renew(checkpoint_id, deadline_ts)
             await self._durable()
             return answer
 
@@ -441,14 +400,14 @@ class Participant:
     async def resume(self, checkpoint_id: str) -> ResumeAnswer:
         self._admit()
         answer = self.core.resume(checkpoint_id)
-        self._arm_lease_timer()
+        self._lease.arm()
         await self._durable()
         await self._notify()  # a prepare still waiting for this id ends now
         return answer
 
     def capabilities(self) -> dict[str, Any]:
         """The fence's side of the capabilities answer."""
-        self._expire()
+        self._lease.expire()
         fence = self.core.fence
         return {
             "phase": fence.phase.value,
@@ -483,8 +442,7 @@ class Participant:
         """Cancel every agent call; their callers get 503. Their keys stay running in the store,
         so a restart on the same state dir tombstones them."""
         self._closing = True
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
+        self._lease.cancel()
         await self._notify()  # waiting prepares end now
         tasks = list(self._runs.values())
         for task in tasks:
