@@ -19,6 +19,7 @@ import threading
 from urllib.parse import urlsplit
 
 from rl_gym_actors.config import GymEndpoint
+from rl_gym_actors.testing.loop_thread import LoopThread
 
 HOST = "127.0.0.1"
 CHUNK = 1 << 16
@@ -37,23 +38,21 @@ class _Link:
                 writer.transport.abort()
 
 
-class PartitionProxy:
+class PartitionProxy(LoopThread):
     """A forwarding TCP proxy with a switch that swallows all traffic (see the module doc)."""
+
+    _thread_name = "partition-proxy"
+    _what = "the proxy"
 
     def __init__(self, upstream: str, *, start_timeout_s: float = 10.0) -> None:
         parts = urlsplit(upstream)
         if parts.hostname is None or parts.port is None:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        super().__init__(start_timeout_s=start_timeout_s)
         self.upstream = (parts.hostname, parts.port)
-        self.url: str | None = None
         self.swallowed_bytes = 0
-        self._start_timeout_s = start_timeout_s
         self._partitioned = False
         self._links: set[_Link] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
 
     def endpoint(self, token: str | None) -> GymEndpoint:
         if self.url is None:
@@ -98,39 +97,13 @@ class PartitionProxy:
 
     # ------------------------------------------------------------ serving
 
-    def __enter__(self) -> PartitionProxy:
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._serve, args=(ready,), daemon=True, name="partition-proxy"
-        )
-        self._thread.start()
-        if not ready.wait(self._start_timeout_s) or self.url is None:
-            raise RuntimeError(f"the proxy did not start: {self._error!r}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(self._start_timeout_s)
-
-    def _serve(self, ready: threading.Event) -> None:
-        try:
-            asyncio.run(self._main(ready))
-        except BaseException as exc:  # surfaced by __enter__
-            self._error = exc
-        finally:
-            ready.set()
-
     async def _main(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
         server = await asyncio.start_server(self._accept, HOST, 0)
         port = server.sockets[0].getsockname()[1]
         self.url = f"http://{HOST}:{port}"
         ready.set()
         try:
-            await self._stop.wait()
+            await self._stopped()
         finally:
             server.close()
             for link in list(self._links):

@@ -36,7 +36,6 @@ and ``.endpoint``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from collections import Counter
@@ -54,6 +53,7 @@ from rl_gym_actors.protocol import (
     CONTROL_PREFIX,
     ROLLOUT_ID_FIELD,
 )
+from rl_gym_actors.testing.loop_thread import LoopThread
 
 HOST = "127.0.0.1"
 _EXT_ROUTES = (
@@ -114,27 +114,25 @@ def _park_requested(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class RealGymStandIn:
+class RealGymStandIn(LoopThread):
     """A reverse proxy that answers like a real Gym server (see the module docstring)."""
+
+    _thread_name = "real-gym-stand-in"
+    _what = "stand-in"
 
     def __init__(
         self, upstream: GymEndpoint, *, start_timeout_s: float = 10.0, agent_error: str = "repr"
     ) -> None:
         if agent_error not in ("repr", "plain"):
             raise ValueError(f"agent_error must be 'repr' or 'plain', got {agent_error!r}")
+        super().__init__(start_timeout_s=start_timeout_s)
         self.upstream = upstream
         self.token = upstream.token
         self.agent_error = agent_error
-        self.url: str | None = None
         self.retired_while_running = 0  # runs answered with "No response returned." (500)
         self.agent_failures = 0  # agent errors answered as a real Gym does
         self.calls: Counter[str] = Counter()  # path -> requests answered
         self.bytes_out: Counter[str] = Counter()  # path -> body bytes answered
-        self._start_timeout_s = start_timeout_s
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
         self._running_keys: set[tuple[str, int]] = set()
         self._cancelled_keys: set[tuple[str, int]] = set()
 
@@ -144,33 +142,7 @@ class RealGymStandIn:
             raise RuntimeError("the stand-in is not started")
         return GymEndpoint(url=self.url, token=self.token)
 
-    def __enter__(self) -> RealGymStandIn:
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._serve, args=(ready,), daemon=True, name="real-gym-stand-in"
-        )
-        self._thread.start()
-        if not ready.wait(self._start_timeout_s) or self.url is None:
-            raise RuntimeError(f"stand-in did not start: {self._error!r}")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(self._start_timeout_s)
-
-    def _serve(self, ready: threading.Event) -> None:
-        try:
-            asyncio.run(self._main(ready))
-        except BaseException as exc:  # surfaced by __enter__
-            self._error = exc
-        finally:
-            ready.set()
-
     async def _main(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             app = web.Application(client_max_size=64 << 20)
 
@@ -186,7 +158,7 @@ class RealGymStandIn:
             self.url = f"http://{host}:{port}"
             ready.set()
             try:
-                await self._stop.wait()
+                await self._stopped()
             finally:
                 await runner.cleanup()
 
