@@ -96,19 +96,29 @@ def local_gym_server(
         log_path.unlink(missing_ok=True)
 
 
-def _first_line(proc: subprocess.Popen[str], timeout_s: float, log: Path) -> dict[str, str]:
+def first_line(proc: subprocess.Popen[str], timeout_s: float) -> str | None:
+    """The first line ``proc`` prints (``gym serve`` prints one JSON line once it serves), read
+    in a thread so that the wait has a deadline; None when it exits first. ``TimeoutError``
+    when nothing came within ``timeout_s``."""
     lines: queue.Queue[str | None] = queue.Queue()
 
-    def read() -> None:  # in a thread, so that the wait has a deadline
+    def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=read, name="local-gym-stdout", daemon=True).start()
+    threading.Thread(target=read, name=f"gym-stdout-{proc.pid}", daemon=True).start()
     try:
-        line = lines.get(timeout=timeout_s)
+        return lines.get(timeout=timeout_s)
     except queue.Empty:
+        raise TimeoutError(f"no line within {timeout_s:g}s") from None
+
+
+def _first_line(proc: subprocess.Popen[str], timeout_s: float, log: Path) -> dict[str, str]:
+    try:
+        line = first_line(proc, timeout_s)
+    except TimeoutError:
         raise LocalGymError(
             f"the local Gym server printed no URL within {timeout_s:g}s; log {log}: {_tail(log)}"
         ) from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -24,11 +23,12 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import rl_gym_actors
 from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
 from rl_gym_actors.gym.clock import CLOCK_OFFSET_ENV
+from rl_gym_actors.local_gym import first_line
 from rl_gym_actors.testing.polling import scaled
 
 HOST = "127.0.0.1"
@@ -168,19 +168,10 @@ class GymServerProcess(_Base):
             env=env,
             text=True,
         )
-        lines: queue.Queue[str | None] = queue.Queue()
         proc = self._proc
-
-        def read() -> None:  # stdout is read in a thread so the wait has a deadline
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=read, name="gym-server-stdout", daemon=True).start()
         try:
-            line = lines.get(timeout=scaled(timeout_s))  # stretched by the machine's load
-        except queue.Empty:
+            line = first_line(proc, scaled(timeout_s))  # stretched by the machine's load
+        except TimeoutError:
             self.kill()
             raise GymServerError(f"no JSON line within {timeout_s}s; log: {self._tail()}") from None
         if line is None:
@@ -222,7 +213,60 @@ class GymServerProcess(_Base):
         return self.returncode
 
 
-class GymServerThread(_Base):
+class InProcessServer(_Base):
+    """A server of this process, served in a background thread with its own event loop by the
+    ``GymServer`` that :meth:`_build` makes (``server``)."""
+
+    server: Any
+    _port: int
+    _thread: threading.Thread | None
+
+    @abc.abstractmethod
+    def _build(self, port: int) -> None:
+        """Make ``server`` (and set ``url``, ``_port``) on ``port`` (0: any free one)."""
+
+    @property
+    def participant(self) -> Any:
+        return None if self.server is None else self.server.participant
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> Self:
+        if self.running:
+            raise GymServerError("already running")
+        try:
+            self._build(self._port)
+        except OSError:
+            self._build(0)  # the old port is taken: take a free one
+        try:
+            self._thread = self.server.serve_in_thread(scaled(timeout_s))
+        except RuntimeError as exc:
+            raise GymServerError(str(exc)) from exc
+        return self
+
+    def _join(self, timeout_s: float) -> None:
+        if self._thread is None:
+            return
+        self._thread.join(scaled(timeout_s))
+        if self._thread.is_alive():
+            raise GymServerError(f"server thread did not stop within {timeout_s}s")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Clean shutdown: runs cancelled, the store (if any) flushed and closed."""
+        if self.server is not None and self.running:
+            self.server.stop()
+            self._join(timeout_s)
+
+    def kill(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """As a crash: what is not durable yet is lost, and no shutdown step writes anything."""
+        if self.server is not None and self.running:
+            self.server.kill()
+            self._join(timeout_s)
+
+
+class GymServerThread(InProcessServer):
     """The server in a background thread with its own event loop. ``agent`` may also be an
     async callable. ``kill()`` stops the store as a crash would (nothing more is written) and
     drops the server without a graceful shutdown."""
@@ -253,27 +297,6 @@ class GymServerThread(_Base):
         self.faults: Any = None
         self._port = 0
         self._thread: threading.Thread | None = None
-
-    @property
-    def participant(self) -> Any:
-        return None if self.server is None else self.server.participant
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> GymServerThread:
-        if self.running:
-            raise GymServerError("already running")
-        try:
-            self._build(self._port)
-        except OSError:
-            self._build(0)  # the old port is taken: take a free one
-        try:
-            self._thread = self.server.serve_in_thread(scaled(timeout_s))
-        except RuntimeError as exc:
-            raise GymServerError(str(exc)) from exc
-        return self
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser, participant_options
@@ -310,22 +333,3 @@ class GymServerThread(_Base):
             raise
         self.url = self.server.url
         self._port = self.server.port
-
-    def _join(self, timeout_s: float) -> None:
-        if self._thread is None:
-            return
-        self._thread.join(scaled(timeout_s))
-        if self._thread.is_alive():
-            raise GymServerError(f"server thread did not stop within {timeout_s}s")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Clean shutdown: runs cancelled, the store flushed and closed."""
-        if self.server is not None and self.running:
-            self.server.stop()
-            self._join(timeout_s)
-
-    def kill(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """As a crash: what is not durable yet is lost, and no shutdown step writes anything."""
-        if self.server is not None and self.running:
-            self.server.kill()
-            self._join(timeout_s)

@@ -16,13 +16,13 @@ from typing import Any
 from rl_gym_actors.testing.gym_process import (
     HOST,
     START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    GymServerError,
-    _Base,
+    InProcessServer,
 )
 
 
-class V2ServerThread(_Base):
+class V2ServerThread(InProcessServer):
+    """``kill()`` is a stop without grace: a v2 participant keeps nothing."""
+
     token: str  # always given
 
     def __init__(
@@ -43,27 +43,6 @@ class V2ServerThread(_Base):
         self.server: Any = None
         self._port = 0
         self._thread: threading.Thread | None = None
-
-    @property
-    def participant(self) -> Any:
-        return None if self.server is None else self.server.participant
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> V2ServerThread:
-        if self.running:
-            raise GymServerError("already running")
-        try:
-            self._build(self._port)
-        except OSError:
-            self._build(0)
-        try:
-            self._thread = self.server.serve_in_thread(timeout_s)
-        except RuntimeError as exc:
-            raise GymServerError(str(exc)) from exc
-        return self
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser
@@ -102,24 +81,6 @@ class V2ServerThread(_Base):
         )
         self.url = self.server.url
         self._port = self.server.port
-
-    def _join(self, timeout_s: float) -> None:
-        if self._thread is None:
-            return
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise GymServerError(f"server thread did not stop within {timeout_s}s")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        if self.server is not None and self.running:
-            self.server.stop()
-            self._join(timeout_s)
-
-    def kill(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """As a crash: a v2 participant keeps nothing, so this is a stop without grace."""
-        if self.server is not None and self.running:
-            self.server.kill()
-            self._join(timeout_s)
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> V2ServerThread:
         self.kill()
