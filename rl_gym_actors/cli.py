@@ -48,16 +48,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _lease_s(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
-    return value
-
-
 DEFAULT_CHECKPOINT_LEASE_S = 60.0
 
 
@@ -107,7 +97,7 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--checkpoint-lease-s",
-        type=_lease_s,
+        type=cli_support.seconds_or_zero,
         default=DEFAULT_CHECKPOINT_LEASE_S,
         help="a checkpoint id holds admission until this many seconds past its "
         "deadline_ts with no further call for it; then the server aborts it "

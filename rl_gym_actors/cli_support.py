@@ -80,12 +80,22 @@ def port(text: str) -> int:
 
 
 def seconds(text: str) -> float:
+    return _seconds(text, zero=False)
+
+
+def seconds_or_zero(text: str) -> float:
+    """Seconds where 0 means none (``--checkpoint-lease-s 0``: no lease)."""
+    return _seconds(text, zero=True)
+
+
+def _seconds(text: str, *, zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        bound = ">= 0" if zero else "> 0"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
     return value
 
 

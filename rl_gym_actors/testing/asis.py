@@ -204,6 +204,19 @@ class AsIsRunner:
         endpoint = choose_endpoint(row, rollout_id, self.endpoints)
         client = self.client(endpoint)
         reason, kind = "no try made", FailureKind.INTERNAL
+
+        def failed(attempt: int, why: str, failure: FailureKind) -> Outcome:
+            """No result, after try ``attempt``."""
+            return Outcome(
+                rollout_id=rollout_id,
+                status="failed",
+                attempt_index=attempt,
+                tries=attempt + 1,
+                endpoint=endpoint.url,
+                reason=why,
+                failure=failure,
+            )
+
         for attempt in range(self.policy.max_tries):
             on_try(attempt, endpoint.url)
             sent = without_faults(row) if self.transient_faults and attempt > 0 else dict(row)
@@ -218,25 +231,9 @@ class AsIsRunner:
                 self.stats.tries_given_up[lost.step] += 1
                 continue
             except AgentFailed as exc:
-                return Outcome(
-                    rollout_id=rollout_id,
-                    status="failed",
-                    attempt_index=attempt,
-                    tries=attempt + 1,
-                    endpoint=endpoint.url,
-                    reason=f"agent_failed: {exc.detail}",
-                    failure=FailureKind.AGENT_FAILED,
-                )
+                return failed(attempt, f"agent_failed: {exc.detail}", FailureKind.AGENT_FAILED)
             except RlGymError as exc:
-                return Outcome(
-                    rollout_id=rollout_id,
-                    status="failed",
-                    attempt_index=attempt,
-                    tries=attempt + 1,
-                    endpoint=endpoint.url,
-                    reason=f"{type(exc).__name__}: {exc}",
-                    failure=failure_kind(exc),
-                )
+                return failed(attempt, f"{type(exc).__name__}: {exc}", failure_kind(exc))
             acked = await self._ack(client, receipt)
             return Outcome(
                 rollout_id=rollout_id,
@@ -249,15 +246,7 @@ class AsIsRunner:
                 tries=attempt + 1,
                 endpoint=endpoint.url,
             )
-        return Outcome(
-            rollout_id=rollout_id,
-            status="failed",
-            attempt_index=self.policy.max_tries - 1,
-            tries=self.policy.max_tries,
-            endpoint=endpoint.url,
-            reason=f"out of tries: {reason}",
-            failure=kind,
-        )
+        return failed(self.policy.max_tries - 1, f"out of tries: {reason}", kind)
 
     async def _one_try(
         self, client: GymClient, row: dict[str, Any], rollout_id: str, attempt: int
