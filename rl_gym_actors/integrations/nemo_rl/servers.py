@@ -93,7 +93,11 @@ class _ServerThread:
 
         def serve() -> None:
             try:
-                participant = Participant(self.agent, open_store(self.spec.state_dir))
+                # named after its agent server: the participant NeMo RL resolves a row's
+                # agent_ref to (PR #4093 refuses two participants of one name)
+                participant = Participant(
+                    self.agent, open_store(self.spec.state_dir), name=self.spec.name
+                )
                 extensions = []
                 if self.spec.allow_faults:
                     from rl_gym_actors.gym.agent_checkpoint.faults import (
