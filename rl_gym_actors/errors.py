@@ -262,7 +262,8 @@ class GymStateLost(CheckpointFailed):
     un-ACKed there (restarted on an empty or other state dir, or without one): ``lost`` maps
     each such endpoint to how many. Nothing was ACKed or committed; the results are the
     trainer's (handed out, and in the checkpoint's part), and the book counts them settled, so
-    the next checkpoint can commit."""
+    the next checkpoint can commit. ``epochs`` maps each endpoint whose (ext) store epoch
+    changed (it forgot what it held, even if nothing was held) to ``(before, after)``."""
 
     def __init__(
         self,
@@ -271,8 +272,10 @@ class GymStateLost(CheckpointFailed):
         checkpoint_id: str = "",
         blockers: dict[str, Any] | None = None,
         lost: dict[str, int] | None = None,
+        epochs: dict[str, tuple[str, str]] | None = None,
     ) -> None:
         self.lost = lost or {}
+        self.epochs = epochs or {}
         super().__init__(message, checkpoint_id=checkpoint_id, blockers=blockers)
 
 

@@ -450,6 +450,17 @@ class Capabilities(_Lenient):
     features: list[str] = Field(default_factory=list)
 
 
+class LeaseAnswer(_Lenient):
+    """(ext) ``GET /ng-control/v1/lease`` on our server: the fence, and the server's memory:
+    ``instance_id`` (a uuid per process start) and ``store_epoch`` (a uuid written once into a
+    fresh state dir; without one, the instance id). A real Gym has no such route."""
+
+    phase: str | None = None
+    checkpoint_id: str | None = None
+    instance_id: str | None = None
+    store_epoch: str | None = None
+
+
 def prepare_incomplete_detail(report: StatusReport) -> str:
     return (
         f"agent prepare is incomplete: running={report.running}, "

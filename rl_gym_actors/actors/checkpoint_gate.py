@@ -40,7 +40,7 @@ from rl_gym_actors.actors.gate_endpoint import (
     endpoint_dir,
 )
 from rl_gym_actors.actors.gate_steps import StepPerformer
-from rl_gym_actors.actors.gym_memory import vanished_results
+from rl_gym_actors.actors.gym_memory import epoch_change, vanished_results
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_book import AttemptBook
@@ -187,21 +187,39 @@ class CheckpointGate:
     def _gym_state_lost(self, checkpoint_id: str) -> None:
         """Raise GymStateLost when an endpoint lost sealed results; the book counts them
         settled (the trainer holds them), so the next checkpoint can commit."""
-        lost = {t.endpoint.label: t.lost for t in self._tallies if t.lost}
+        lost = {t.endpoint.label: t.lost for t in self._tallies if t.lost or t.epoch}
         if not lost:
             return
         for tally in self._tallies:
             for rid, att in tally.lost:
                 self._book.record(tally.endpoint.url, rid, att, AttemptState.TOMBSTONED)
-            metrics.GYM_STATE_LOST.inc(len(tally.lost), tags={"endpoint": tally.endpoint.url})
-        logger.error("checkpoint %s: Gym lost sealed results it held: %s", checkpoint_id, lost)
+            if tally.lost or tally.epoch:  # a server that forgot, even holding nothing: 1
+                metrics.GYM_STATE_LOST.inc(
+                    max(len(tally.lost), 1), tags={"endpoint": tally.endpoint.url}
+                )
+        forgot = {t.endpoint.label: t.epoch for t in self._tallies if t.epoch}
+        logger.error(
+            "checkpoint %s: Gym lost sealed results it held: %s; store epochs changed: %s",
+            checkpoint_id,
+            {label: len(keys) for label, keys in lost.items()},
+            forgot,
+        )
         raise GymStateLost(
             f"checkpoint {checkpoint_id}: Gym lost sealed results it held ("
-            + ", ".join(f"{label}: {len(keys)}" for label, keys in lost.items())
+            + ", ".join(
+                f"{label}: {len(keys)}"
+                + (" (forgot its state: store epoch changed)" if label in forgot else "")
+                for label, keys in lost.items()
+            )
             + "); nothing was ACKed or committed",
             checkpoint_id=checkpoint_id,
-            blockers={t.endpoint.label: t.failure(self._foreign) for t in self._tallies if t.lost},
+            blockers={
+                t.endpoint.label: t.failure(self._foreign)
+                for t in self._tallies
+                if t.lost or t.epoch
+            },
             lost={label: len(keys) for label, keys in lost.items()},
+            epochs=forgot,
         )
 
     def _foreign(self, rollout_id: str) -> bool:
@@ -270,8 +288,13 @@ class CheckpointGate:
         tally.last = status
         if hold:  # Gym's memory is checked before anything is released
             tally.lost = await vanished_results(self._book, client, status, deadline_ts)
-            if tally.lost:
-                tally.error = f"Gym lost {len(tally.lost)} sealed results it held"
+            tally.epoch = await epoch_change(client, deadline_ts)
+            if tally.lost or tally.epoch:
+                tally.error = f"Gym lost {len(tally.lost)} sealed results it held" + (
+                    f" (its store epoch changed from {tally.epoch[0]} to {tally.epoch[1]})"
+                    if tally.epoch
+                    else ""
+                )
                 return
         # with no live owner, nobody can have dispatched a try the book has not heard of yet
         retire_unknown = not self._owners.live() or not hold

@@ -62,6 +62,7 @@ class EndpointTally:
     held: list[Any] = field(default_factory=list)  # plan steps: completed results to release
     held_ready: bool = False  # ready but for ``held``: nothing runs, admission is closed
     lost: list[tuple[str, int]] = field(default_factory=list)  # sealed results Gym lost
+    epoch: tuple[str, str] | None = None  # (ext) the store epoch first seen, and now: changed
 
     def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
         """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on

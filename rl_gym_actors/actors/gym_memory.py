@@ -5,7 +5,8 @@ The ledger's book knows which sealed results each endpoint must still hold (seal
 ACKed); at a checkpoint the gate compares them with the endpoint's listing before it releases
 anything. A result the listing lacks is asked for by key: ACKed meanwhile (its owner's report
 not yet folded) is fine; unknown or tombstoned (lost in a restart) means the server lost it.
-Any other answer is no verdict.
+Any other answer is no verdict. Our server also reports a store epoch (:func:`epoch_change`):
+a change means it forgot what it held, even when the book had nothing sealed there.
 """
 
 from __future__ import annotations
@@ -52,3 +53,14 @@ async def vanished_results(
 
     answers = await asyncio.gather(*(lost(k) for k in candidates))
     return [k for k, gone in zip(candidates, answers, strict=True) if gone]
+
+
+async def epoch_change(client: GymClient, deadline_ts: float) -> tuple[str, str] | None:
+    """``(first, now)`` when the endpoint's (ext) store epoch changed since the client first saw
+    it (the server forgot what it held); None when unchanged, unreported (a real Gym) or not
+    readable now (no verdict)."""
+    try:
+        return await client.epoch_change(deadline_ts=deadline_ts)
+    except (GymError, GymUnavailable) as exc:  # no verdict
+        logger.debug("store epoch on %s: %r", client.endpoint.url, exc)
+        return None

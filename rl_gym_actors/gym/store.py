@@ -35,6 +35,7 @@ import os
 import queue
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,10 @@ CREATE TABLE IF NOT EXISTS fence (
     answers BLOB NOT NULL,
     lease_until REAL
 );
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 _UPSERT_EXECUTION = "INSERT OR REPLACE INTO executions VALUES (?, ?, ?, ?, ?, ?)"
@@ -203,6 +208,7 @@ class SqliteStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(_SCHEMA)
+        self.epoch = self._epoch()
         self._loaded = self._recover()
         self._reader: sqlite3.Connection | None = None  # lookups, from the event loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -224,6 +230,16 @@ class SqliteStore:
         self._thread.start()
 
     # ------------------------------------------------------------ open
+
+    def _epoch(self) -> str:
+        """(ext) The store epoch: a uuid written once into a fresh state dir, the same for
+        every server that opens it later; a client that sees it change knows the server lost
+        what it held."""
+        self._conn.execute(
+            "INSERT OR IGNORE INTO meta VALUES ('store_epoch', ?)", (uuid.uuid4().hex,)
+        )
+        row = self._conn.execute("SELECT value FROM meta WHERE name = 'store_epoch'").fetchone()
+        return str(row[0])
 
     def _recover(self) -> Loaded:
         conn = self._conn

@@ -5,9 +5,9 @@ differ from ours; a client must cope with both. :class:`RealGymStandIn` is a sma
 front of one of our servers that rewrites its answers into the real Gym's forms:
 
 - no (ext) routes: ``GET .../receipt``, ``GET .../completion-receipt`` (the first real
-  participant has no per-key receipt route) and ``POST .../retire-batch`` answer 404
-  ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` and ``x-gym-completion-receipt``
-  headers are dropped;
+  participant has no per-key receipt route), ``POST .../retire-batch`` and ``GET .../lease``
+  (no store epoch) answer 404 ``{"detail": "Not Found"}``, and the ``x-gym-replayed`` and
+  ``x-gym-completion-receipt`` headers are dropped;
 - ``GET /ng-control/v1/capabilities`` answers without a token as a real Gym's control plane
   does (its ``ControlCapabilities`` plus the fence's ``phase``, ``active_checkpoint_id`` and
   ``deadline_ts``), with only the features a real agent participant lists
@@ -60,6 +60,7 @@ _EXT_ROUTES = (
     CONTROL_PREFIX + "/receipt",
     CONTROL_PREFIX + "/completion-receipt",  # only later real participants have it
     CONTROL_PREFIX + "/retire-batch",
+    CONTROL_PREFIX + "/lease",  # our fence and store epoch
 )
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
 #: what a real Gym's agent participant lists in its capabilities' ``features``

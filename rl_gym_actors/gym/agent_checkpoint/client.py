@@ -71,6 +71,7 @@ from rl_gym_actors.protocol import (
     CommitAnswer,
     CommitRequest,
     CompletionReceipt,
+    LeaseAnswer,
     PhaseRequest,
     ReceiptAnswer,
     ResumeAnswer,
@@ -97,6 +98,7 @@ class GymClient(GymTransport):
     :class:`~rl_gym_actors.gym.transport.GymTransport`'s."""
 
     _features: frozenset[str] | None = None  # the server's capabilities, once asked
+    _epoch: str | None = None  # (ext) the server's store epoch, as first seen
 
     # ------------------------------------------------------------ data plane
 
@@ -358,6 +360,24 @@ class GymClient(GymTransport):
             if exc.status in (404, 405):
                 return None
             raise
+
+    async def epoch_change(self, *, deadline_ts: float) -> tuple[str, str] | None:
+        """(ext) ``(first, now)`` when the server's store epoch is not the first one this
+        client saw (it lost what it held; the new one is remembered from then on); None when
+        unchanged, or not reported (a real Gym: no ``/lease`` route)."""
+        try:
+            lease = await self._control_call(
+                LeaseAnswer, "GET", "/lease", deadline_ts=deadline_ts, kind=RetryOn.IDEMPOTENT
+            )
+        except GymError as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
+        first, now = self._epoch, lease.store_epoch
+        if now is None or first == now:
+            return None
+        self._epoch = now
+        return None if first is None else (first, now)
 
     # ------------------------------------------------------------ plumbing
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,9 @@ class Participant:
         self._born = time.monotonic()
         self._since: dict[ExecutionKey, float] = {}  # when this process began each run
         self.store: Store = store or MemoryStore()
+        # (ext) this process's id, and the store's epoch (its state dir's; in memory: the id)
+        self.instance_id = uuid.uuid4().hex
+        self.store_epoch = str(getattr(self.store, "epoch", None) or self.instance_id)
         loaded = self.store.load()
         self.core = ParticipantCore(
             loaded.executions,

@@ -293,9 +293,16 @@ def create_app(
     @app.get(CONTROL_PREFIX + "/lease", dependencies=guarded)
     async def lease(request: Request) -> Response:
         """(ext) The fence: ``{"phase", "checkpoint_id", "checkpoint_lease"}`` (what status
-        carried before it answered exactly NeMo RL's model)."""
+        carried before it answered exactly NeMo RL's model), and the server's memory:
+        ``instance_id`` (per process) and ``store_epoch`` (per state dir)."""
         report = await participant.status(None)
-        return json_response(report.model_dump(mode="json", exclude_none=True, include=_EXT_STATUS))
+        return json_response(
+            {
+                **report.model_dump(mode="json", exclude_none=True, include=_EXT_STATUS),
+                "instance_id": participant.instance_id,
+                "store_epoch": participant.store_epoch,
+            }
+        )
 
     @app.post(CONTROL_PREFIX + "/acknowledge", dependencies=guarded)
     async def acknowledge(request: Request) -> Response:
