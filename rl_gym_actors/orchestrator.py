@@ -43,13 +43,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Ma
 from typing import Any
 
 import ray
-from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_with_own_clients
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
-from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool, actor_pattern
-from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
+from rl_gym_actors.actors.pool import WarmPool, actor_pattern
 
 # runtime sets Ray's env before Ray loads
 from rl_gym_actors.actors.runtime import LoopThread, ensure_ray
@@ -64,7 +62,6 @@ from rl_gym_actors.config import (
     pool_with,
     run_id_arg,
 )
-from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
@@ -81,6 +78,7 @@ from rl_gym_actors.rows import (
     endpoint_list,
     row_list,
 )
+from rl_gym_actors.snapshot import ActorTotals, OrchestratorSnapshot
 from rl_gym_actors.stream import IndexedOutcome, Stream
 
 # re-exported: imported from here by the package's __init__, integrations and tests
@@ -95,39 +93,6 @@ __all__ = [
 MEMORY = 1_000_000  # rollout ids remembered (oldest forgotten first)
 WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
 START_TIMEOUT_S = 120.0
-
-
-class ActorTotals(RolloutCounters):
-    """The rollout actors' counters, summed over the pool."""
-
-    actors: int = 0
-
-    @classmethod
-    def of(cls, answers: Sequence[object]) -> ActorTotals:
-        """The sum over the actors that answered with a snapshot (the others are skipped)."""
-        alive = [a for a in answers if isinstance(a, RolloutActorSnapshot)]
-        sums = {n: sum(getattr(a, n) for a in alive) for n in RolloutCounters.model_fields}
-        return cls(actors=len(alive), **sums)
-
-
-class OrchestratorSnapshot(BaseModel):
-    """The ledger's snapshot, the pool's, and the rollout actors' counters."""
-
-    model_config = ConfigDict(frozen=True)
-
-    orchestrator_id: str
-    ledger: LedgerSnapshot
-    pool: PoolSnapshot
-    actors: ActorTotals
-    known_rollouts: int
-    in_flight: int
-
-    def __str__(self) -> str:  # print(): a summary (observe.snapshot_summary), no actor names
-        from rl_gym_actors.observe import snapshot_summary
-
-        return snapshot_summary(self)
-
-    __repr__ = __str__
 
 
 class Orchestrator:

@@ -60,6 +60,7 @@ FLOORS = {
     "gym": 3,
     "actors": 4,
     "orchestrator": 5,
+    "snapshot": 5,
     "rows": 5,
     "stream": 5,
     "dispatch": 5,

@@ -21,14 +21,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from rl_gym_actors.errors import (
     AgentFailed,
     CheckpointConflict,
     CheckpointDeadlinePassed,
     CheckpointRejected,
-    CheckpointStateInvalid,
     GymError,
     InvalidPhase,
     NotCompleted,
@@ -399,11 +396,11 @@ class V2Participant:
                     req.checkpoint_dir,
                     kind=self.kind,
                     instance=self.instance,
-                    select=lambda r: _record_key(r) in scope,
+                    select=lambda r: files.record_key(r) in scope,
                 ),
                 "restore read",
             )
-            installed = [(_record_episode(r), r.get("boundary")) for r in raw]
+            installed = [(files.record_episode(r), r.get("boundary")) for r in raw]
             self.table.close()
             restored = self.table.install(installed)
             self.machine.open_checkpoint(cid, Phase.RESTORED, req.deadline_ts)
@@ -486,19 +483,6 @@ class V2Participant:
             self._lease_timer.cancel()
         if self.state is not None:
             await asyncio.to_thread(self.state.close)
-
-
-def _record_episode(record: dict[str, Any]) -> EpisodeId:
-    try:
-        return EpisodeId.model_validate(record["episode_id"])
-    except (KeyError, TypeError, ValidationError) as exc:
-        raise CheckpointStateInvalid(
-            f"checkpoint record has no valid episode_id: {exc}", status=422
-        ) from exc
-
-
-def _record_key(record: dict[str, Any]) -> str:
-    return _record_episode(record).capture_key
 
 
 __all__ = ["GymError", "RunOutcome", "V2Participant"]

@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from rl_gym_actors.errors import CheckpointStateInvalid
 from rl_gym_actors.gym.checkpoint_files import fsync_dir
+from rl_gym_actors.gym.v2.wire import EpisodeId
 
 SCHEMA_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -137,3 +140,18 @@ def read_state(
     ):
         raise _bad(f"{where}: records do not match the manifest's digest or count")
     return manifest, selected
+
+
+def record_episode(record: dict[str, Any]) -> EpisodeId:
+    """The episode a checkpoint record names; CheckpointStateInvalid (422) when it names none."""
+    try:
+        return EpisodeId.model_validate(record["episode_id"])
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise CheckpointStateInvalid(
+            f"checkpoint record has no valid episode_id: {exc}", status=422
+        ) from exc
+
+
+def record_key(record: dict[str, Any]) -> str:
+    """The capture key of the episode a checkpoint record names."""
+    return record_episode(record).capture_key
