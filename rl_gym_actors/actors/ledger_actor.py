@@ -11,9 +11,10 @@ Restarts: the orchestrator creates the ledger with Ray's own ``max_restarts`` an
 ``max_task_retries``, so a ledger that dies comes back in a new process with the same arguments
 and the calls in flight are sent again. A restarted ledger starts with an empty book and rebuilds
 it: it finds the orchestrator's rollout actors by name (``owner_pattern``), registers them, and
-asks each to report again every attempt it still holds (:meth:`RolloutWorker.rereport`). What no
-live actor holds any more (finished rollouts, handed-over tries) the next checkpoint settles
-from every server's status, as it does for any attempt the book never heard of.
+asks each to report again every attempt it still holds and every sealed, un-ACKed result of a
+rollout it finished (:meth:`RolloutWorker.rereport`), so a sealed result is never taken for an
+orphan. What no live actor reports (handed-over tries, a dead actor's) the next checkpoint
+settles from every server's status, as it does for any attempt the book never heard of.
 
 Owner liveness: an ``ActorDiedError`` (any ``RayActorError`` but ``ActorUnavailableError``) from
 an owner means it is gone and everything it held is forgotten; ``ActorUnavailableError`` or no

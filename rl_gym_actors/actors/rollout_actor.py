@@ -34,6 +34,7 @@ from rl_gym_actors.actors.gym_calls import GymCalls, LiveRollout
 from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
 from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.actors.runtime import watch_driver
+from rl_gym_actors.actors.sealed_finals import SealedFinals
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.core.attempt_reports import AttemptState
@@ -123,6 +124,7 @@ class RolloutWorker:
         # this actor's view of the rollouts it ran: released results for adopt(), abandons that
         # came before their dispatch
         self._memory = RolloutMemory(FINISHED_MEMORY, view=True)
+        self._finals = SealedFinals()  # sealed, un-ACKed results, for a restarted ledger
         # every counter of RolloutCounters but in_flight (which is len(self._live))
         self._counts = dict.fromkeys(
             (f for f in RolloutCounters.model_fields if f != "in_flight"), 0
@@ -189,6 +191,8 @@ class RolloutWorker:
         finally:
             del self._live[rollout_id]
             m = machine
+            if m.sealed is not None and not m.acked and m.sealed.attempt_index in live.reports:
+                self._finals.keep(rollout_id, live.reports[m.sealed.attempt_index])
             self._memory.end_run(
                 rollout_id,
                 first_attempt,
@@ -279,8 +283,11 @@ class RolloutWorker:
 
     async def rereport(self) -> int:
         """A restarted ledger asks: report again the last state of every attempt of every
-        rollout in flight, and deliver it now. How many reports that was."""
+        rollout in flight and of every finished rollout's sealed, un-ACKed try (see
+        :mod:`~rl_gym_actors.actors.sealed_finals`), and deliver it now. How many reports
+        that was."""
         again = [r for live in list(self._live.values()) for r in live.reports.values()]
+        again += self._finals.reports()  # finished, sealed, not yet released
         for report in again:
             self._outbox.add(report)
         await self._outbox.flush()
@@ -288,6 +295,7 @@ class RolloutWorker:
 
     async def flush_reports(self) -> int:
         """Send every pending report now; returns once the ledger has them."""
+        self._finals.turn()  # the gate's first call of a checkpoint
         return await self._outbox.flush()
 
     async def snapshot(self) -> RolloutActorSnapshot:
