@@ -19,7 +19,7 @@ from rl_gym_actors.errors import CheckpointFailed
 from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
-pytestmark = [pytest.mark.ray]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # 10-16 s each: the edit loop skips them
 
 _ids = itertools.count()
 
