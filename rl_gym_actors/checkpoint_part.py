@@ -100,6 +100,29 @@ def write_part(
     return part
 
 
+def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outcome]) -> int:
+    """Add ``outcomes`` to the ``undelivered`` of the part already under ``checkpoint_dir``
+    (rewritten durably, as :func:`write_part` writes it): the checkpoint gate calls it with the
+    handed-over tries it adopted, before it ACKs anything. A rollout the part already holds is
+    left as it is. How many were added; raises ConfigError when the part cannot be read or
+    written."""
+    directory = part_dir(checkpoint_dir)
+    try:
+        part = CheckpointPart.model_validate_json((directory / PART_FILE).read_bytes())
+    except (OSError, ValidationError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"no checkpoint part to add to under {directory}: {exc}") from exc
+    held = {o.rollout_id for o in part.handed} | {o.rollout_id for o in part.undelivered}
+    new = [o for o in outcomes if o.rollout_id not in held]
+    if new:
+        part = part.model_copy(update={"undelivered": [*part.undelivered, *new]})
+        try:
+            write_file_atomically(directory / PART_FILE, part.model_dump_json().encode())
+            fsync_dir(directory)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
+    return len(new)
+
+
 def read_part(
     checkpoint_dir: str | os.PathLike[str], retention: int = DEFAULT_RETENTION
 ) -> tuple[CheckpointPart, SealedIds]:

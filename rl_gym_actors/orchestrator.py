@@ -51,6 +51,7 @@ from rl_gym_actors.actors.pool import WarmPool, actor_pattern
 
 # runtime sets Ray's env before Ray loads
 from rl_gym_actors.actors.runtime import LoopThread, ensure_ray
+from rl_gym_actors.checkpoint_part import add_undelivered as keep_handed
 from rl_gym_actors.checkpoint_part import load_part, restore_run, write_memory_part
 from rl_gym_actors.config import (
     GymEndpoint,
@@ -430,7 +431,10 @@ class Orchestrator:
             bool(sweep_foreign),
             claims,
             timeout_s=deadline_s + CALL_SLACK_S,
+            keep_handed=keep_handed,  # the handed-over tries the gate adopts: into the part
         )
+        for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
+            self._memory.adopt_handed(outcome)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
         self._committed()

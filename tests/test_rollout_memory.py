@@ -90,6 +90,28 @@ def test_an_abandoned_result_is_kept_for_the_next_row_once():
     assert again is not None and again.repeated and again.adopted
 
 
+def test_a_handed_over_try_the_gate_adopted_is_the_next_rows_result_once():
+    memory = RolloutMemory()
+    run(memory, "r1", outcome("failed", 1))  # the try was handed to the ledger unsettled
+    adopted = outcome("abandoned", 1, result=True)
+    assert memory.adopt_handed(adopted)
+    assert memory.state("r1") is RolloutState.KEPT and memory.in_flight == 0
+    assert memory.results() == ([], [adopted.model_copy(update={"acked": False})])
+    plan = run(memory, "r1")
+    assert (
+        plan.ready is not None
+        and plan.ready.status == "sealed"
+        and plan.ready.reply == {"reward": 1.0}
+    )
+    assert memory.state("r1") is RolloutState.SEALED
+    assert not memory.adopt_handed(adopted)  # only a rollout without a result takes one
+    run(memory, "r2", outcome("failed", 3, rid="r2"))
+    assert not memory.adopt_handed(outcome("abandoned", 2, result=True, rid="r2"))  # older try
+    assert memory.state("r2") is RolloutState.UNSETTLED
+    assert memory.adopt_handed(outcome("abandoned", 0, result=True, rid="r3"))  # unknown: kept
+    assert memory.state("r3") is RolloutState.KEPT
+
+
 def test_an_untaken_result_is_kept_only_for_a_rollout_with_a_result():
     memory = RolloutMemory()
     sealed = outcome("sealed", 0, result=True)

@@ -41,6 +41,7 @@ from rl_gym_actors.actors.gate_endpoint import (
 )
 from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.actors.gym_memory import epoch_change, vanished_results
+from rl_gym_actors.actors.handover import keep_handed_over
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
 from rl_gym_actors.core.attempt_book import AttemptBook
@@ -56,6 +57,7 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
+from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ExecutionState, StatusReport
 
 logger = logging.getLogger(__name__)
@@ -82,8 +84,12 @@ class CheckpointGate:
         claims: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.time,
         healer: Healer | None = None,
+        keep: Callable[[list[Outcome]], int] | None = None,
+        carried: Sequence[Outcome] = (),
     ) -> None:
         self._book = book
+        self._keep_write = keep  # kept handed-over tries into the part (None: orphans ACKed)
+        self.pending: list[Outcome] = list(carried)  # kept results for the checkpoint's answer
         self._healer = healer  # failed resumes go on in the background; this run's own ids
         self._own_ids = healer.own_ids() if healer is not None else frozenset()
         # shared servers: with a run id, attempts of other runs are never touched (see
@@ -122,7 +128,9 @@ class CheckpointGate:
                     for t, c in zip(self._tallies, self._clients, strict=True)
                 ],
             )
-            if all(t.ready or t.held_ready for t in self._tallies):
+            if all(t.ready or t.held_ready for t in self._tallies) and await self._keep(
+                prepare_deadline
+            ):
                 await self._until(  # phase 2: release (ACK) and prepare again
                     deadline_ts,
                     [
@@ -168,6 +176,7 @@ class CheckpointGate:
             checkpoint_dir=checkpoint_dir,
             owners_flushed=flushed,
             elapsed_s=self._clock() - start,
+            kept=self.pending,
             endpoints=[
                 EndpointCheckpoint(
                     endpoint=t.endpoint.url,
@@ -183,6 +192,17 @@ class CheckpointGate:
                 for t, commit in zip(self._tallies, commits, strict=True)
             ],
         )
+
+    async def _keep(self, deadline_ts: float) -> bool:
+        """Before the release: keep the handed-over tries phase 1 held (actors/handover.py);
+        False (nothing ACKed, the checkpoint fails) when the part cannot be written."""
+        if self._keep_write is None:
+            return True
+        kept = await keep_handed_over(
+            self._book, self._tallies, self._clients, deadline_ts, self._keep_write, self.pending
+        )
+        self.pending = self.pending if kept is None else kept
+        return kept is not None
 
     def _gym_state_lost(self, checkpoint_id: str) -> None:
         """Raise GymStateLost when an endpoint lost sealed results; the book counts them

@@ -150,6 +150,7 @@ class GateSelect:
                 "; ".join(str(r) for r in errors), checkpoint_id=checkpoint_id, blockers=blockers
             )
         by_url: dict[str, EndpointCheckpoint] = {}
+        kept = []
         v2_entries = results[0]
         assert isinstance(v2_entries, list)
         for entry in v2_entries:
@@ -158,6 +159,7 @@ class GateSelect:
             agent_report = results[1]
             assert isinstance(agent_report, CheckpointReport)
             flushed = max(flushed, agent_report.owners_flushed)
+            kept = agent_report.kept
             for entry in agent_report.endpoints:
                 by_url[entry.endpoint] = entry
         return CheckpointReport(
@@ -166,6 +168,7 @@ class GateSelect:
             owners_flushed=flushed,
             elapsed_s=time.time() - start,
             endpoints=[by_url[e.url] for e in self._endpoints],
+            kept=kept,
         )
 
     async def abort(self, checkpoint_id: str, deadline_ts: float) -> AbortReport:

@@ -24,6 +24,7 @@ answer in time means it may still be alive, so the gate asks again in its next r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -55,6 +56,7 @@ from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.outcome import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +177,7 @@ class LedgerActor:
         self._select = GateSelect(self._endpoints, self._clients)  # protocol per server
         self._gate_lock = asyncio.Lock()
         self._healer = Healer()  # failed resumes retried in the background
+        self._kept_unanswered: list[Outcome] = []  # see checkpoint(): kept, answer failed
         self._owner_pattern = owner_pattern
         self._run_id = run_id
         self._restarted = _was_restarted()
@@ -258,13 +261,16 @@ class LedgerActor:
         deadline_s: float,
         sweep_foreign: bool = False,
         claims: Sequence[str] = (),
+        keep_handed: Callable[[str, list[Outcome]], int] | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
         an endpoint is not ready by the deadline. One checkpoint at a time. With a ``run_id``,
         attempts of other runs on the same servers are left alone (waited for) unless
         ``sweep_foreign``; ``claims`` are rollout ids of this run without its prefix (the
-        trainer's own ids dispatched since the last commit)."""
+        trainer's own ids dispatched since the last commit). ``keep_handed(dir, outcomes)``
+        writes handed-over tries the gate adopts into the checkpoint part before any ACK (see
+        actors/handover.py); without it they are ACKed as orphans."""
         checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
             raise ConfigError("checkpoint_dir must be a non-empty path")
@@ -284,10 +290,12 @@ class LedgerActor:
                 blockers={},
             ) from None
 
+        gates: list[CheckpointGate] = []
+
         def agent_gate(
             endpoints: Sequence[GymEndpoint], clients: Sequence[GymClient]
         ) -> CheckpointGate:
-            return CheckpointGate(
+            gate = CheckpointGate(
                 self._book,
                 endpoints,
                 clients,
@@ -297,7 +305,13 @@ class LedgerActor:
                 sweep_foreign=bool(sweep_foreign),
                 claims=frozenset(claims),
                 healer=self._healer,
+                keep=None
+                if keep_handed is None
+                else functools.partial(keep_handed, checkpoint_dir),
+                carried=self._kept_unanswered,
             )
+            gates.append(gate)
+            return gate
 
         self._healer.issue(checkpoint_id)
         try:  # each server's gate by the protocol it speaks (see actors/gate_select.py)
@@ -313,11 +327,14 @@ class LedgerActor:
                 own=own_rollouts(self._run_id, bool(sweep_foreign), frozenset(claims)),
             )
         except CheckpointFailed:
+            # kept handed-over results the orchestrator was not told of: the next answer's
+            self._kept_unanswered = [o for g in gates for o in g.pending]
             self._book.record_checkpoint(checkpoint_id, committed=False)
             metrics.CHECKPOINTS.inc(tags={"result": "failed"})
             raise
         finally:
             self._gate_lock.release()
+        self._kept_unanswered = []
         self._book.record_checkpoint(checkpoint_id, committed=True)
         metrics.CHECKPOINTS.inc(tags={"result": "committed"})
         return report

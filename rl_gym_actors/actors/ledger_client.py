@@ -21,6 +21,7 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.errors import LedgerLost, RlGymError
+from rl_gym_actors.outcome import Outcome
 
 LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)
 
@@ -79,11 +80,12 @@ class LedgerClient:
         claims: Sequence[str],
         *,
         timeout_s: float,
+        keep_handed: Callable[[str, list[Outcome]], int] | None = None,
     ) -> CheckpointReport:
         return await self._call(
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
-                checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign, claims
+                checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign, claims, keep_handed
             ),
             timeout_s,
         )

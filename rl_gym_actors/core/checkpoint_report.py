@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import CommitAnswer
 
 
@@ -46,6 +47,9 @@ class CheckpointReport(BaseModel):
     owners_flushed: int = 0
     elapsed_s: float = 0.0
     endpoints: list[EndpointCheckpoint]
+    # handed-over tries the gate adopted (actors/handover.py): in the part's ``undelivered``,
+    # kept by the orchestrator for their rollouts' next rows
+    kept: list[Outcome] = []
 
     @property
     def adopted(self) -> int:

@@ -218,6 +218,28 @@ class RolloutMemory:
         if not delivered:
             self.keep(outcome)
 
+    def adopt_handed(self, outcome: Outcome) -> bool:
+        """A try this rollout handed to the ledger unsettled finished on Gym after all, and the
+        checkpoint gate adopted its result: kept for the rollout's next row (no agent run). Only
+        for a rollout that waits without a result (UNSETTLED, LOST) at that try, or one this
+        memory does not know (restored); whether it was kept."""
+        rid, att = outcome.rollout_id, outcome.attempt_index
+        state = self.state(rid)
+        if att is None or not outcome.has_result:
+            return False
+        if state is RolloutState.NEW:
+            self.restore(outcome, delivered=False)
+            return self.state(rid) is RolloutState.KEPT
+        rec = self._full(rid)
+        if rec is None or state not in (RolloutState.UNSETTLED, RolloutState.LOST):
+            return False
+        if rec.current is not None and rec.current > att:
+            return False  # a later try was made since: that one counts
+        self.begin(rid)
+        kept = outcome.model_copy(update={"status": "abandoned", "acked": False})
+        self.end(rid, Dispatch(att, None), kept)
+        return True
+
     # ------------------------------------------------------------ a rollout actor's questions
 
     def begin(self, rollout_id: str) -> None:
