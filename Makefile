@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-lowest lint bench bench-compare clean
+.PHONY: setup demo test test-fast test-lowest lint bench bench-scale bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -54,6 +54,12 @@ test-lowest:
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/run_all.py --quick
+
+# benchmarks/scale.py alone (N raylets, 16 durable Gym servers, big checkpoints; ~3 minutes
+# quick), kept out of `make bench` to hold that under 8 minutes; RESULTS.md regenerated
+bench-scale: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/run_all.py --quick --only scale
 
 # the same, plus the "before" column: the benchmarks run again against commit e581378
 bench-compare: $(STAMP)

@@ -136,6 +136,19 @@ def as_model(model: type[M], data: Any, url: str) -> M:
         raise ProtocolViolation(f"{url}: answer is no {model.__name__}: {exc}") from exc
 
 
+def model_of(model: type[M], answer: Answer) -> M:
+    """A 2xx answer's body as ``model`` in one pass over the bytes (pydantic's own JSON parser,
+    no dict in between: a status listing thousands of attempts is the checkpoint's largest
+    parse); any other answer, or a body that does not validate, goes the two-step way
+    (:func:`ok`, :func:`as_model`), which names what is wrong."""
+    if 200 <= answer.status < 300:
+        try:
+            return model.model_validate_json(answer.raw)
+        except ValidationError:
+            pass
+    return as_model(model, ok(answer), answer.url)
+
+
 def ok(answer: Answer) -> Any:
     """The JSON of a 2xx answer; the typed error of any other."""
     if not 200 <= answer.status < 300:

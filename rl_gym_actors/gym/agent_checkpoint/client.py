@@ -53,6 +53,7 @@ from rl_gym_actors.gym.answers import (
     build_request,
     encode,
     error_for_response,
+    model_of,
     ok,
     run_failure,
 )
@@ -308,7 +309,7 @@ class GymClient(GymTransport):
                 incomplete = prepare_incomplete(answer)
                 if incomplete is not None:
                     return incomplete.report
-            return as_model(StatusReport, ok(answer), answer.url)
+            return model_of(StatusReport, answer)
 
         report = await self._with_retry(
             attempt, RetryOn.TRANSPORT, deadline_ts, f"prepare {checkpoint_id}"
@@ -402,7 +403,7 @@ class GymClient(GymTransport):
                 data=encode(body.model_dump(mode="json")),
                 deadline_ts=try_deadline,
             )
-            return as_model(answer_model, ok(answer), answer.url)
+            return model_of(answer_model, answer)
 
         return await self._with_retry(attempt, kind, deadline_ts, path.lstrip("/"))
 
@@ -425,7 +426,7 @@ class GymClient(GymTransport):
             answer = await self._send(
                 method, full, control=True, data=data, params=params, deadline_ts=try_deadline
             )
-            return as_model(answer_model, ok(answer), answer.url)
+            return model_of(answer_model, answer)
 
         return await self._with_retry(attempt, kind, deadline_ts, path.lstrip("/"))
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.answers import as_model, encode, ok
+from rl_gym_actors.gym.answers import encode, model_of, ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
 from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.gym.v2.wire import (
@@ -96,7 +96,7 @@ class V2Client:
             answer = await self.gym._send(
                 "GET", ROUTE_PREFIX + "/status", control=True, deadline_ts=try_deadline
             )
-            return as_model(StatusAnswer, ok(answer), answer.url)
+            return model_of(StatusAnswer, answer)
 
         return await self.gym._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "v2 status")
 
@@ -249,6 +249,6 @@ class V2Client:
                 data=encode(body.model_dump(mode="json")),
                 deadline_ts=try_deadline,
             )
-            return as_model(answer_model, ok(answer), answer.url)
+            return model_of(answer_model, answer)
 
         return await gym._with_retry(attempt, kind, deadline_ts, f"v2 {operation}")
