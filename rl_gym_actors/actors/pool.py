@@ -264,7 +264,17 @@ class WarmPool:
         new.ready.clear()
         self._members[index] = new
         try:
-            await asyncio.wait_for(new.handle.ping.remote(), START_TIMEOUT_S)
+            try:
+                await asyncio.wait_for(new.handle.ping.remote(), START_TIMEOUT_S)
+            except RayActorError as exc:
+                # replaced again meanwhile (killed before it ran) or dead at birth: whoever
+                # replaced it owns the slot now; a call that fails on it replaces it again
+                logger.warning("replacement %s gone before it started: %r", new.name, exc)
+                return
+            except TimeoutError:
+                # no room for it yet (a lost node's CPUs went with the node): it starts when
+                # Ray can place it; calls leased to it wait for that
+                logger.warning("replacement %s not started after %.0f s", new.name, START_TIMEOUT_S)
             try:
                 await self._ledger.register_owners.remote({new.name: new.handle})
             except RayActorError as exc:
