@@ -352,7 +352,7 @@ def checkpoints(orch: Any, fleet: DurableFleet, p: dict, tmp: Path) -> list[dict
             elif kind == "finished":
                 asyncio.run(leave_finished(eps, n, prefix, concurrency=256))
             else:
-                asyncio.run(leave_running(eps, n, prefix, concurrency=2048, wait_s=1.5))
+                asyncio.run(leave_running(eps, n, prefix, concurrency=1024, wait_s=3.0))
                 n_left[policy] = asyncio.run(_until_running(eps, n))
             fill_s[policy] = time.perf_counter() - t_fill
             cid = f"ck-{kind[0]}{counter}"
@@ -667,7 +667,12 @@ def _headline(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> Non
         "Finished attempts of the seeded size are written into each server's state dir with the "
         "server's own store and reply encoding while it is stopped (filling them through /run "
         "would take minutes); the smaller sizes are left by /run calls whose replies are "
-        "dropped. Running attempts are /run calls abandoned after 1.5 s (2,048 at once)."
+        "dropped. Running attempts are /run calls abandoned after 3 s (1,024 at once)."
+    )
+    result.notes.append(
+        "Where a big checkpoint's time goes (py-spy on the ledger actor, which runs the gate, and "
+        "on a Gym host): [profile_checkpoint_finished.md](results/profile_checkpoint_finished.md) "
+        "(`benchmarks/profile_checkpoint.py --quick`: 10,000 finished over 16 servers)."
     )
     four = max(tp, key=lambda r: r["nodes"])
     big = {(r["kind"], r["attempts"]): r for r in ck}
