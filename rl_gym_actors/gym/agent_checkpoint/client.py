@@ -49,7 +49,6 @@ from rl_gym_actors.gym.agent_checkpoint.client_answers import (
     prepare_incomplete,
 )
 from rl_gym_actors.gym.answers import (
-    as_model,
     build_request,
     encode,
     error_for_response,

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.answers import Answer, as_model
@@ -51,8 +51,27 @@ class Incomplete:
     report: StatusReport | None  # None: the 409 carried counts only
 
 
+class _PrepareRefusal(BaseModel):
+    """A prepare 409's body, read in one pass (its report lists every attempt left)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    error: dict[str, Any]
+    report: StatusReport | None = None
+
+
 def prepare_incomplete(answer: Answer) -> Incomplete | None:
     """A prepare 409 ``agent_prepare_incomplete`` as a value; None for any other answer."""
+    try:
+        refusal = _PrepareRefusal.model_validate_json(answer.raw)
+    except ValidationError:
+        refusal = None  # not this shape: the two-step reading below decides, and names why
+    if (
+        refusal is not None
+        and refusal.report is not None
+        and refusal.error.get("code") == PREPARE_INCOMPLETE
+    ):
+        return Incomplete(refusal.report.model_copy(update={"ready_to_commit": False}))
     try:
         body = json.loads(answer.raw)
     except ValueError:
