@@ -567,7 +567,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         "gym_server_memory": "Gym server memory over a long run (no Ray)",
         "gym_server": "Gym server on its own (written by the server engineer)",
         "chaos": "Chaos: one fault per row",
-        "scale": "At scale: raylets, 16 Gym servers, big checkpoints",
+        "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
     }

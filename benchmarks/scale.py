@@ -349,6 +349,7 @@ def checkpoints(orch: Any, fleet: DurableFleet, p: dict, tmp: Path) -> list[dict
             eps = fleet.endpoints
             if kind == "finished" and n >= p["seed_from"]:
                 fleet.fresh(prefix, n)
+                _state_lost_seen(orch, f"lost-{counter}", tmp)
             elif kind == "finished":
                 asyncio.run(leave_finished(eps, n, prefix, concurrency=256))
             else:
@@ -387,6 +388,19 @@ def checkpoints(orch: Any, fleet: DurableFleet, p: dict, tmp: Path) -> list[dict
             f"retired {report.retired}; load {load:.1f}"
         )
     return rows_out
+
+
+def _state_lost_seen(orch: Any, cid: str, tmp: Path) -> None:
+    """After ``fleet.fresh()`` every server has a new store epoch: the gate's next checkpoint
+    says GymStateLost (what a Gym restarted on an empty state dir is) before it acts on anything,
+    and remembers the new epoch. That checkpoint runs here, untimed, so the timed one is not it."""
+    from rl_gym_actors.errors import GymStateLost
+
+    try:
+        orch.checkpoint(cid, str(tmp / cid), deadline_s=DEADLINE_S)
+    except GymStateLost:
+        return
+    raise RuntimeError("a checkpoint after fresh state dirs did not say GymStateLost")
 
 
 async def _until_running(endpoints: Sequence[GymEndpoint], n: int, timeout_s: float = 60) -> int:
