@@ -133,6 +133,7 @@ class Orchestrator:
         if not is_valid_rollout_id(self.id):
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
         self.keep_results = bool(keep_results)  # restore_from: run id, results, sealed ids
+        self._sealed_retention = sealed_retention
         run_id, part, sealed = restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
@@ -315,6 +316,22 @@ class Orchestrator:
         return await self._async(
             self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
         )
+
+    async def arestore(self, checkpoint_dir: str | os.PathLike[str]) -> None:
+        """Load the part a checkpoint of this run wrote under ``checkpoint_dir`` into a started
+        orchestrator, as ``restore_from=`` does at construction (the NeMo RL drop-in restores
+        after its spin-up): handed results answer a row sent again ``repeated``, undelivered
+        ones are the next row's result, sealed ids are never run again. ConfigError when the
+        part is missing, torn, or another run's."""
+        self._check_open()
+        _, part, sealed = await asyncio.to_thread(
+            restore_run, checkpoint_dir, self.run_id, self._sealed_retention
+        )
+
+        async def load() -> None:  # on the orchestrator's loop, which owns the memory
+            load_part(self._memory, part, sealed)
+
+        await self._async(load())
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())

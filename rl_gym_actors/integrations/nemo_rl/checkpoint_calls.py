@@ -166,6 +166,9 @@ class CheckpointCalls:
             part = await asyncio.to_thread(read_part, checkpoint_dir)
             if part is not None:  # the run id and call counter: the same ids again
                 self._book.restore(part)
+                # the layer's part the gate wrote before releasing anything: the results the
+                # dead instance sealed answer re-sent rows (repeated), never a rerun
+                await self._orch.arestore(checkpoint_dir)
             parts = [
                 shapes.restored_participant(ident, checkpoint_dir, where, source_checkpoint_id)
                 for ident, where in zip(
