@@ -31,6 +31,7 @@ from pathlib import Path
 from rl_gym_actors.testing.chaos.common import FULL, QUICK, ChaosRow, Sizes, gym_counts
 from rl_gym_actors.testing.chaos.durable_faults import (
     ack_crash_restore,
+    clock_skew,
     gym_state_lost,
     partition_heals,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ChaosRow",
     "Sizes",
     "ack_crash_restore",
+    "clock_skew",
     "driver_killed",
     "gym_counts",
     "gym_dead",
@@ -98,6 +100,8 @@ SCENARIOS: dict[str, Callable[[Sizes, Path], ChaosRow]] = {
     "partition_heals": partition_heals,
     "partition_heals_lease": lambda sizes, tmp: partition_heals(sizes, tmp, lease_s=60.0),
     "ack_crash_restore": ack_crash_restore,
+    "clock_ahead_12s": lambda sizes, tmp: clock_skew(sizes, tmp, 12.0),
+    "clock_behind_60s": lambda sizes, tmp: clock_skew(sizes, tmp, -60.0),
 }
 OWN_PROCESS = {"node_loss"}  # makes its own Ray cluster
 

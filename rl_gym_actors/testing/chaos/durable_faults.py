@@ -1,6 +1,6 @@
 """Chaos of issue 16 (nothing released before it is durable): Gym restarted on an empty state
 dir with held results, a partition during a checkpoint that heals, a trainer SIGKILLed between a
-checkpoint's ACKs and its commit and restored from the checkpoint's part."""
+checkpoint's ACKs and its commit and restored from the checkpoint's part, Gym's clock off ours."""
 
 from __future__ import annotations
 
@@ -166,5 +166,45 @@ def ack_crash_restore(sizes: Sizes, tmp: Path) -> ChaosRow:
         and after["repeated"] == sizes.rows
         and runs == sizes.rows
         and row.committed is True
+    )
+    return row
+
+
+def clock_skew(sizes: Sizes, tmp: Path, offset_s: float) -> ChaosRow:
+    """Gym's clock ``offset_s`` off ours: a checkpoint taken while rollouts still run commits
+    as on an unskewed server (deadlines are sent in the server's time)."""
+    row = ChaosRow(
+        f"Gym's clock {offset_s:+.0f} s off the trainer's",
+        "checkpoints commit as with no skew; every row sealed; nothing left on Gym",
+    )
+    policy = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=5.0)
+    server = GymServerProcess(token="chaos", clock_offset_s=offset_s).start()
+    try:
+        with _orchestrator(server.endpoint, sizes, policy) as orch:
+            batch = _in_background(orch.run_batch, _rows("cs", sizes, sleep_s=0.5))
+            _wait(lambda: gym_counts(server.endpoint)[0] > 0, 30, "runs in flight")
+            started = time.monotonic()
+            orch.checkpoint("cs-1", str(tmp / "cs-1"), deadline_s=30)
+            first_s = time.monotonic() - started
+            outcomes = batch.result(timeout=120)
+            row.count(outcomes)
+            started = time.monotonic()
+            orch.checkpoint("cs-2", str(tmp / "cs-2"), deadline_s=30)
+            row.committed, row.recover_s = True, time.monotonic() - started
+            row.gym_running, row.gym_unacked = gym_counts(server.endpoint)
+    finally:
+        server.kill()
+    row.rewards_twice = _twice(outcomes)
+    row.extra.update(first_checkpoint_s=round(first_s, 2))
+    row.happened = (
+        f"a checkpoint with {sizes.rows} rows in flight committed in {first_s:.1f} s, "
+        f"the next in {row.recover_s:.1f} s; {row.sealed} of {row.rows} sealed"
+    )
+    row.ok = (
+        row.sealed == row.rows
+        and first_s < 15.0
+        and row.gym_running == 0
+        and row.gym_unacked == 0
+        and row.rewards_twice == 0
     )
     return row
