@@ -93,6 +93,7 @@ def test_agents_sample_the_policy_nemo_rl_passed_through_the_servers_the_drop_in
                     "rl_gym_actors": {
                         "servers": [{"agent": AGENT, "name": "chat"}],
                         "pool": {"size": 1, "rollouts_per_actor": 2},
+                        "stream_tuple": 4,  # reads the receipt: PR #4093's 4-tuples
                     }
                 }
             },
