@@ -124,6 +124,7 @@ def assert_same_book(reports: list[AttemptReport], other: list[AttemptReport]) -
 # ---------------------------------------------------------------------------- the book
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 @settings(max_examples=150, deadline=None)
 @given(st.lists(reports_st, max_size=30), st.randoms(use_true_random=False))
 def test_any_order_and_repetition_give_the_same_book(reports, rnd):
@@ -132,6 +133,7 @@ def test_any_order_and_repetition_give_the_same_book(reports, rnd):
     assert_same_book(reports, shuffled)
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 @settings(max_examples=150, deadline=None)
 @given(st.lists(reports_st, max_size=30), st.integers(1, 7), st.data())
 def test_an_outbox_that_merges_waiting_reports_gives_the_same_book(reports, batch_size, data):
@@ -305,6 +307,7 @@ def status_of(listing) -> StatusReport:
     )
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(reports_st, max_size=25), listing_st, st.sets(st.sampled_from(OWNERS)), st.booleans()

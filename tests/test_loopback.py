@@ -6,6 +6,8 @@ import ipaddress
 import os
 from urllib.parse import urlparse
 
+import pytest
+
 
 def _is_loopback(host: str) -> bool:
     return ipaddress.ip_address(host).is_loopback
@@ -21,6 +23,7 @@ def test_ray_node_binds_loopback(ray_session):
     assert _is_loopback(ray.util.get_node_ip_address())
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 def test_rollout_actor_runs_on_a_loopback_node(ray_session):
     ray = ray_session
 

@@ -288,3 +288,4 @@ class MemoryMachine(RuleBasedStateMachine):
 
 MemoryMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
 test_memory_machine = MemoryMachine.TestCase
+test_memory_machine.pytestmark = [pytest.mark.slow]  # ~5 s: out of make test-fast

@@ -145,6 +145,7 @@ async def test_a_checkpoint_of_either_protocol_closes_run():
             assert not ok.replayed
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 def test_cli_serves_both(tmp_path):
     with GymServerProcess(args=["--protocol", "both"], state_dir=tmp_path) as srv:
 

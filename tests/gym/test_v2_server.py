@@ -250,6 +250,7 @@ async def test_retire_stops_a_run_prepare_blockers_and_lease_expiry():
             )
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 def test_cli_serves_v2():
     with GymServerProcess(args=["--protocol", "v2"], allow_faults=False) as srv:
 

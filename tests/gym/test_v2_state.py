@@ -28,6 +28,7 @@ def soon(seconds: float = 10.0) -> float:
     return time.time() + seconds
 
 
+@pytest.mark.slow  # seconds: out of make test-fast
 def test_kept_reply_marks_and_commit_survive_sigkill(tmp_path):
     kept, retired, c = rid(), rid(), f"c{uuid.uuid4().hex[:8]}"
     ckpt = str(tmp_path / "ckpt")
