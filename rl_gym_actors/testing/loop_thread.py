@@ -6,12 +6,13 @@ the thread and waits until the server listens, leaving it stops the loop and joi
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
 from typing import Self
 
 
-class LoopThread:
+class LoopThread(abc.ABC):
     """A server served by its own event loop on a daemon thread, as a context manager.
 
     A subclass writes :meth:`_main`: listen on a loopback port, set ``url``, call
@@ -64,5 +65,6 @@ class LoopThread:
         assert self._stop is not None
         await self._stop.wait()
 
+    @abc.abstractmethod
     async def _main(self, ready: threading.Event) -> None:
-        raise NotImplementedError
+        """Serve until :meth:`_stopped`; set ``ready`` once listening."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rl_gym_actors.config import GymEndpoint
@@ -29,14 +30,10 @@ class CheckpointCalls:
     _topology: dict[str, Any] | None
     _book: Any  # a RolloutBook: its run id and call counter are this actor's checkpoint part
 
-    def _require_spinup(self) -> None:
-        raise NotImplementedError  # the drop-in's
-
-    def _held_count(self) -> int:
-        raise NotImplementedError  # the drop-in's
-
-    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | RlGymError]:
-        raise NotImplementedError  # the drop-in's
+    # the drop-in's own methods, declared for the type checker
+    _require_spinup: Callable[[], None]
+    _held_count: Callable[[], int]
+    _gym_status: Callable[[str], Awaitable[dict[str, StatusReport | RlGymError]]]
 
     def _identities(self) -> list[dict[str, str]]:
         return shapes.identities(self.endpoints, self._participant_names)
