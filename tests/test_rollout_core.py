@@ -198,9 +198,26 @@ def test_admission_closed_past_admission_wait_gives_up_without_next_try():
     m.handle(r.RunAdmissionClosed(1.0))
     m.handle(r.Woke(1.05))
     fx = m.handle(r.RunFailed(6.5, r.FailureKind.ADMISSION_CLOSED))
-    assert isinstance(last(fx), r.Retire)
-    out = last(m.handle(r.RetireAnswered(6.6, RETIRED))).outcome
+    # Gym refused every send of the try, so nothing of it ran: no retire; the failure is typed
+    assert not any(isinstance(e, r.Retire) for e in fx)
+    out = last(fx).outcome
     assert out.status == "failed" and "admission" in out.reason and out.tries == 1
+    assert out.failure is r.FailureKind.ADMISSION_CLOSED and out.attempt_index == 0
+    assert reports(fx) == [(0, AttemptState.RUNNING, True)]  # released: the ledger settles it
+
+
+def test_admission_closed_after_a_duplicate_retires_before_it_fails():
+    # the key ran elsewhere (a dead driver's run) before admission closed: it may still run
+    m = machine()
+    m.handle(r.Start(0.0))
+    fx = m.handle(r.RunFailed(0.5, r.FailureKind.DUPLICATE))
+    m.handle(r.Woke(last(fx).wake_ts))
+    fx = m.handle(r.RunAdmissionClosed(1.0))
+    m.handle(r.Woke(last(fx).wake_ts))
+    fx = m.handle(r.RunAdmissionClosed(6.5))
+    assert last(fx) == r.Retire(0, 6.5 + POLICY.control_s)
+    out = last(m.handle(r.RetireAnswered(6.6, RETIRED))).outcome
+    assert out.failure is r.FailureKind.ADMISSION_CLOSED and out.status == "failed"
 
 
 def test_abandon_during_admission_wait_retires():
@@ -383,8 +400,27 @@ def test_a_retire_refused_by_a_checkpoint_waits_for_it_up_to_admission_wait_s():
     wake = last(fx).wake_ts
     fx = m.handle(r.Woke(wake))
     assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts > 14.0  # renewed
-    fx = m.handle(r.StepFailed(14.9, r.FailureKind.CONFLICT))
-    assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts <= 15.0  # admission_wait_s
-    m.handle(r.Woke(last(fx).wake_ts))
-    fx = m.handle(r.StepFailed(15.0, r.FailureKind.CONFLICT))
+    least = POLICY.retry.min_try_s + POLICY.retry.reply_margin_s
+    fx = m.handle(r.StepFailed(14.7, r.FailureKind.CONFLICT))
+    # the last wait ends while a repeat still has time before admission_wait_s (15.0)
+    assert isinstance(last(fx), r.WaitUntil) and last(fx).wake_ts == pytest.approx(15.0 - least)
+    fx = m.handle(r.Woke(last(fx).wake_ts))
+    assert isinstance(last(fx), r.Retire) and last(fx).deadline_ts == 15.0
+    fx = m.handle(r.StepFailed(14.9, r.FailureKind.CONFLICT))  # no time for another: fails
     assert last(fx).outcome.status == "failed" and m.handed_over == [0]
+    assert last(fx).outcome.failure is r.FailureKind.CONFLICT
+
+
+def test_a_repeat_is_never_sent_without_time_left():
+    m = machine()
+    m.handle(r.Start(0.0))
+    m.handle(r.DeadlineFired(10.0))  # Retire(0, deadline 14.0); a checkpoint refuses it
+    fx = m.handle(r.StepFailed(10.1, r.FailureKind.CONFLICT, "checkpoint_conflict"))
+    assert isinstance(last(fx), r.WaitUntil)
+    # the wake comes late (a busy loop), past the last moment a repeat fits: nothing is sent,
+    # the refusal that began the wait ends the step as if it had come now
+    fx = m.handle(r.Woke(14.9))
+    assert not any(isinstance(e, r.Retire) for e in fx)
+    out = last(fx).outcome
+    assert out.status == "failed" and out.failure is r.FailureKind.CONFLICT
+    assert "checkpoint_conflict" in out.reason and m.handed_over == [0]

@@ -20,12 +20,14 @@ the digest did not match, a plain 5xx) it first retires that try on Gym.
 
 ``/run`` refused because admission is closed (a checkpoint is between prepare and resume) is not
 a failed try: the machine waits with backoff and sends the same key again, for at most
-``policy.admission_wait_s``. A retire, replay, receipt fetch or ACK is retried by its call
-(``policy.retry``) on a lost connection or a 5xx; the machine repeats it itself, backing off by the
-same policy until that step's deadline, only for what passes once Gym's state changed (a key not
-completed yet, a checkpoint in the way: see :class:`~rl_gym_actors.failures.Repeat`). If it still
-fails, the attempt is handed over to the ledger (reported ``released``), which settles it at the
-next checkpoint.
+``policy.admission_wait_s``; past it the rollout fails ``admission_closed`` without a retire
+(Gym refused every send of that try, so nothing of it ran). A retire, replay, receipt fetch or
+ACK is retried by its call (``policy.retry``) on a lost connection or a 5xx; the machine repeats
+it itself, backing off by the same policy until that step's deadline, only for what passes once
+Gym's state changed (a key not completed yet, a checkpoint in the way: see
+:class:`~rl_gym_actors.failures.Repeat`), and never with no time left for the repeat. If it
+still fails, the attempt is handed over to the ledger (reported ``released``), which settles it
+at the next checkpoint.
 """
 
 from rl_gym_actors.core.rollout.events import (

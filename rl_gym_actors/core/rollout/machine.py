@@ -196,7 +196,7 @@ class RolloutMachine:
         )
 
     def _on_stale_no_result(self, ev: events.StepFailed, out: list[events.Effect]) -> None:
-        if self._may_repeat(ev.failure, ev.now, out):
+        if self._may_repeat(ev, out):
             return
         # no receipt (tombstoned, or not telling): the try never completed; the next one may run
         self._report(out, AttemptState.TOMBSTONED)
@@ -208,13 +208,12 @@ class RolloutMachine:
             self._steps.retries = 0
         limit = self._admission_since + self.policy.admission_wait_s
         if ev.now >= limit:
-            self._give_up(
-                ev.now,
-                out,
-                reason="admission stayed closed past admission_wait_s",
-                failure=FailureKind.ADMISSION_CLOSED,
-                next_try=False,
-            )
+            reason = "admission stayed closed past admission_wait_s"
+            kind = FailureKind.ADMISSION_CLOSED
+            if self._duplicate_until is None:  # every /run of this try was refused: none ran
+                self._finish_failed(reason, kind, out)
+            else:  # the key ran elsewhere before admission closed: retire it first
+                self._give_up(ev.now, out, reason=reason, failure=kind, next_try=False)
             return
         self.phase = RolloutPhase.ADMISSION_WAIT
         out.append(self._steps.sleep(ev.now, limit))
@@ -270,7 +269,7 @@ class RolloutMachine:
         self._finish_with_result(out)
 
     def _on_receipt_failed(self, ev: events.StepFailed, out: list[events.Effect]) -> None:
-        if self._may_repeat(ev.failure, ev.now, out):
+        if self._may_repeat(ev, out):
             return
         detail = f"receipt fetch failed: {ev.failure.value} {ev.detail}".strip()
         if self.phase is RolloutPhase.RECEIPT:
@@ -311,7 +310,7 @@ class RolloutMachine:
         self._finish_with_result(out)
 
     def _on_ack_failed(self, ev: events.StepFailed, out: list[events.Effect]) -> None:
-        if self._may_repeat(ev.failure, ev.now, out):
+        if self._may_repeat(ev, out):
             return
         if self.phase is RolloutPhase.RELEASING:
             self._hand_over(AttemptState.RUNNING, out)
@@ -350,7 +349,7 @@ class RolloutMachine:
         self._after_try(ev.now, out)
 
     def _on_retire_failed(self, ev: events.StepFailed, out: list[events.Effect]) -> None:
-        if self._may_repeat(ev.failure, ev.now, out):
+        if self._may_repeat(ev, out):
             return
         # We cannot tell whether the try still runs: do not start another beside it.
         self._hand_over(AttemptState.RUNNING, out)
@@ -368,7 +367,7 @@ class RolloutMachine:
             self._report(out, AttemptState.TOMBSTONED)
             self._after_try(ev.now, out)
             return
-        if self._may_repeat(ev.failure, ev.now, out):
+        if self._may_repeat(ev, out):
             return
         self._hand_over(AttemptState.RUNNING, out)
         self._finish_failed(
@@ -397,7 +396,11 @@ class RolloutMachine:
         pass
 
     def _on_woke(self, ev: events.Woke, out: list[events.Effect]) -> None:
-        out.append(self._steps.woke(ev.now))
+        step = self._steps.woke(ev.now)
+        if isinstance(step, events.StepFailed):  # woken too late to send it: the failure stands
+            getattr(self, TABLE[(self.phase, events.StepFailed)])(step, out)
+        else:
+            out.append(step)
 
     # -------------------------------------------------------- helpers
 
@@ -426,9 +429,9 @@ class RolloutMachine:
         make = step_call(phase, self._attempt, may_defer=may_defer, receipt=receipt)
         out.append(self._steps.begin(now, budget, make))
 
-    def _may_repeat(self, failure: FailureKind, now: float, out: list[events.Effect]) -> bool:
+    def _may_repeat(self, ev: events.StepFailed, out: list[events.Effect]) -> bool:
         """Wait and send the pending step again, when its failure allows (see PendingStep)."""
-        wait = self._steps.may_repeat(failure, now)
+        wait = self._steps.may_repeat(ev)
         if wait is not None:
             out.append(wait)
         return wait is not None
