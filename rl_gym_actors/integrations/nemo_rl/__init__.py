@@ -7,6 +7,7 @@
 ``results``           NeMo RL's result shape built from a Gym reply
 ``feed``              the stream of finished rows handed back to NeMo RL
 ``servers``, ``agent`` the Gym servers the drop-in starts itself and a policy-sampling agent
+``dropin_status``     its health_check() and status()
 ``checkpoints``, ``checkpoint_calls``, ``participants``
                       NeMo RL's checkpoint-participant calls mapped onto the ledger's gate
 

@@ -43,21 +43,20 @@ import asyncio
 import contextvars
 import itertools
 import logging
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
-from rl_gym_actors.errors import GymRejected, RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.integrations.nemo_rl.checkpoint_calls import CheckpointCalls
 from rl_gym_actors.integrations.nemo_rl.checkpoints import CheckpointSteps
 from rl_gym_actors.integrations.nemo_rl.config import DropInConfig
+from rl_gym_actors.integrations.nemo_rl.dropin_status import DropInStatus
 from rl_gym_actors.integrations.nemo_rl.feed import RolloutFeed, check_json
 from rl_gym_actors.integrations.nemo_rl.participants import ReceiptBook
 from rl_gym_actors.integrations.nemo_rl.results import list_tensor, to_nemo_rl_result, torch_tensor
@@ -67,17 +66,15 @@ from rl_gym_actors.integrations.nemo_rl.rows import (
     ClaimAction,
     RolloutBook,
     RolloutDataError,
-    RolloutTransportError,
     StreamTimer,
     check_prefix,
     failure_for,
 )
 from rl_gym_actors.integrations.nemo_rl.servers import OwnServers, PolicyEndpoint
 from rl_gym_actors.integrations.nemo_rl.v2_checkpoint_calls import V2CheckpointCalls
-from rl_gym_actors.observe import STATUS_CHECKPOINT_ID, fetch_status
 from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ROLLOUT_ID_FIELD, StatusReport
+from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +96,7 @@ class DropInStats:
     cancelled_streams: int = 0
 
 
-class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
+class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
     """NeMo RL's environment actor interface over the orchestrator; see the module docstring."""
 
     def __init__(self, cfg: DropInConfig | Mapping[str, Any]) -> None:
@@ -189,39 +186,6 @@ class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
         if self._feed is None:
             raise RuntimeError("the Gym drop-in was not spun up (or is shut down)")
         return self._feed
-
-    async def health_check(self) -> None:
-        """Raise when the ledger, a rollout actor or a Gym server does not answer."""
-        self._require_spinup()
-        try:
-            snap = await self._orch.asnapshot()
-        except Exception as exc:
-            raise RolloutTransportError(
-                f"orchestrator unhealthy: {type(exc).__name__}: {exc}"
-            ) from None
-        if snap.actors.actors < snap.pool.size:
-            raise RolloutTransportError(
-                f"{snap.pool.size - snap.actors.actors} of "
-                f"{snap.pool.size} rollout actors did not answer"
-            )
-        for url, answer in (await self._gym_status(STATUS_CHECKPOINT_ID)).items():
-            # a refusal (GymRejected) still proves the server is up
-            if isinstance(answer, RlGymError) and not isinstance(answer, GymRejected):
-                raise RolloutTransportError(
-                    f"Gym server {url} did not answer: {type(answer).__name__}: {answer}"
-                )
-
-    async def _gym_status(self, checkpoint_id: str) -> dict[str, StatusReport | RlGymError]:
-        """Every Gym server's status, or the typed error of why there is none."""
-
-        async def one(endpoint: GymEndpoint) -> StatusReport | RlGymError:
-            try:
-                return await fetch_status(endpoint, checkpoint_id)
-            except RlGymError as exc:
-                return exc
-
-        answers = await asyncio.gather(*(one(e) for e in self.endpoints))
-        return {e.url: a for e, a in zip(self.endpoints, answers, strict=True)}
 
     async def shutdown(self) -> None:
         """Stop every rollout and the orchestrator. Safe before spin-up and when repeated."""
@@ -453,35 +417,7 @@ class GymRolloutEnv(CheckpointCalls, V2CheckpointCalls):
             self._tasks.pop(rid, None)
 
     # ------------------------------------------------------------ checkpoints: see CheckpointCalls
-
-    def _held_count(self) -> int:
-        return sum(t.done() for t in self._tasks.values())
-
-    async def status(self) -> dict[str, Any]:
-        """This actor's state, the orchestrator's snapshot (ledger, pool, rollout actors) and
-        every Gym server's status (or why there is none)."""
-        steps = self._steps.snapshot()
-        out: dict[str, Any] = {
-            "spun_up": self._orch is not None,
-            "python": sys.executable,
-            **steps,
-            "held_results": self._held_count(),
-            "stats": asdict(self.stats),
-            "book": asdict(self._book.stats),
-        }
-        if self._orch is not None:
-            out["orchestrator"] = (await self._orch.asnapshot()).model_dump(mode="json")
-            active = steps["checkpoint"]
-            gym = await self._gym_status(
-                active["checkpoint_id"] if active else STATUS_CHECKPOINT_ID
-            )
-            out["gym"] = {
-                url: a.model_dump(mode="json", exclude={"executions"})
-                if isinstance(a, StatusReport)
-                else {"error": f"{type(a).__name__}: {a}"}
-                for url, a in gym.items()
-            }
-        return out
+    # ------------------------------------------------------------ health and status: DropInStatus
 
     # ------------------------------------------------------------ NeMo RL's unused hooks
 
