@@ -11,6 +11,7 @@ import pytest
 from rl_gym_actors.gym.agent_checkpoint.faults import with_faults, without_faults
 from rl_gym_actors.protocol import canonical_json
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import until
 
 ROW = {"_ng_rollout_id": "rD", "_ng_attempt_index": 0, "reward": 0.5}
 
@@ -35,6 +36,19 @@ async def test_receipt_delay_holds_the_first_receipt_request_only(wire, gym):
     assert gym.faults.delayed == 1
     got = await wire.receipt("rD", timeout_s=0.5)  # later ones at once
     assert got.status == 200 and got.json["state"] == "completed"
+
+
+async def test_a_held_receipt_request_ends_when_its_caller_hangs_up(agent, wire_for):
+    """A caller that gives up on a held receipt leaves nothing running on the server (else a
+    stopping server waits its graceful timeout on it)."""
+    with GymServerThread(agent=agent, allow_faults=True) as server:
+        w = wire_for(server)
+        await w.run("rH", receipt_delay_s=60)
+        with pytest.raises(asyncio.TimeoutError):
+            await w.receipt("rH", timeout_s=0.2)  # its session closes: the caller hangs up
+        assert server.faults.delayed == 1
+        requests = server.server._uvicorn.server_state.tasks
+        await until(lambda: not requests, timeout_s=5, what="the held request to end")
 
 
 async def test_a_fault_plan_comes_from_the_first_row_of_a_key(wire, gym):

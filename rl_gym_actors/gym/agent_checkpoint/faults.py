@@ -9,8 +9,9 @@ ignores:
   is dropped: the connection closes without a complete response. Replays answer normally. This
   is a reply lost after Gym finished the run.
 - ``receipt_delay_s`` (float): the first receipt request for the key answers only after that many
-  seconds; later ones at once. This is RL's per-row receipt fetch timing out. The key's ``/run``
-  answers carry no (ext) receipt header, so that the caller has to fetch it.
+  seconds (not at all if its caller hangs up first); later ones at once. This is RL's per-row
+  receipt fetch timing out. The key's ``/run`` answers carry no (ext) receipt header, so that the
+  caller has to fetch it.
 
 A plan is taken from the first row seen for a key; later rows for the key do not change it. The
 server shows the injector only a key's first row (a key it does not know yet), so the injector
@@ -167,19 +168,31 @@ class FaultMiddleware:
         if path == "/run" and method == "POST":
             return await self._run(scope, receive, send)
         if path in _RECEIPT_PATHS and method == "GET":
-            await self._delay_receipt(scope)
+            return await self._delay_receipt(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    async def _delay_receipt(self, scope: Scope) -> None:
+    async def _delay_receipt(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Hold a key's first receipt request for its planned delay, or until its caller hangs
+        up (a caller that gave up gets nothing, and a stopping server waits on nothing)."""
         from starlette.requests import Request
 
         try:
             key = query_key(Request(scope))
         except GymError:
-            return  # the route answers 422
+            return await self.app(scope, receive, send)  # the route answers 422
         delay = self.injector.receipt_delay(key)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay <= 0:
+            return await self.app(scope, receive, send)
+        request = await receive()  # a GET's (empty) request; the next message is a disconnect
+        if request["type"] == "http.disconnect":
+            return None
+        try:
+            await asyncio.wait_for(receive(), delay)
+        except TimeoutError:
+            pass  # held the whole delay: answer now
+        else:
+            return None  # the caller hung up meanwhile
+        return await self.app(scope, _replaying(request, receive), send)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks, more = [], True
@@ -190,15 +203,7 @@ class FaultMiddleware:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         raw = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-
+        replay = _replaying({"type": "http.request", "body": raw, "more_body": False}, receive)
         parsed = _first_row(raw)
         if parsed is None:
             return await self.app(scope, replay, send)
@@ -230,6 +235,20 @@ class FaultMiddleware:
             await send(message)
 
         return answer
+
+
+def _replaying(first: Message, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app ``first`` (a request already read), then the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return first
+
+    return replay
 
 
 async def _send_half(send: Send, body: bytes) -> None:
