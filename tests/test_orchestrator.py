@@ -43,11 +43,6 @@ def gyms(agent, protocol):
         yield a, b
 
 
-def agent_only(protocol: str, why: str) -> None:
-    if protocol != "agent":
-        pytest.skip(f"agent-checkpoint only: {why}")
-
-
 @pytest.fixture(
     scope="module",
     params=[1, pytest.param(2, marks=pytest.mark.slow)],
@@ -151,11 +146,18 @@ def test_deadline_while_the_agent_works_cancels_and_runs_the_next_try(orch, gyms
 
 
 def test_receipt_fetch_timing_out_is_adopted(orch, gyms, agent, tmp_path):
-    agent_only(orch.protocol, "v2 has no receipt to fetch (the reply's digest is its receipt)")
+    """v2 has no receipt (a reply's digest is its receipt): the fetch of proof that times out
+    there is the kept-reply fetch of a lost reply, held past the whole retire step (control_s),
+    so only a fetch tried again after receipt_s adopts it."""
     r = rid(orch, "receipt")
-    (out,) = orch.run_batch([{"_ng_rollout_id": r, "receipt_delay_s": 2.5, "reward": 0.75}])
+    row = {"_ng_rollout_id": r, "receipt_delay_s": 2.5, "reward": 0.75}
+    if orch.protocol == "v2":
+        row.update(drop_reply=True, receipt_delay_s=30)
+    delayed = sum(g.faults.delayed for g in gyms)
+    (out,) = orch.run_batch([row])
     assert (out.status, out.attempt_index, out.tries, out.adopted) == ("sealed", 0, 1, True)
     assert out.reward == 0.75 and agent.runs_of(r) == 1
+    assert sum(g.faults.delayed for g in gyms) == delayed + 1  # the first fetch was held
     settle_and_check(orch, gyms, agent, tmp_path, [out])
 
 
@@ -176,12 +178,13 @@ def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gym
 
 
 def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, agent, tmp_path):
-    agent_only(orch.protocol, "a finished try is held back by a slow receipt fetch")
+    """A finished try is held back by a slow receipt fetch (v2: its reply lost, by a slow
+    kept-reply fetch) when the batch is abandoned."""
     bad, done = rid(orch, "ff2-bad"), rid(orch, "ff2-done")
-    rows = [
-        {"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1},
-        {"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125},
-    ]
+    done_row = {"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}
+    if orch.protocol == "v2":
+        done_row["drop_reply"] = True
+    rows = [{"_ng_rollout_id": bad, "fail": True, "sleep_s": 0.1}, done_row]
     outs = orch.run_batch(rows, fail_fast=True)
     assert outs[0].status == "failed"
     kept = outs[1]
@@ -189,7 +192,7 @@ def test_fail_fast_adopts_a_finished_try_and_a_later_batch_gets_it(orch, gyms, a
     assert (kept.reward, kept.attempt_index) == (0.125, 0)
     with pytest.raises(ConfigError):  # a bad batch hands out nothing
         orch.run_batch([{"_ng_rollout_id": done}, {"_ng_rollout_id": "bad id!"}])
-    (later,) = orch.run_batch([{"_ng_rollout_id": done, "receipt_delay_s": 30, "reward": 0.125}])
+    (later,) = orch.run_batch([done_row])
     assert (later.status, later.adopted, later.reward, later.attempt_index) == (
         "sealed",
         True,
@@ -215,7 +218,8 @@ def test_rows_beyond_the_slots_are_not_dispatched_after_fail_fast(orch, gyms, ag
 def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
     orch, gyms, agent, tmp_path
 ):
-    agent_only(orch.protocol, "the actor is held before its ACK by a slow receipt fetch")
+    if orch.protocol == "v2":
+        return actor_killed_before_its_run_finished_v2(orch, gyms, agent, tmp_path)
     import ray
 
     r = rid(orch, "killed")
@@ -240,8 +244,36 @@ def test_actor_killed_before_the_ack_leaves_an_orphan_the_checkpoint_acks(
     assert next_out.status == "sealed"
 
 
+def actor_killed_before_its_run_finished_v2(orch, gyms, agent, tmp_path):
+    """v2 has no ACK: the finished run nobody confirms is one whose actor died before Gym
+    finished it. Its kept reply is retired by the checkpoint (the book had the attempt as running
+    with a dead owner, or never heard of it: an orphan) and forgotten; never rerun."""
+    import ray
+
+    r = rid(orch, "killed")
+    row = {"_ng_rollout_id": r, "_ng_endpoint": "a", "hold": True, "reward": 0.5}
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(orch.run_batch, [row])
+        wait_for(lambda: agent.runs_of(r) == 1, what="the run to start on Gym")
+        owner = orch.snapshot().pool.leases[r]
+        ray.kill(ray.get_actor(owner, namespace="rl_gym_actors"), no_restart=True)
+        (out,) = future.result(timeout=30)
+    assert out.status == "failed" and "died" in out.reason
+    agent.release(r)  # Gym finishes the run for nobody: its reply is kept
+    wait_for(lambda: gyms[0].participant.status()["kept_replies"] >= 1, what="the kept reply")
+    report = settle_and_check(orch, gyms, agent, tmp_path, [out])
+    a, b = report.endpoints
+    assert (a.retired + a.orphans_acked, b.retired + b.orphans_acked) == (1, 0)
+    assert agent.runs_of(r) == 1
+    pool = orch.snapshot().pool
+    assert pool.replaced == 1 and owner not in pool.actors
+    (next_out,) = orch.run_batch([{"_ng_rollout_id": rid(orch, "after-kill"), "reward": 1.0}])
+    assert next_out.status == "sealed"
+
+
 def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, agent, tmp_path):
-    agent_only(orch.protocol, "orphans of an earlier process are found by the ACK listing")
+    """Replies an earlier process lost: on v2, kept replies of runs the book never saw, which
+    the checkpoint retires and forgets (as the agent-checkpoint one ACKs orphans)."""
     # replies an earlier trainer process lost: completed on Gym, owned by nobody
     for g, ep in zip(gyms, "ab", strict=True):
         gym_call(
@@ -256,7 +288,10 @@ def test_lost_replies_on_two_endpoints_one_checkpoint_commits_both(orch, gyms, a
     report = settle_and_check(orch, gyms, agent, tmp_path, outs)
     assert [e.orphans_acked for e in report.endpoints] == [1, 1]
     for g, ep in zip(gyms, "ab", strict=True):
-        assert key_state(g.endpoint, rid(orch, f"lost-{ep}"), 0) == "acknowledged"
+        if orch.protocol == "agent":
+            assert key_state(g.endpoint, rid(orch, f"lost-{ep}"), 0) == "acknowledged"
+        else:  # forgotten: nothing kept, no mark (settle_and_check), and never run again
+            assert agent.runs_of(rid(orch, f"lost-{ep}")) == 1
 
 
 def test_snapshot_shows_the_pool_the_actors_and_the_ledger(orch, gyms):
@@ -344,14 +379,20 @@ def test_named_try_of_an_unseen_rollout_adopts_the_finished_try_before_it(
 ):
     """A trainer that restarts names try 1 of a rollout this orchestrator never saw; try 0 had
     finished on Gym, its reply lost: try 0 is retired, found finished, and adopted (no rerun)."""
-    agent_only(orch.protocol, "key_state reads the agent-checkpoint status")
+    agent_side = orch.protocol == "agent"  # key_state reads the agent-checkpoint status
     r = rid(orch, "named-try")
-    url = gyms[endpoint_index_for(r, len(gyms))].url
-    ep = GymEndpoint(url=url, token="test-token")
+    gym = gyms[endpoint_index_for(r, len(gyms))]
+    ep = GymEndpoint(url=gym.url, token="test-token")
+    kept = 0 if agent_side else gym.participant.status()["kept_replies"]
     reply = gym_call(ep, "run", {"reward": 0.75}, rollout_id=r, attempt_index=0).reply
-    assert key_state(ep, r, 0) == "completed"
+    if agent_side:
+        assert key_state(ep, r, 0) == "completed"
+    else:
+        assert gym.participant.status()["kept_replies"] == kept + 1
     (out,) = orch.run_batch([{"_ng_rollout_id": r, "_ng_attempt_index": 1, "reward": 0.1}])
     assert (out.status, out.attempt_index, out.adopted) == ("sealed", 0, True)
     assert out.reply == reply and out.reward == 0.75
-    assert agent.runs_of(r) == 1 and key_state(ep, r, 1) == "unknown"
+    assert agent.runs_of(r) == 1 and agent.starts[(r, 1)] == 0
+    if agent_side:
+        assert key_state(ep, r, 1) == "unknown"
     settle_and_check(orch, gyms, agent, tmp_path, [out])

@@ -10,8 +10,9 @@ On a Gym v2 server (found by asking it, once per endpoint: :mod:`rl_gym_actors.g
 the same machine runs; three of its steps are v2's: a receipt is the reply's own digest (v2 has
 no receipts), an ACK is a no-op (v2 has none: the ledger's v2 gate forgets the rollout after a
 committed checkpoint), and a retire first asks our server for the attempt's kept reply ((ext)
-``/run?replay_only=1``): a reply finished but lost is adopted by the replay that follows, never
-rerun; otherwise the attempt is retired with v2's ``retire`` (refused, stopped, freed).
+``/run?replay_only=1``, each try bounded by ``receipt_s`` as a receipt fetch is): a reply
+finished but lost is adopted by the replay that follows, never rerun; otherwise the attempt is
+retired with v2's ``retire`` (refused, stopped, freed).
 ``/run`` and its replay are the same call on both protocols; 409 ``admission_closed`` (a v2
 checkpoint is open) waits and resends without spending a try, as on the agent-checkpoint one.
 """
@@ -191,9 +192,7 @@ class GymCalls:
         if isinstance(step, core.Retire):
             if v2.keeps_replies:
                 try:
-                    await v2.client.kept_reply(
-                        live.row, rollout_id=rid, attempt=step.attempt_index, deadline_ts=deadline
-                    )
+                    await self._kept_reply(live, v2, step.attempt_index, deadline)
                     self._counts["v2_kept_replies_found"] += 1
                     done = RetireAnswer(
                         retired=False, tombstoned=False, completed_unacknowledged=True
@@ -209,6 +208,22 @@ class GymCalls:
             await v2.client.retire(self.retire_id, [episode], deadline_ts=deadline)
             return core.RetireAnswered(clock(), RetireAnswer(retired=True, tombstoned=True))
         raise AssertionError(f"not a v2 step: {step!r}")
+
+    async def _kept_reply(self, live: LiveRollout, v2: _V2, att: int, deadline: float) -> None:
+        """(ext) The attempt's kept reply, fetched as a receipt is: each try bounded by the
+        policy's ``receipt_s`` and tried again (it starts nothing) until the step's deadline."""
+        rid, per_try = live.machine.rollout_id, live.machine.policy.receipt_s
+        while True:
+            try_deadline = min(deadline, self.clock() + per_try)
+            try:
+                await v2.client.kept_reply(
+                    live.row, rollout_id=rid, attempt=att, deadline_ts=try_deadline
+                )
+                return
+            except TimeoutError:  # ours or the client's DeadlineExceeded
+                if try_deadline >= deadline:
+                    raise
+                logger.info("%s: kept-reply fetch of try %d timed out; again", rid, att)
 
     async def _retire(self, client: Any, rid: str, att: int, deadline: float) -> Any:
         """Retire under this actor's id; while a checkpoint holds the server (a real Gym then

@@ -10,11 +10,16 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    run's (``own``: its run id's prefix, or every one without a run id) and that the book, once
    every live owner has flushed its reports, does not know at all (a dead driver's, whose book
    died with it; read before the flush, so a run a live owner starts meanwhile is never taken);
+   and so are the kept replies ((ext), our server's ``GET .../kept``) of this run's attempts the
+   book does not know after the flush (a run that finished for a dead driver or an owner that
+   died before reporting it): no trainer would ever forget them (``orphans_acked`` counts them,
+   as the agent-checkpoint gate's orphan ACKs);
 3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
    open, commit scoped to the attempts live owners hold (less every restart a server reports),
    resume whatever happened; :class:`~rl_gym_actors.errors.CheckpointFailed` names the blockers;
 4. after the commit, the rollouts finished for good (no owner holds them, nothing of theirs
-   runs) are forgotten on every server in batches of :data:`FORGET_BATCH`: their retired marks
+   runs), and the orphans' rollouts the book holds nothing of, are forgotten on every server in
+   batches of :data:`FORGET_BATCH`: their retired marks
    (and our server's kept replies, (ext)) go away, and the book counts their sealed attempts as
    released so it prunes them. A forget that fails leaves them for the next checkpoint.
 
@@ -75,12 +80,17 @@ class V2Gate:
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
     ) -> list[EndpointCheckpoint]:
         seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
-        if any(seen):  # every run a live owner started before that status is reported now
+        kept = [await self._kept_unknown(part, deadline_ts) for part in self._parts]
+        if any(seen) or any(kept):  # every run a live owner started before is reported now
             await self._owners.flush(min(deadline_ts, self._clock() + self._control_s))
         live = self._owners.live()
         retired = [
             await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts, running)
             for ep, part, running in zip(self._endpoints, self._parts, seen, strict=True)
+        ]
+        orphans = [
+            await self._retire_orphans(ep, part, checkpoint_id, deadline_ts, found)
+            for ep, part, found in zip(self._endpoints, self._parts, kept, strict=True)
         ]
         live = self._owners.live()
         continued = [
@@ -102,9 +112,12 @@ class V2Gate:
             deadline_ts=deadline_ts,
             clock=self._clock,
         )
-        forgotten = await self._forget_finished(checkpoint_id)
+        unknown = sorted({rid for found in orphans for rid, _ in found if self._unknown(rid)})
+        forgotten = await self._forget_finished(checkpoint_id, unknown)
         out: list[EndpointCheckpoint] = []
-        for ep, part, n_retired in zip(self._endpoints, self._parts, retired, strict=True):
+        for ep, part, n_retired, found in zip(
+            self._endpoints, self._parts, retired, orphans, strict=True
+        ):
             answer = outcome.commits[part.name]
             out.append(
                 EndpointCheckpoint(
@@ -112,6 +125,7 @@ class V2Gate:
                     label=ep.label,
                     checkpoint_dir=dirs[part.name],
                     retired=n_retired,
+                    orphans_acked=len(found),
                     prepare_rounds=1,
                     commit=CommitAnswer(
                         records=answer.manifest.record_count,
@@ -167,6 +181,61 @@ class V2Gate:
             self._book.record_retired(endpoint.url, rid, att)
         return len(stale)
 
+    def _unknown(self, rollout_id: str) -> bool:
+        """The book holds no attempt of the rollout (so forgetting it drops nothing it needs)."""
+        return self._book.current_attempt(rollout_id) is None
+
+    async def _kept_unknown(self, part: Participant, deadline_ts: float) -> list[tuple[str, int]]:
+        """(ext) The kept replies ``part`` lists that are this run's and that the book does not
+        know (read before the owners' flush, so the flush reports every run a live owner
+        started before it); none from a server that keeps no reply (a real Gym)."""
+        try:
+            answer = await part.client.kept(
+                deadline_ts=min(deadline_ts, self._clock() + self._control_s)
+            )
+        except RlGymError as exc:
+            logger.warning("%s: listing kept replies failed: %s", part.name, exc)
+            return []
+        if answer is None:
+            return []
+        found = [EpisodeId.from_capture_key(key) for key in answer.kept]
+        return [
+            (e.rollout_id, e.attempt)
+            for e in found
+            if (self._own is None or self._own(e.rollout_id))
+            and self._book.attempt(e.rollout_id, e.attempt) is None
+        ]
+
+    async def _retire_orphans(
+        self,
+        endpoint: GymEndpoint,
+        part: Participant,
+        checkpoint_id: str,
+        deadline_ts: float,
+        candidates: list[tuple[str, int]],
+    ) -> list[tuple[str, int]]:
+        """Retire the kept replies of runs no owner reported, even after the flush (a dead
+        driver's, or a dead owner's that never reported it): as the agent-checkpoint gate ACKs
+        orphans, so that nothing stays kept for ever. The retired ones."""
+        orphans = [key for key in candidates if self._book.attempt(*key) is None]
+        if not orphans:
+            return []
+        episodes = [EpisodeId(rollout_id=rid, attempt=att) for rid, att in orphans]
+        try:
+            await coordinate.retire(
+                [part],
+                checkpoint_id,
+                episodes,
+                deadline_ts=min(deadline_ts, self._clock() + self._control_s),
+            )
+        except RlGymError as exc:  # left for the next checkpoint
+            logger.warning(
+                "%s: retiring %d orphan replies failed: %s", part.name, len(orphans), exc
+            )
+            return []
+        logger.info("%s: retired %d kept replies no owner claims", part.name, len(orphans))
+        return orphans
+
     async def _running_on_server(
         self, part: Participant, deadline_ts: float
     ) -> list[tuple[str, int]]:
@@ -182,9 +251,11 @@ class V2Gate:
         found = [EpisodeId.from_capture_key(key) for key in status.report.blockers]
         return [(e.rollout_id, e.attempt) for e in found]
 
-    async def _forget_finished(self, checkpoint_id: str) -> int:
-        """Forget the rollouts finished for good, in batches; how many were forgotten."""
+    async def _forget_finished(self, checkpoint_id: str, orphans: list[str]) -> int:
+        """Forget the rollouts finished for good (and ``orphans``: rollouts the book never saw
+        whose kept replies were retired), in batches; how many were forgotten."""
         finished = self._book.finished_on({ep.url for ep in self._endpoints}, self._owners.live())
+        finished = sorted(set(finished).union(orphans))
         done = 0
         for i in range(0, len(finished), self._batch):
             chunk = finished[i : i + self._batch]

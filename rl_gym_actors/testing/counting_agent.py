@@ -2,8 +2,10 @@
 
 Give it to :class:`~rl_gym_actors.testing.gym_process.GymServerThread` as ``agent=``. It runs
 :func:`~rl_gym_actors.gym.agents.simulated_agent` (``sleep_s``, ``reward``, ``fail``) and reads
-one field more, ``first_try_sleep_s``: extra sleep for attempt 0 only (a first try that outlives
-its deadline while the next one is quick). It counts agent starts per key and
+two fields more: ``first_try_sleep_s``: extra sleep for attempt 0 only (a first try that outlives
+its deadline while the next one is quick); and ``hold`` (true): the run waits, after its
+sleeps, until the test calls :meth:`CountingAgent.release` for its rollout (a run that finishes
+only once the test says so). It counts agent starts per key and
 records which runs were cancelled (retired) and which finished, so a test can say "the agent ran
 this key once" or "the retired try was really cancelled".
 """
@@ -27,6 +29,16 @@ class CountingAgent:
         self.starts: Counter[ExecutionKey] = Counter()
         self.finished: set[ExecutionKey] = set()
         self.cancelled: set[ExecutionKey] = set()
+        self.released: set[str] = set()  # rollouts whose held runs may finish
+
+    def release(self, rollout_id: str) -> None:
+        """Let the held runs (row field ``hold``) of this rollout finish."""
+        with self._lock:
+            self.released.add(rollout_id)
+
+    def _held(self, rollout_id: str) -> bool:
+        with self._lock:
+            return rollout_id not in self.released
 
     def runs_of(self, rollout_id: str) -> int:
         """How many times the agent started any try of this rollout."""
@@ -41,6 +53,8 @@ class CountingAgent:
             if key[1] == 0 and float(row.get("first_try_sleep_s", 0)) > 0:
                 await asyncio.sleep(float(row["first_try_sleep_s"]))
             reply = await simulated_agent(row)
+            while row.get("hold") is True and self._held(key[0]):
+                await asyncio.sleep(0.02)  # released from the test's thread
         except asyncio.CancelledError:
             with self._lock:
                 self.cancelled.add(key)

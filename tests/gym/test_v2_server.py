@@ -250,6 +250,43 @@ async def test_retire_stops_a_run_prepare_blockers_and_lease_expiry():
             )
 
 
+@aio
+async def test_kept_listing_names_each_kept_reply_until_retired_or_forgotten():
+    """(ext) ``GET .../kept``: the capture keys of the kept replies, sorted, capped by
+    ``limit`` with the full count; a bad limit is 422, a wrong token 401."""
+    from rl_gym_actors.errors import InvalidRequest, Unauthorized
+
+    with V2ServerThread() as srv:
+        async with GymClient(srv.endpoint) as gym:
+            v2 = V2Client(gym)
+            a, b = sorted([rid(), rid()])
+            for r, att in ((a, 0), (b, 0), (b, 1)):
+                await gym.run({}, rollout_id=r, attempt_index=att, deadline_ts=soon())
+            listed = await v2.kept(deadline_ts=soon())
+            assert listed is not None and listed.kept == sorted([a, b, f"{b}-a1"])
+            assert listed.count == 3
+            first = await v2.kept(deadline_ts=soon(), limit=1)
+            assert first is not None and (first.kept, first.count) == ([min(listed.kept)], 3)
+            await v2.retire(cid(), [(b, 0)], deadline_ts=soon())  # attempt 1 stays kept
+            await v2.forget(cid(), [a], deadline_ts=soon())
+            listed = await v2.kept(deadline_ts=soon())
+            assert listed is not None and (listed.kept, listed.count) == ([f"{b}-a1"], 1)
+            for bad in ("0", "x", "100001"):
+                answer = await gym._send(
+                    "GET",
+                    "/ng-control/v1/checkpoint/kept",
+                    control=True,
+                    params={"limit": bad},
+                    deadline_ts=soon(),
+                )
+                assert answer.status == 422, (bad, answer.status)
+            with pytest.raises(InvalidRequest):  # a 422 is raised; only a 404/405 is None
+                await v2.kept(deadline_ts=soon(), limit=0)
+        async with GymClient(srv.endpoint.model_copy(update={"token": "wrong"})) as other:
+            with pytest.raises(Unauthorized):
+                await V2Client(other).kept(deadline_ts=soon())
+
+
 @pytest.mark.slow  # seconds: out of make test-fast
 def test_cli_serves_v2():
     with GymServerProcess(args=["--protocol", "v2"], allow_faults=False) as srv:

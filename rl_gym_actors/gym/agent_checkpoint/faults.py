@@ -11,7 +11,8 @@ ignores:
 - ``receipt_delay_s`` (float): the first receipt request for the key answers only after that many
   seconds (not at all if its caller hangs up first); later ones at once. This is RL's per-row
   receipt fetch timing out. The key's ``/run`` answers carry no (ext) receipt header, so that the
-  caller has to fetch it.
+  caller has to fetch it. On a v2 server (no receipts) the same field holds the key's first
+  kept-reply fetch (``/run?replay_only=1``, (ext)), v2's way to fetch a finished run's reply.
 
 A plan is taken from the first row seen for a key; later rows for the key do not change it. The
 server shows the injector only a key's first row (a key it does not know yet), so the injector
@@ -128,6 +129,7 @@ class FaultInjector:
 
 _RECEIPT_PATHS = (CONTROL_PREFIX + "/receipt", CONTROL_PREFIX + "/completion-receipt")
 _RECEIPT_HEADER = RECEIPT_HEADER.lower().encode()
+_REPLAY_ONLY_QUERY = b"replay_only=1"  # what the v2 client sends (ext)
 _REPLAYED_HEADER = REPLAYED_HEADER.lower().encode()
 
 Scope = dict[str, Any]
@@ -184,14 +186,8 @@ class FaultMiddleware:
         if delay <= 0:
             return await self.app(scope, receive, send)
         request = await receive()  # a GET's (empty) request; the next message is a disconnect
-        if request["type"] == "http.disconnect":
+        if request["type"] == "http.disconnect" or not await _held(receive, delay):
             return None
-        try:
-            await asyncio.wait_for(receive(), delay)
-        except TimeoutError:
-            pass  # held the whole delay: answer now
-        else:
-            return None  # the caller hung up meanwhile
         return await self.app(scope, _replaying(request, receive), send)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -210,6 +206,10 @@ class FaultMiddleware:
         key, row = parsed
         if not self.known(key):
             self.injector.observe_run(key, row)  # only a key's first row plans its faults
+        elif scope.get("query_string", b"") == _REPLAY_ONLY_QUERY:  # v2's kept-reply fetch
+            delay = self.injector.receipt_delay(key)
+            if delay > 0 and not await _held(receive, delay):
+                return None  # the caller hung up meanwhile
         return await self.app(scope, replay, self._answer(key, send))
 
     def _answer(self, key: ExecutionKey, send: Send) -> Send:
@@ -235,6 +235,16 @@ class FaultMiddleware:
             await send(message)
 
         return answer
+
+
+async def _held(receive: Receive, delay: float) -> bool:
+    """Wait ``delay`` s with the request read: True when held that long, False when the caller
+    hung up first (the next message after a whole request is its disconnect)."""
+    try:
+        await asyncio.wait_for(receive(), delay)
+    except TimeoutError:
+        return True
+    return False
 
 
 def _replaying(first: Message, receive: Receive) -> Receive:

@@ -28,11 +28,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
-from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.errors import ConfigError, InvalidRequest
 from rl_gym_actors.gym.answers import encode, model_of, ok
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
 from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.gym.v2.wire import (
+    KEPT_ROUTE,
+    MAX_KEPT_LISTED,
     REPLAY_ONLY_PARAM,
     ROUTE_PREFIX,
     CheckpointRequest,
@@ -41,6 +43,7 @@ from rl_gym_actors.gym.v2.wire import (
     EpisodeId,
     ForgetAnswer,
     ForgetRequest,
+    KeptAnswer,
     PrepareAnswer,
     RenewAnswer,
     RestoreAnswer,
@@ -99,6 +102,29 @@ class V2Client:
             return model_of(StatusAnswer, answer)
 
         return await self.gym._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "v2 status")
+
+    async def kept(self, *, deadline_ts: float, limit: int = MAX_KEPT_LISTED) -> KeptAnswer | None:
+        """(ext) ``GET /kept`` on our server: the kept replies' capture keys (sorted, at most
+        ``limit``) and their count; None from a server without the route (a real Gym keeps no
+        reply)."""
+        check_deadline(deadline_ts)
+
+        async def attempt(try_deadline: float) -> KeptAnswer:
+            answer = await self.gym._send(
+                "GET",
+                ROUTE_PREFIX + KEPT_ROUTE,
+                control=True,
+                params={"limit": str(limit)},
+                deadline_ts=try_deadline,
+            )
+            return model_of(KeptAnswer, answer)
+
+        try:
+            return await self.gym._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "v2 kept")
+        except InvalidRequest as exc:
+            if exc.status in (404, 405):
+                return None
+            raise
 
     async def prepare(self, checkpoint_id: str, *, deadline_ts: float) -> PrepareAnswer:
         """Close admission and wait (on the server, until ``deadline_ts``) for readiness. An answer

@@ -224,6 +224,16 @@ class V2Participant:
 
     # ------------------------------------------------------------ control plane
 
+    def kept_keys(self, limit: int) -> dict[str, Any]:
+        """(ext) The capture keys of the kept replies, sorted, at most ``limit``; and the
+        count. A controller finds there the replies of runs it never saw (a dead driver's)."""
+        keys = sorted(
+            EpisodeId(rollout_id=r, attempt=a).capture_key
+            for r, attempts in self.table.kept.items()
+            for a in attempts
+        )
+        return {"kept": keys[: max(0, limit)], "count": len(keys)}
+
     def status(self) -> dict[str, Any]:
         m = self.machine
         return {

@@ -3,7 +3,8 @@
 
 Routes: ``POST /run`` (the data plane), ``GET /ready``, and the v2 checkpoint routes under
 ``/ng-control/v1/checkpoint``, each behind the one bearer dependency
-(:func:`rl_gym_actors.gym.web.bearer_auth`). Error bodies are :mod:`rl_gym_actors.gym.web`'s
+(:func:`rl_gym_actors.gym.web.bearer_auth`), with (ext) ``GET .../kept`` (the kept replies'
+capture keys). Error bodies are :mod:`rl_gym_actors.gym.web`'s
 (``{"error": {"code", "detail"}}``; a ``checkpoint_conflict`` also names
 ``active_checkpoint_id``, (ext)); a body that fails validation is 422 ``invalid_request``; bad
 input never gets a 500.
@@ -28,6 +29,8 @@ from rl_gym_actors.errors import InvalidRequest, RolloutIdRequired
 from rl_gym_actors.gym.server import GymServer
 from rl_gym_actors.gym.v2.participant import V2Participant
 from rl_gym_actors.gym.v2.wire import (
+    KEPT_ROUTE,
+    MAX_KEPT_LISTED,
     REPLAY_ONLY_PARAM,
     REQUEST_MODELS,
     RESTART_HEADER,
@@ -110,6 +113,13 @@ def install_control_routes(
     @app.get(ROUTE_PREFIX + "/status", dependencies=guarded)
     async def status(request: Request) -> Response:
         return json_response(participant.status())
+
+    @app.get(ROUTE_PREFIX + KEPT_ROUTE, dependencies=guarded)
+    async def kept(request: Request) -> Response:  # (ext)
+        raw = request.query_params.get("limit", str(MAX_KEPT_LISTED))
+        if not raw.isdigit() or not 0 < int(raw) <= MAX_KEPT_LISTED:
+            raise InvalidRequest(f"limit must be 1..{MAX_KEPT_LISTED}, got {raw!r}", status=422)
+        return json_response(participant.kept_keys(int(raw)))
 
     def route(operation: str, model: type[BaseModel]) -> None:
         handler: Callable[[Any], Awaitable[dict[str, Any]]] = getattr(participant, operation)

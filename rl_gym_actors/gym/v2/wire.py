@@ -30,6 +30,9 @@ RESTART_HEADER = "x-ng-checkpoint-restart"  # "1" on a seed reply: the episode i
 #: or 409 ``not_completed`` when it has none (running, or never started), or ``stale_attempt``
 #: when it was retired; never start or join a run: a trainer adopts a lost reply, not reruns it.
 REPLAY_ONLY_PARAM = "replay_only"
+#: (ext) ``GET /ng-control/v1/checkpoint/kept?limit=N``: the kept replies' capture keys.
+KEPT_ROUTE = "/kept"
+MAX_KEPT_LISTED = 100_000
 MAX_REPORTED_BLOCKERS = 100  # a prepare report lists at most this many; blocker_count is full
 KINDS = ("environment", "model", "agent", "resources")  # also the order prepare runs in
 ParticipantKind = Literal["environment", "model", "agent", "resources"]
@@ -259,6 +262,14 @@ class RestoreAnswer(_Answer):
 class ResumeAnswer(_Answer):
     phase: Phase
     idempotent: bool
+
+
+class KeptAnswer(_Answer):
+    """(ext) ``GET /kept`` on our server: the capture keys of the kept replies (sorted, at most
+    ``limit``) and their full ``count``."""
+
+    kept: list[str]
+    count: int
 
 
 ANSWER_MODELS: dict[str, type[_Answer]] = {
