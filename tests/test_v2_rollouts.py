@@ -164,3 +164,65 @@ async def test_v2_gym_kill_9_with_a_state_dir_mid_batch(ray_session, tmp_path):
             assert status.retired_rollouts == 0
     finally:
         server.kill()
+
+
+async def test_v2_rollout_deadline_pauses_while_a_checkpoint_parks_its_episode(ray_session):
+    """A checkpoint held open (its episode parked at a boundary) for longer than ``rollout_s``:
+    the rollout's deadline does not count the parked time, as Gym's own does not; after resume
+    the row seals with one agent run (every step once, attempt 0, one try)."""
+    import time
+
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.gym.v2.client import V2Client
+
+    with V2ServerThread() as server:
+        policy = TryPolicy(rollout_s=2.0, max_tries=2, control_s=5.0, admission_wait_s=30.0)
+        row = {"_ng_rollout_id": "parked", "steps": 3, "step_s": 0.4, "reward": 0.7}
+        async with GymClient(server.endpoint) as gym, orchestrator(server, policy) as orch:
+            v2 = V2Client(gym)
+            batch = asyncio.ensure_future(orch.arun_batch([row]))
+            await until(lambda: server.participant.steps_run >= 1, timeout_s=20.0, what="a step")
+            prepared = await v2.prepare("held-long", deadline_ts=time.time() + 10)
+            assert prepared.prepared  # the episode is parked at a boundary
+            held_from = time.monotonic()
+            await asyncio.sleep(2 * policy.rollout_s)  # the checkpoint stays open that long
+            assert not batch.done() and time.monotonic() - held_from >= policy.rollout_s
+            await v2.resume("held-long", deadline_ts=time.time() + 5)
+            [outcome] = await asyncio.wait_for(batch, 30.0)
+            snap = await orch.asnapshot()
+        assert outcome.status == "sealed" and outcome.reward == 0.7, outcome.reason
+        assert outcome.tries == 1 and outcome.attempt_index == 0
+        assert outcome.reply["steps_run"] == 3 and server.participant.steps_run == 3
+        # its own /run answered it: not given up on and then adopted from our server's kept
+        # reply (a real Gym keeps none: it would have run again)
+        assert not outcome.adopted and snap.actors.v2_kept_replies_found == 0
+        assert snap.actors.deadlines_paused == 1
+        status = server.participant.status()
+        assert status["retired_rollouts"] == 0 and status["report"]["counts"]["episodes"] == 0
+
+
+async def test_v2_admission_refused_past_admission_wait_fails_typed(ray_session):
+    """A row refused with 409 ``admission_closed`` for all of ``admission_wait_s`` ends failed
+    ``admission_closed`` through the orchestrator, with one try and nothing retired (no send
+    of it ran); sent again after resume it seals and the agent runs once."""
+    import time
+
+    from rl_gym_actors.failures import FailureKind
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.gym.v2.client import V2Client
+
+    with V2ServerThread() as server:
+        policy = TryPolicy(rollout_s=10.0, max_tries=2, control_s=2.0, admission_wait_s=1.0)
+        row = {"_ng_rollout_id": "refused", "reward": 0.4}
+        async with GymClient(server.endpoint) as gym, orchestrator(server, policy) as orch:
+            v2 = V2Client(gym)
+            await v2.prepare("held", deadline_ts=time.time() + 5)
+            [refused] = await asyncio.wait_for(orch.arun_batch([row]), 30.0)
+            assert server.participant.status()["retired_rollouts"] == 0
+            await v2.resume("held", deadline_ts=time.time() + 5)
+            [again] = await asyncio.wait_for(orch.arun_batch([row]), 30.0)
+        assert refused.status == "failed" and refused.failure is FailureKind.ADMISSION_CLOSED
+        assert refused.tries == 1 and "admission" in (refused.reason or "")
+        assert "retire" not in (refused.reason or "")  # none tried, none waited out
+        assert again.status == "sealed" and again.reward == 0.4
+        assert server.participant.steps_run == 1

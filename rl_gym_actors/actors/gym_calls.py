@@ -14,18 +14,22 @@ committed checkpoint), and a retire first asks our server for the attempt's kept
 finished but lost is adopted by the replay that follows, never rerun; otherwise the attempt is
 retired with v2's ``retire`` (refused, stopped, freed).
 ``/run`` and its replay are the same call on both protocols; 409 ``admission_closed`` (a v2
-checkpoint is open) waits and resends without spending a try, as on the agent-checkpoint one.
+checkpoint is open) waits and resends without spending a try, as on the agent-checkpoint one. A
+``/run`` on a v2 server does not count the time the server held a checkpoint open (its episode
+parked) against ``rollout_s`` (:mod:`.park_watch`), as Gym does not count it against its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_gym_actors.actors.park_watch import ParkWatch, poll_interval
 from rl_gym_actors.core import rollout as core
 from rl_gym_actors.errors import CheckpointConflict, InvalidRequest, NotCompleted, StaleAttempt
 from rl_gym_actors.failures import FailureKind, failure_kind
@@ -33,12 +37,13 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.fence import RETIRE_PHASES
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
-from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.gym.v2.wire import EpisodeId, Phase
 from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer, result_digest
 
 logger = logging.getLogger(__name__)
 
 DEADLINE_GRACE_S = 0.5  # our own timeout trails the client's deadline by this much
+PARKED_MAX_S = 86_400.0  # a backstop on a /run's HTTP exchange; its deadline is watched here
 
 
 @dataclass
@@ -85,6 +90,8 @@ class GymCalls:
         self._counts = counts
         self._receipts_from_status: set[int] = set()  # endpoints without the receipt route
         self._v2: dict[int, _V2 | None] = {}  # endpoint index -> its v2 client, None: agent
+        self._watches: dict[int, ParkWatch] = {}  # v2 endpoint index -> its park watch
+        self._discovering: dict[int, asyncio.Task[None]] = {}
 
     def receipt_at_hand(self, live: LiveRollout, step: core.Effect | None) -> core.Event | None:
         """The event for a receipt fetch that the /run (or replay) answer already answered."""
@@ -111,13 +118,7 @@ class GymCalls:
             return core.Woke(clock())
         if isinstance(step, core.StartRun):
             try:
-                async with asyncio.timeout(max(0.0, step.deadline_ts - clock())):
-                    result = await client.run(
-                        live.row,
-                        rollout_id=rid,
-                        attempt_index=step.attempt_index,
-                        deadline_ts=step.deadline_ts,
-                    )
+                result = await self._run(live, step)
             except TimeoutError:  # ours or the client's DeadlineExceeded
                 return core.DeadlineFired(clock())
             except Exception as exc:
@@ -157,6 +158,73 @@ class GymCalls:
                 return core.AckAnswered(clock())
         except Exception as exc:
             return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
+
+    async def _run(self, live: LiveRollout, step: core.StartRun) -> Any:
+        """``/run`` by ``step.deadline_ts``; on a v2 server, that deadline moves out by the time
+        the server was seen holding a checkpoint open since the call started
+        (:mod:`.park_watch`). TimeoutError when it passes."""
+        clock, started = self.clock, self.clock()
+        run = asyncio.ensure_future(
+            live.client.run(
+                live.row,
+                rollout_id=live.machine.rollout_id,
+                attempt_index=step.attempt_index,
+                deadline_ts=step.deadline_ts + PARKED_MAX_S,  # ours below is the one that counts
+            )
+        )
+        watch, token = None, 0
+        try:
+            while not run.done():
+                if watch is None and (watch := self._watch_of(live)) is not None:
+                    token = watch.enter(started)
+                paused = watch.parked_since(started) if watch is not None else 0.0
+                left = step.deadline_ts + paused - clock()
+                if left <= 0 and watch is not None:
+                    await watch.read()  # at the deadline: does a checkpoint hold it now?
+                    if watch.time.parked:
+                        left = watch.interval_s
+                if left <= 0:
+                    raise TimeoutError(f"/run past rollout_s (+{paused:.1f} s parked)")
+                if live.endpoint_index not in self._v2:  # look again once discovery answered
+                    left = min(left, 1.0)
+                await asyncio.wait([run], timeout=left)
+            return run.result()
+        finally:
+            if watch is not None:
+                self._counts["deadlines_paused"] += watch.parked_since(started) > 0
+                watch.leave(token)
+            if not run.done():
+                run.cancel()
+                with contextlib.suppress(BaseException):
+                    await run
+
+    def _watch_of(self, live: LiveRollout) -> ParkWatch | None:
+        """The park watch of the endpoint when it speaks v2; None otherwise, or while that is
+        not known yet (asked in the background: a /run never waits for it)."""
+        index = live.endpoint_index
+        if index not in self._v2:
+            if index not in self._discovering:
+
+                async def discover() -> None:
+                    with contextlib.suppress(Exception):  # unknown: asked again next time
+                        await self._v2_of(live, self.clock() + 5.0)
+                    self._discovering.pop(index, None)
+
+                self._discovering[index] = asyncio.create_task(discover())
+            return None
+        v2 = self._v2[index]
+        if v2 is None:
+            return None
+        watch = self._watches.get(index)
+        if watch is None:
+            client = v2.client
+
+            async def parked(deadline_ts: float) -> bool:
+                return (await client.status(deadline_ts=deadline_ts)).phase is not Phase.IDLE
+
+            interval = poll_interval(live.machine.policy.rollout_s)
+            watch = self._watches[index] = ParkWatch(parked, self.clock, interval)
+        return watch
 
     async def _v2_of(self, live: LiveRollout, deadline: float) -> _V2 | None:
         """The endpoint's v2 client, or None when it speaks the agent-checkpoint protocol."""

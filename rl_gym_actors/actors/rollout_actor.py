@@ -82,6 +82,7 @@ class RolloutCounters(BaseModel):
     receipts_from_status: int = 0  # of them, status listings (a server without a per-key route)
     receipts_deferred: int = 0  # sealed on the reply's digest; the checkpoint gate's listing
     v2_kept_replies_found: int = 0  # Gym v2: lost replies found kept on our server (adopted)
+    deadlines_paused: int = 0  # Gym v2: /runs whose deadline a checkpoint's parked time moved
 
 
 class RolloutActorSnapshot(RolloutCounters):
