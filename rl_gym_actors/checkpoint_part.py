@@ -9,6 +9,10 @@ is asked to ACK anything (docs: README "When Gym lets go of a result"):
   (``handed``: each outcome, its reply left out unless ``keep_results``) and the results the
   trainer has not been handed yet (``undelivered``, in full).
 
+Once the checkpoint committed on Gym v2 servers, ``part.json`` is rewritten (as it was written)
+with ``gym_v2``: per v2 server, the attempts the commit exported and those in flight it did not
+(:func:`add_gym_v2`), which ``Orchestrator.arestore`` restores (see ``actors/v2_restore.py``).
+
 Each file is written as ``name.tmp`` in the same directory, flushed, fsynced and renamed over
 ``name``; the directory is fsynced after. A part with no ``part.json``, or whose file digest does
 not match, is refused with ConfigError: never half used. ``Orchestrator(..., restore_from=dir)``
@@ -22,16 +26,22 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rl_gym_actors.config import checkpoint_id_arg
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION, SealedIds
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.gym.checkpoint_files import fsync_dir, write_file_atomically
 from rl_gym_actors.outcome import Outcome
+
+if TYPE_CHECKING:  # the orchestrator's client of its ledger actor (Ray's)
+    from rl_gym_actors.actors.ledger_client import LedgerClient
 
 PART_DIR = "rl_gym_actors"
 PART_FILE = "part.json"
@@ -60,6 +70,7 @@ class CheckpointPart(BaseModel):
     handed: list[Outcome] = []
     undelivered: list[Outcome] = []
     sealed: SealedFile
+    gym_v2: list[V2EndpointScope] = []  # added once the checkpoint committed on v2 servers
 
 
 def part_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
@@ -100,6 +111,21 @@ def write_part(
     return part
 
 
+def _read_to_add(directory: Path) -> CheckpointPart:
+    try:
+        return CheckpointPart.model_validate_json((directory / PART_FILE).read_bytes())
+    except (OSError, ValidationError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"no checkpoint part to add to under {directory}: {exc}") from exc
+
+
+def _rewrite(directory: Path, part: CheckpointPart) -> None:
+    try:
+        write_file_atomically(directory / PART_FILE, part.model_dump_json().encode())
+        fsync_dir(directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
+
+
 def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outcome]) -> int:
     """Add ``outcomes`` to the ``undelivered`` of the part already under ``checkpoint_dir``
     (rewritten durably, as :func:`write_part` writes it): the checkpoint gate calls it with the
@@ -107,20 +133,40 @@ def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outco
     left as it is. How many were added; raises ConfigError when the part cannot be read or
     written."""
     directory = part_dir(checkpoint_dir)
-    try:
-        part = CheckpointPart.model_validate_json((directory / PART_FILE).read_bytes())
-    except (OSError, ValidationError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"no checkpoint part to add to under {directory}: {exc}") from exc
+    part = _read_to_add(directory)
     held = {o.rollout_id for o in part.handed} | {o.rollout_id for o in part.undelivered}
     new = [o for o in outcomes if o.rollout_id not in held]
     if new:
-        part = part.model_copy(update={"undelivered": [*part.undelivered, *new]})
-        try:
-            write_file_atomically(directory / PART_FILE, part.model_dump_json().encode())
-            fsync_dir(directory)
-        except OSError as exc:
-            raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
+        _rewrite(directory, part.model_copy(update={"undelivered": [*part.undelivered, *new]}))
     return len(new)
+
+
+def v2_scopes(report: CheckpointReport) -> list[V2EndpointScope]:
+    """What a committed checkpoint left on each v2 server for a restore: the attempts exported
+    and those this run had in flight there that were not (from each commit answer)."""
+    scopes = []
+    for entry in report.endpoints:
+        if entry.protocol != "v2":
+            continue
+        extra = entry.commit.model_extra or {}
+        exported = sorted(extra.get("episode_ids") or [])
+        in_flight = extra.get("in_flight") or []
+        scopes.append(
+            V2EndpointScope(
+                endpoint=entry.endpoint,
+                label=entry.label,
+                checkpoint_dir=entry.checkpoint_dir,
+                exported=exported,
+                start_over=sorted(set(in_flight) - set(exported)),
+            )
+        )
+    return scopes
+
+
+def add_gym_v2(checkpoint_dir: str | os.PathLike[str], scopes: list[V2EndpointScope]) -> None:
+    """Write ``scopes`` into the part under ``checkpoint_dir`` (rewritten durably)."""
+    directory = part_dir(checkpoint_dir)
+    _rewrite(directory, _read_to_add(directory).model_copy(update={"gym_v2": list(scopes)}))
 
 
 def read_part(
@@ -202,3 +248,34 @@ async def write_memory_part(
         sealed=sealed,
         keep_results=keep_results,
     )
+
+
+RESTORE_S = 60.0  # a v2 restore's own deadline
+RESTORE_SLACK_S = 30.0  # the ledger's answer may come this much later
+
+
+async def restore_gym_v2(
+    ledger: LedgerClient,
+    memory: RolloutMemory,
+    placed: dict[str, int],
+    endpoints: list[str],
+    part: CheckpointPart,
+    claims: list[str],
+) -> RestoreReport:
+    """The ledger restores the part's v2 episodes (``actors/v2_restore.py``); then each rollout's
+    next row runs the attempt the report names, a restored one on the endpoint that holds it
+    (``placed``: rollout id -> index in ``endpoints``, the endpoints' URLs)."""
+    report = await ledger.restore_v2(
+        f"restore-{uuid.uuid4().hex}",
+        part.checkpoint_id,
+        part.gym_v2,
+        RESTORE_S,
+        claims,
+        timeout_s=RESTORE_S + RESTORE_SLACK_S,
+    )
+    for rid, attempt in report.next_attempts.items():
+        memory.restart_at(rid, attempt)
+    for rid, url in report.placed.items():
+        if url in endpoints:
+            placed[rid] = endpoints.index(url)
+    return report

@@ -44,6 +44,7 @@ from typing import Any
 
 import ray
 
+from rl_gym_actors import checkpoint_part as parts
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_with_own_clients
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
@@ -51,8 +52,6 @@ from rl_gym_actors.actors.pool import WarmPool, actor_pattern
 
 # runtime sets Ray's env before Ray loads
 from rl_gym_actors.actors.runtime import LoopThread, ensure_ray
-from rl_gym_actors.checkpoint_part import add_undelivered as keep_handed
-from rl_gym_actors.checkpoint_part import load_part, restore_run, write_memory_part
 from rl_gym_actors.config import (
     GymEndpoint,
     LedgerConfig,
@@ -63,7 +62,7 @@ from rl_gym_actors.config import (
     pool_with,
     run_id_arg,
 )
-from rl_gym_actors.core.checkpoint_report import CheckpointReport
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
@@ -79,7 +78,7 @@ from rl_gym_actors.rows import (
     endpoint_list,
     row_list,
 )
-from rl_gym_actors.snapshot import ActorTotals, OrchestratorSnapshot
+from rl_gym_actors.snapshot import OrchestratorSnapshot
 from rl_gym_actors.stream import IndexedOutcome, Stream
 
 # re-exported: imported from here by the package's __init__, integrations and tests
@@ -134,7 +133,7 @@ class Orchestrator:
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
         self.keep_results = bool(keep_results)  # restore_from: run id, results, sealed ids
         self._sealed_retention = sealed_retention
-        run_id, part, sealed = restore_run(restore_from, run_id, sealed_retention)
+        run_id, part, sealed = parts.restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
         self.progress = progress
@@ -143,7 +142,9 @@ class Orchestrator:
         self._pool: WarmPool | None = None
         self._runner: RowRunner | None = None
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
-        load_part(self._memory, part, sealed)
+        parts.load_part(self._memory, part, sealed)
+        self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
+        self.restore_report: RestoreReport | None = None  # what the last v2 restore did
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
@@ -317,21 +318,32 @@ class Orchestrator:
             self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
         )
 
-    async def arestore(self, checkpoint_dir: str | os.PathLike[str]) -> None:
+    async def arestore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
         """Load the part a checkpoint of this run wrote under ``checkpoint_dir`` into a started
         orchestrator, as ``restore_from=`` does at construction (the NeMo RL drop-in restores
-        after its spin-up): handed results answer a row sent again ``repeated``, undelivered
-        ones are the next row's result, sealed ids are never run again. ConfigError when the
-        part is missing, torn, or another run's."""
+        after its spin-up), before any row: handed results answer a row sent again
+        ``repeated``, undelivered ones are its result, sealed ids never run again; Gym v2
+        episodes exported continue from their boundary (``actors/v2_restore.py``; the report,
+        also :attr:`restore_report`). ConfigError: the part is missing, torn, another run's."""
         self._check_open()
         _, part, sealed = await asyncio.to_thread(
-            restore_run, checkpoint_dir, self.run_id, self._sealed_retention
+            parts.restore_run, checkpoint_dir, self.run_id, self._sealed_retention
         )
 
-        async def load() -> None:  # on the orchestrator's loop, which owns the memory
-            load_part(self._memory, part, sealed)
+        async def load() -> RestoreReport | None:  # on the orchestrator's loop (the memory's)
+            parts.load_part(self._memory, part, sealed)
+            if part is None or not part.gym_v2:
+                return None
+            _, _, ledger = await self._ready()
+            return await self._restore_v2(ledger, part)
 
-        await self._async(load())
+        return await self._async(load())
+
+    async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
+        urls, claims = [e.url for e in self.endpoints], sorted(self._claims)
+        args = (ledger, self._memory, self._planner.placed, urls, part, claims)
+        self.restore_report = await parts.restore_gym_v2(*args)
+        return self.restore_report
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
@@ -397,6 +409,9 @@ class Orchestrator:
                 pool, self._chunks, self._ledger, self._unacked, self.endpoints
             )
             self._pool = pool
+            if self._v2_part is not None:  # restore_from's v2 episodes, before any row
+                part, self._v2_part = self._v2_part, None
+                await self._restore_v2(ledger, part)
 
     async def _close(self) -> None:
         if self._closed:
@@ -437,7 +452,7 @@ class Orchestrator:
         _, _, ledger = await self._ready()
         deadline_s = deadline_s_arg(deadline_s)
         # the layer's part first (checked id and dir): nothing is released before it is durable
-        await write_memory_part(
+        await parts.write_memory_part(
             self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results
         )
         claims = sorted(self._claims)
@@ -448,10 +463,12 @@ class Orchestrator:
             bool(sweep_foreign),
             claims,
             timeout_s=deadline_s + CALL_SLACK_S,
-            keep_handed=keep_handed,  # the handed-over tries the gate adopts: into the part
+            keep_handed=parts.add_undelivered,  # the handed-over tries the gate adopts: to the part
         )
         for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
             self._memory.adopt_handed(outcome)
+        if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
+            await asyncio.to_thread(parts.add_gym_v2, checkpoint_dir, scopes)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
         self._committed()
@@ -477,14 +494,4 @@ class Orchestrator:
 
     async def _snapshot(self) -> OrchestratorSnapshot:
         pool, _, client = await self._ready()
-        ledger = await client.snapshot(timeout_s=START_TIMEOUT_S)
-        refs = [h.snapshot.remote() for h in pool.handles.values()]
-        answers = await asyncio.gather(*refs, return_exceptions=True)
-        return OrchestratorSnapshot(
-            orchestrator_id=self.id,
-            ledger=ledger,
-            pool=pool.snapshot(),
-            actors=ActorTotals.of(answers),
-            known_rollouts=len(self._memory),
-            in_flight=self._memory.in_flight,
-        )
+        return await OrchestratorSnapshot.take(self.id, pool, client, self._memory, START_TIMEOUT_S)

@@ -2,7 +2,8 @@
 
 A row's rollout id is ``_ng_rollout_id`` (minted ``<run_id>-<hex>`` when absent),
 ``_ng_attempt_index`` the first try's index, ``_ng_endpoint`` (an endpoint name or URL) its
-endpoint; without it the endpoint is chosen by a stable hash of the rollout id
+endpoint; without it the endpoint is the one a restore left the rollout's episode on
+(:attr:`RowPlanner.placed`), else chosen by a stable hash of the rollout id
 (:func:`endpoint_index_for`). The rest of the row is what Gym's ``/run`` gets, and must be JSON.
 
 How a rollout is dispatched is the rollout memory's answer
@@ -84,6 +85,7 @@ class RowPlanner:
         self._run_prefix = run_id + "-"
         self._memory = memory
         self._claims = claims
+        self.placed: dict[str, int] = {}  # rollout -> endpoint a restore left its episode on
 
     def plan(self, rows: list[Mapping[str, Any]]) -> list[RowItem]:
         """Every row checked (ConfigError names the first bad one) before any is taken."""
@@ -137,7 +139,8 @@ class RowPlanner:
                 ):
                     return n
             raise ConfigError(f"row {i}: {ENDPOINT_FIELD} {wanted!r} names no endpoint")
-        return endpoint_index_for(rid, len(self.endpoints))
+        placed = self.placed.get(rid)
+        return endpoint_index_for(rid, len(self.endpoints)) if placed is None else placed
 
 
 def endpoint_index_for(rollout_id: str, n_endpoints: int) -> int:

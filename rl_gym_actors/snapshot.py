@@ -3,13 +3,16 @@ the ledger's snapshot, the pool's, and the rollout actors' counters summed over 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from rl_gym_actors.actors.pool import PoolSnapshot
+from rl_gym_actors.actors.ledger_client import LedgerClient
+from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
 from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
+from rl_gym_actors.core.rollout_memory import RolloutMemory
 
 
 class ActorTotals(RolloutCounters):
@@ -36,6 +39,29 @@ class OrchestratorSnapshot(BaseModel):
     actors: ActorTotals
     known_rollouts: int
     in_flight: int
+
+    @classmethod
+    async def take(
+        cls,
+        orchestrator_id: str,
+        pool: WarmPool,
+        ledger: LedgerClient,
+        memory: RolloutMemory,
+        timeout_s: float,
+    ) -> OrchestratorSnapshot:
+        """Ask the ledger and every rollout actor of ``pool`` (one that does not answer is
+        left out of the totals)."""
+        book = await ledger.snapshot(timeout_s=timeout_s)
+        refs = [h.snapshot.remote() for h in pool.handles.values()]
+        answers = await asyncio.gather(*refs, return_exceptions=True)
+        return cls(
+            orchestrator_id=orchestrator_id,
+            ledger=book,
+            pool=pool.snapshot(),
+            actors=ActorTotals.of(answers),
+            known_rollouts=len(memory),
+            in_flight=memory.in_flight,
+        )
 
     def __str__(self) -> str:  # print(): a summary (observe.snapshot_summary), no actor names
         from rl_gym_actors.observe import snapshot_summary

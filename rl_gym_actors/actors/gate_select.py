@@ -13,21 +13,30 @@ the checkpoint fails naming it, and it is asked again at the next one. The train
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort, abort_everywhere
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import Owners, dir_labels
-from rl_gym_actors.actors.v2_gate import V2Gate
+from rl_gym_actors.actors.v2_gate import RestoredPending, V2Gate
+from rl_gym_actors.actors.v2_restore import restore as restore_v2
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_book import AttemptBook
-from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
+from rl_gym_actors.core.checkpoint_report import (
+    CheckpointReport,
+    EndpointCheckpoint,
+    RestoreReport,
+    V2EndpointScope,
+)
 from rl_gym_actors.errors import CheckpointFailed, RlGymError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.coordinate import Participant
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+
+logger = logging.getLogger(__name__)
 
 DISCOVER_S = 10.0  # at most this long (and half the checkpoint's budget) to ask the servers
 
@@ -52,6 +61,7 @@ class GateSelect:
         self._clients = list(clients)
         self._labels = dir_labels(self._endpoints) if len(self._endpoints) > 1 else [""]
         self._found: dict[int, Participant | None] = {}  # index -> v2 participant, or None: agent
+        self.restored = RestoredPending()  # what restores installed and no replacement claimed
 
     def protocols(self) -> dict[str, str]:
         """What has been found so far: endpoint URL -> ``"v2"`` or ``"agent"``."""
@@ -127,6 +137,7 @@ class GateSelect:
             control_s=control_s,
             forget_batch=forget_batch,
             own=own,
+            restored=self.restored,
         )
         jobs: list[asyncio.Future] = [
             asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))
@@ -169,6 +180,33 @@ class GateSelect:
             elapsed_s=time.time() - start,
             endpoints=[by_url[e.url] for e in self._endpoints],
             kept=kept,
+        )
+
+    async def restore(
+        self,
+        book: AttemptBook,
+        scopes: Sequence[V2EndpointScope],
+        *,
+        restore_id: str,
+        source_checkpoint_id: str,
+        deadline_ts: float,
+        own: Callable[[str], bool] | None,
+    ) -> RestoreReport:
+        """Restore a checkpoint's v2 episodes on the v2 servers (see :mod:`.v2_restore`); a
+        server that cannot be asked is left out (its rollouts start over)."""
+        failed = await self.discover(min(deadline_ts, time.time() + DISCOVER_S))
+        for i, exc in failed.items():
+            logger.warning("restore %s: cannot ask %s: %s", restore_id, self._endpoints[i], exc)
+        targets = [(self._endpoints[i], p) for i, p in sorted(self._found.items()) if p is not None]
+        return await restore_v2(
+            book,
+            targets,
+            scopes,
+            restore_id=restore_id,
+            source_checkpoint_id=source_checkpoint_id,
+            deadline_ts=deadline_ts,
+            own=own,
+            pending=self.restored,
         )
 
     async def abort(self, checkpoint_id: str, deadline_ts: float) -> AbortReport:

@@ -53,9 +53,10 @@ from rl_gym_actors.config import (
 )
 from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport
-from rl_gym_actors.core.checkpoint_report import CheckpointReport
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.outcome import Outcome
 
 logger = logging.getLogger(__name__)
@@ -338,6 +339,36 @@ class LedgerActor:
         self._book.record_checkpoint(checkpoint_id, committed=True)
         metrics.CHECKPOINTS.inc(tags={"result": "committed"})
         return report
+
+    async def restore_v2(
+        self,
+        restore_id: str,
+        source_checkpoint_id: str,
+        scopes: Sequence[V2EndpointScope],
+        deadline_s: float,
+        claims: Sequence[str] = (),
+    ) -> RestoreReport:
+        """Restore the v2 episodes a checkpoint of this run exported (see
+        :mod:`rl_gym_actors.actors.v2_restore`), before the trainer sends any row: never raises
+        for Gym (a restore that fails is reported, and its rollouts start over). This run's
+        episodes are those with its run id's prefix, the scopes' and ``claims``."""
+        checkpoint_id_arg(restore_id)
+        deadline_ts = time.time() + deadline_s_arg(deadline_s)
+        named = {
+            EpisodeId.from_capture_key(k).rollout_id
+            for s in scopes
+            for k in (*s.exported, *s.start_over)
+        }
+        own = own_rollouts(self._run_id, False, frozenset(claims) | named)
+        async with self._gate_lock:
+            return await self._select.restore(
+                self._book,
+                list(scopes),
+                restore_id=restore_id,
+                source_checkpoint_id=source_checkpoint_id,
+                deadline_ts=deadline_ts,
+                own=own,
+            )
 
     async def protocols(self) -> dict[str, str]:
         """Each Gym endpoint's checkpoint protocol (``"agent"`` or ``"v2"``), asked once."""

@@ -19,7 +19,7 @@ from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
-from rl_gym_actors.core.checkpoint_report import CheckpointReport
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.errors import LedgerLost, RlGymError
 from rl_gym_actors.outcome import Outcome
 
@@ -86,6 +86,24 @@ class LedgerClient:
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
                 checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign, claims, keep_handed
+            ),
+            timeout_s,
+        )
+
+    async def restore_v2(
+        self,
+        restore_id: str,
+        source_checkpoint_id: str,
+        scopes: Sequence[V2EndpointScope],
+        deadline_s: float,
+        claims: Sequence[str],
+        *,
+        timeout_s: float,
+    ) -> RestoreReport:
+        return await self._call(
+            "restore_v2",
+            lambda: self.handle.restore_v2.remote(
+                restore_id, source_checkpoint_id, list(scopes), deadline_s, list(claims)
             ),
             timeout_s,
         )

@@ -23,6 +23,12 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    (and our server's kept replies, (ext)) go away, and the book counts their sealed attempts as
    released so it prunes them. A forget that fails leaves them for the next checkpoint.
 
+Episodes a restore installed (:class:`RestoredPending`, see :mod:`.v2_restore`) whose
+replacement ``/run`` has not started are in every commit's scope, named by that replacement
+attempt (else Gym deletes them), and their rollouts are never forgotten, until the book knows
+that attempt (or a later one). Each commit answer says which attempts of this run were in flight
+on its server (``in_flight``, capture keys): what a restore starts over when not exported.
+
 v2 has no ACK: a sealed reply is released by ``forget`` after a committed checkpoint.
 """
 
@@ -47,6 +53,33 @@ logger = logging.getLogger(__name__)
 FORGET_BATCH = 500  # rollout ids per forget call
 
 
+class RestoredPending:
+    """Episodes a restore installed on each server (by URL: rollout id -> replacement attempt)
+    whose replacement has not started yet, as far as the book knows."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, dict[str, int]] = {}
+
+    def add(self, endpoint: str, rollout_id: str, attempt: int) -> None:
+        self._by_url.setdefault(endpoint, {})[rollout_id] = attempt
+
+    def on(self, book: AttemptBook, endpoint: str) -> list[tuple[str, int]]:
+        """Those still pending on ``endpoint``; the ones whose replacement (or a later attempt)
+        the book knows are dropped."""
+        pending = self._by_url.get(endpoint, {})
+        for rid, att in list(pending.items()):
+            current = book.current_attempt(rid)
+            if current is not None and current >= att:
+                del pending[rid]
+        return sorted(pending.items())
+
+    def rollouts(self) -> set[str]:
+        return {rid for pending in self._by_url.values() for rid in pending}
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._by_url.values())
+
+
 class V2Gate:
     """One checkpoint over the v2 servers ``endpoints`` (``labels``: their sub-folders,
     ``participants``: their v2 clients, same order)."""
@@ -62,6 +95,7 @@ class V2Gate:
         control_s: float,
         forget_batch: int = FORGET_BATCH,
         own: Callable[[str], bool] | None = None,
+        restored: RestoredPending | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not len(endpoints) == len(labels) == len(participants):
@@ -74,6 +108,7 @@ class V2Gate:
         self._control_s = control_s
         self._batch = max(1, forget_batch)
         self._own = own  # which rollout ids are this run's (None: every one)
+        self._restored = restored or RestoredPending()
         self._clock = clock
 
     async def run(
@@ -93,12 +128,19 @@ class V2Gate:
             for ep, part, found in zip(self._endpoints, self._parts, kept, strict=True)
         ]
         live = self._owners.live()
-        continued = [
-            EpisodeId(rollout_id=rid, attempt=att)
+        in_flight = {
+            ep.url: [
+                EpisodeId(rollout_id=rid, attempt=att)
+                for rid, att in self._book.running_on(ep.url)
+                if self._book.claimant(rid, att, ep.url, live) is not None
+            ]
+            + [
+                EpisodeId(rollout_id=rid, attempt=att)
+                for rid, att in self._restored.on(self._book, ep.url)
+            ]
             for ep in self._endpoints
-            for rid, att in self._book.running_on(ep.url)
-            if self._book.claimant(rid, att, ep.url, live) is not None
-        ]
+        }
+        continued = [e for ep in self._endpoints for e in in_flight[ep.url]]
         dirs = {
             p.name: endpoint_dir(checkpoint_dir, label)
             for p, label in zip(self._parts, self._labels, strict=True)
@@ -132,6 +174,7 @@ class V2Gate:
                         manifest_digest=answer.manifest.records_sha256,
                         episode_ids=list(answer.episode_ids),
                         restarts=list(outcome.restarts),
+                        in_flight=sorted(e.capture_key for e in in_flight[ep.url]),
                     ),
                     protocol="v2",
                     renewals=outcome.renewals,
@@ -255,7 +298,8 @@ class V2Gate:
         """Forget the rollouts finished for good (and ``orphans``: rollouts the book never saw
         whose kept replies were retired), in batches; how many were forgotten."""
         finished = self._book.finished_on({ep.url for ep in self._endpoints}, self._owners.live())
-        finished = sorted(set(finished).union(orphans))
+        pending = self._restored.rollouts()  # a replacement may still come: not finished
+        finished = sorted(set(finished).union(orphans) - pending)
         done = 0
         for i in range(0, len(finished), self._batch):
             chunk = finished[i : i + self._batch]

@@ -66,3 +66,57 @@ class CheckpointReport(BaseModel):
     @property
     def retired(self) -> int:
         return sum(e.retired for e in self.endpoints)
+
+
+class EndpointRestore(BaseModel):
+    """What a restore did on one v2 endpoint: this run's attempts it ``retired`` first (those a
+    dead trainer left running, and each checkpointed attempt), the replacement attempts Gym
+    installed (``restored``: capture keys) and the checkpoint Gym says it read them from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint: str
+    label: str
+    retired: int = 0
+    restored: list[str] = []
+    source_checkpoint_id: str | None = None
+
+
+class RestoreReport(BaseModel):
+    """A restore of the Gym v2 episodes a checkpoint exported (``Orchestrator.arestore``).
+
+    ``restored``: every endpoint installed its episodes (all or nothing); else ``error`` says why,
+    the replacements were retired everywhere and those rollouts start over from their inputs.
+    ``next_attempts``: the attempt each rollout's next row runs (a restored one continues from
+    its boundary as that attempt; the others start over as it); ``placed``: the endpoint (URL)
+    each restored rollout's replacement must run on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    restore_id: str
+    source_checkpoint_id: str
+    restored: bool
+    error: str | None = None
+    endpoints: list[EndpointRestore] = []
+    next_attempts: dict[str, int] = {}
+    placed: dict[str, str] = {}
+
+    @property
+    def continued(self) -> int:
+        """How many episodes continue from their boundary."""
+        return len(self.placed)
+
+
+class V2EndpointScope(BaseModel):
+    """What a committed checkpoint left on one v2 endpoint for a restore (kept in the layer's
+    checkpoint part): the attempts it ``exported`` (capture keys: they continue from their
+    boundary as the next attempt) and the attempts this run had in flight there that it did not
+    export (``start_over``: restarts, which run again from their inputs after a crash)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint: str
+    label: str
+    checkpoint_dir: str
+    exported: list[str] = []
+    start_over: list[str] = []

@@ -218,6 +218,18 @@ class RolloutMemory:
         if not delivered:
             self.keep(outcome)
 
+    def restart_at(self, rollout_id: str, attempt: int) -> bool:
+        """A restore left this rollout's next row to run as try ``attempt`` (a Gym v2 episode
+        continued as its replacement, or started over after the tries before it were retired):
+        its next row dispatches that try first and retires nothing. Only for a rollout this
+        memory does not know (a new trainer's); whether it was recorded."""
+        if self.state(rollout_id) is not RolloutState.NEW or attempt < 0:
+            return False
+        rec = self._touch(rollout_id)
+        if isinstance(rec, RolloutRecord):
+            rec.next_fresh = max(rec.next_fresh, attempt)
+        return True
+
     def adopt_handed(self, outcome: Outcome) -> bool:
         """A try this rollout handed to the ledger unsettled finished on Gym after all, and the
         checkpoint gate adopted its result: kept for the rollout's next row (no agent run). Only

@@ -145,15 +145,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class DriverProcess:
-    """``python -m rl_gym_actors.testing.driver ARGS`` in a session of its own; read its JSON
+    """``python -m rl_gym_actors.testing.driver ARGS`` (or another ``module`` speaking JSON
+    lines, such as :mod:`rl_gym_actors.testing.v2_trainer`) in a session of its own; read its
     lines with :meth:`wait_for`, kill it and everything it started with :meth:`kill`."""
 
-    def __init__(self, args: list[str], *, ray_address: str | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        ray_address: str | None = None,
+        module: str = "rl_gym_actors.testing.driver",
+    ) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         env.pop("RAY_ADDRESS", None)
-        cmd = [sys.executable, "-m", "rl_gym_actors.testing.driver", *args]
+        cmd = [sys.executable, "-m", module, *args]
         if ray_address:
             cmd += ["--ray-address", ray_address]
         self.proc = subprocess.Popen(
