@@ -81,7 +81,12 @@ class DropInConfig(_Settings):
     (default: the endpoint's name, else ``rl_gym_actors``). ``stream_tuple``: ``auto`` (default)
     yields what the installed NeMo RL's consumer unpacks, detected at spin-up
     (:mod:`.consumer`: 3 for NeMo RL main, 4 for its checkpoint work); 4 forces
-    ``(rowidx, agent_ref, result, timing)``, 3 forces ``(rowidx, result, timing)``. ``run_id``
+    ``(rowidx, agent_ref, result, timing)``, 3 forces ``(rowidx, result, timing)``.
+    ``admission_refusals``: a row Gym refused with 409 ``admission_closed`` past
+    ``policy.admission_wait_s`` is yielded as ``GymAdmissionClosed(message, row_idx)`` in its
+    place (``yield``, as NeMo RL's newest ``run_rollouts`` does) or counted among the failures
+    the stream raises at its end (``raise``); ``auto`` (default) yields when the installed NeMo
+    RL's ``run_rollouts`` is annotated to yield it (:mod:`.consumer`). ``run_id``
     names the training run: derived rollout ids start with it (plus a per-instance suffix that a
     restore from a checkpoint replaces with the checkpointed one); keep it stable across restarts
     and unique among runs sharing a Gym server. ``hold_s`` / ``max_held``
@@ -97,6 +102,7 @@ class DropInConfig(_Settings):
     servers: list[ServerSpec] = []
     agent_name: str | None = None
     stream_tuple: Literal["auto", 3, 4] = "auto"
+    admission_refusals: Literal["auto", "yield", "raise"] = "auto"
     policy: TryPolicy = TryPolicy()
     pool: PoolConfig = PoolConfig()
     ledger: LedgerConfig = LedgerConfig()

@@ -8,12 +8,19 @@ spin-up: the return annotation of its own ``NemoGym.run_rollouts`` (``AsyncGener
 None]``; the chooser of :mod:`.selection` keeps the original class), else whether the module of
 the checkpoint work (``nemo_rl.environments.gym_checkpoint``) is installed. Without NeMo RL, or
 when neither says, it is 3: what NeMo RL main reads. ``stream_tuple: 3`` / ``4`` force a shape.
+
+NeMo RL's newest ``run_rollouts`` yields ``tuple[...] | GymAdmissionClosed``: a row Gym refused
+while a checkpoint had admission closed comes as that refusal object instead of a tuple.
+:func:`detect_refusals` says whether the installed consumer takes such objects (its annotation
+names a yielded type that is not a tuple); an older one would break unpacking one, so the
+drop-in then raises the refusal at the stream's end as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
 import typing
 from types import ModuleType
 from typing import Any
@@ -29,21 +36,43 @@ def _actor_class(obj: Any) -> Any:
     return getattr(meta, "modified_class", obj)
 
 
-def annotated_shape(module: ModuleType) -> int | None:
-    """The tuple length ``NemoGym.run_rollouts`` is annotated to yield, or ``None``."""
+def _yielded(module: ModuleType) -> list[Any]:
+    """The types ``NemoGym.run_rollouts`` is annotated to yield (a union's members), or []."""
     run = getattr(_actor_class(getattr(module, "NemoGym", None)), "run_rollouts", None)
     if run is None:
-        return None
+        return []
     try:
         ret = typing.get_type_hints(run).get("return")
     except Exception:  # unresolvable names: the annotation says nothing usable
-        return None
-    for arg in typing.get_args(ret):  # AsyncGenerator[tuple[...], None]
+        return []
+    args = typing.get_args(ret)  # AsyncGenerator[item, None]
+    if not args:
+        return []
+    item = args[0]
+    if typing.get_origin(item) in (typing.Union, types.UnionType):
+        return list(typing.get_args(item))
+    return [item]
+
+
+def annotated_shape(module: ModuleType) -> int | None:
+    """The tuple length ``NemoGym.run_rollouts`` is annotated to yield, or ``None``."""
+    for arg in _yielded(module):
         if typing.get_origin(arg) is tuple:
             items = typing.get_args(arg)
             if items and items[-1] is not Ellipsis and len(items) in (3, 4):
                 return len(items)
     return None
+
+
+def detect_refusals(module: ModuleType | str = NEMO_GYM_MODULE) -> bool:
+    """Whether the installed NeMo RL's ``run_rollouts`` yields refusal objects beside its
+    tuples (its annotation names a yielded class that is not a tuple: ``GymAdmissionClosed``)."""
+    if isinstance(module, str):
+        try:
+            module = importlib.import_module(module)
+        except Exception:  # NeMo RL not installed here (or broken)
+            return False
+    return any(isinstance(arg, type) and issubclass(arg, BaseException) for arg in _yielded(module))
 
 
 def detect_stream_tuple(module: ModuleType | str = NEMO_GYM_MODULE) -> int:

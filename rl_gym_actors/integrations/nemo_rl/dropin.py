@@ -20,6 +20,9 @@ Rollouts
     metrics ride on its last yield. A failed row never stops the stream: successful rows keep
     coming, and the stream raises once at the end (:func:`~.rows.failure_for`: a
     ``ConnectionError`` or ``TimeoutError`` subclass, which RL re-dispatches, or a data failure).
+    A row Gym refused with 409 ``admission_closed`` past ``admission_wait_s`` (a checkpoint held
+    it) is yielded in its place as ``GymAdmissionClosed(message, row_idx)`` when the consumer
+    takes it, as NeMo RL's newest ``run_rollouts`` does (``admission_refusals``).
     The rollouts of a stream RL cancels keep running here; their results are held (up to
     ``hold_s``) for RL's re-dispatch of the same rows, which gets them without a rerun. A
     re-dispatched row whose earlier rollout failed starts its next try after retiring the last
@@ -72,6 +75,7 @@ from rl_gym_actors.integrations.nemo_rl.rows import (
 )
 from rl_gym_actors.integrations.nemo_rl.servers import OwnServers, PolicyEndpoint
 from rl_gym_actors.integrations.nemo_rl.v2_checkpoint_calls import V2CheckpointCalls
+from rl_gym_actors.integrations.nemo_rl.v2_shapes import admission_closed
 from rl_gym_actors.orchestrator import ENDPOINT_FIELD
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
@@ -94,6 +98,7 @@ class DropInStats:
     adopted: int = 0  # results adopted on Gym (retire said completed)
     streams: int = 0
     cancelled_streams: int = 0
+    refused: int = 0  # rows yielded as GymAdmissionClosed
 
 
 class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
@@ -124,6 +129,7 @@ class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
         self._topology: dict[str, Any] | None = None
         self.stats = DropInStats()
         self.stream_tuple: int = 3 if self.cfg.stream_tuple == "auto" else self.cfg.stream_tuple
+        self.yield_refusals = self.cfg.admission_refusals == "yield"
 
     # ------------------------------------------------------------ lifecycle (NeMo RL's calls)
 
@@ -132,11 +138,16 @@ class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
         then the orchestrator (its ledger actor and warm pool) over them and ``endpoints``.
         Idempotent."""
         if self._orch is None:
-            from rl_gym_actors.integrations.nemo_rl.consumer import detect_stream_tuple
+            from rl_gym_actors.integrations.nemo_rl.consumer import (
+                detect_refusals,
+                detect_stream_tuple,
+            )
             from rl_gym_actors.orchestrator import Orchestrator
 
             if self.cfg.stream_tuple == "auto":
                 self.stream_tuple = detect_stream_tuple()
+            if self.cfg.admission_refusals == "auto":
+                self.yield_refusals = detect_refusals()
 
             cfg = self.cfg
             own: list[GymEndpoint] = []
@@ -212,10 +223,11 @@ class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
         rows: Sequence[Mapping[str, Any]],
         timer_prefix: str,
         deduplicate_multimodal_data: bool = False,
-    ) -> AsyncIterator[tuple[Any, ...]]:
+    ) -> AsyncIterator[tuple[Any, ...] | Exception]:
         """Yield ``(rowidx, agent_ref, result, timing_or_None)`` per successful row as rows
-        end (``(rowidx, result, timing_or_None)`` with ``stream_tuple: 3``); raise a
-        :class:`~.rows.RolloutFailure` at the end if any row failed. ``agent_ref`` is
+        end (``(rowidx, result, timing_or_None)`` with ``stream_tuple: 3``), and with
+        ``admission_refusals`` a ``GymAdmissionClosed`` per row Gym refused; raise a
+        :class:`~.rows.RolloutFailure` at the end if any other row failed. ``agent_ref`` is
         the row's own, else ``{"name": <agent name>}``. Rows without media ignore
         ``deduplicate_multimodal_data``."""
         self._require_spinup()
@@ -280,6 +292,16 @@ class GymRolloutEnv(DropInStatus, CheckpointCalls, V2CheckpointCalls):
                     claim, row = pending.pop(task)
                     outcome = task.result()
                     if not outcome.has_result:
+                        if self.yield_refusals and outcome.failure is FailureKind.ADMISSION_CLOSED:
+                            # in its place, as NeMo RL's own run_rollouts yields it: the other
+                            # rows keep streaming, and RL unwinds this one (re-dispatches it)
+                            self.stats.refused += 1
+                            yield admission_closed(
+                                f"Gym refused /run of {claim.rollout_id} while a checkpoint "
+                                f"had admission closed: {outcome.reason}",
+                                claim.rowidx,
+                            )
+                            continue
                         failures.append(
                             (claim.rowidx, outcome.failure, outcome.reason or outcome.status)
                         )
