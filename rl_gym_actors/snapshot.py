@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.actors.ledger_client import LedgerClient
 from rl_gym_actors.actors.pool import PoolSnapshot, WarmPool
-from rl_gym_actors.actors.rollout_actor import RolloutActorSnapshot, RolloutCounters
+from rl_gym_actors.actors.rollout_counters import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 

@@ -4,21 +4,27 @@ The orchestrator leases a slot per row as before and awaits :meth:`ChunkSender.r
 row's outcome. Rows leased on the same actor within one turn of the loop leave as one
 ``run_chunk`` call of :class:`~rl_gym_actors.actors.messages.RolloutTask` s, a Ray streaming
 generator that hands back a :class:`~rl_gym_actors.actors.messages.ChunkResult` per row as soon
-as its rollout ends (bunched when several end together); a lone row goes as a plain ``run``
-call, which costs less than a stream of one. A failure of the call itself (the actor died)
-fails each of its rows that had not ended with that error, exactly as a call per row would; a
-row whose waiter was cancelled is skipped when its outcome arrives.
+as its rollout ends (bunched when several end together); a lone row goes as a plain
+``run_and_report`` call, which costs less than a stream of one. A failure of the call itself (the
+actor died) fails each of its rows that had not ended with that error, exactly as a call per row
+would; a row whose waiter was cancelled is skipped when its outcome arrives.
+
+Each ended rollout brings back its attempt reports that had not yet left its actor for the
+ledger; they go to ``on_reports`` (the orchestrator's ledger client, which sends them on in
+batches), also for a row whose waiter was cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray.exceptions import RayTaskError
 
-from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
+from rl_gym_actors.actors.messages import ChunkResult, RolloutTask, RunReply
+from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.errors import PoolClosed
 from rl_gym_actors.outcome import Outcome
 
@@ -31,6 +37,8 @@ class ChunkSender:
     """Collects rows per actor during one loop turn and sends them as one streaming call."""
 
     def __init__(self) -> None:
+        # where the reports that come back with outcomes go (set once the ledger is up)
+        self.on_reports: Callable[[Sequence[AttemptReport]], None] | None = None
         self._pending: dict[int, tuple[Any, list[_Entry]]] = {}
         self._scheduled = False
         self._calls: set[asyncio.Task] = set()
@@ -63,20 +71,25 @@ class ChunkSender:
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
-    @staticmethod
-    async def _send(handle: Any, entries: list[_Entry]) -> None:
+    def _hand_on(self, reports: Sequence[AttemptReport]) -> None:
+        if reports and self.on_reports is not None:
+            self.on_reports(reports)
+
+    async def _send(self, handle: Any, entries: list[_Entry]) -> None:
         futures = [fut for _, fut in entries]
         try:
             if len(entries) == 1:
                 # a chunk of one is a plain call: a stream of one item costs more than its reply
-                outcome = await handle.run.remote(entries[0][0])
+                reply: RunReply = await handle.run_and_report.remote(entries[0][0])
+                self._hand_on(reply.reports)
                 if not futures[0].done():
-                    futures[0].set_result(outcome)
+                    futures[0].set_result(reply.outcome)
                 return
             stream = handle.run_chunk.remote([task for task, _ in entries])
             async for ref in stream:
                 results: list[ChunkResult] = await ref
                 for result in results:
+                    self._hand_on(result.reports)
                     fut = futures[result.position]
                     if fut.done():
                         continue

@@ -16,9 +16,11 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.checkpoint_abort import AbortReport
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
+from rl_gym_actors.actors.reports import ReportOutbox
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
+from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.errors import LedgerLost, RlGymError
 from rl_gym_actors.outcome import Outcome
@@ -27,11 +29,32 @@ LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)
 
 
 class LedgerClient:
-    """Typed calls to one orchestrator's ledger actor (``handle``)."""
+    """Typed calls to one orchestrator's ledger actor (``handle``), and the attempt reports that
+    came back with outcomes (:meth:`hand_on`), sent on in batches as ``config`` says. Every call
+    that reads the book or gates a checkpoint first delivers those: an outcome the trainer has
+    is in the book before the ledger answers."""
 
-    def __init__(self, handle: ActorHandle, orchestrator_id: str) -> None:
+    def __init__(
+        self, handle: ActorHandle, orchestrator_id: str, config: LedgerConfig | None = None
+    ) -> None:
         self.handle = handle
         self.orchestrator_id = orchestrator_id
+        cfg = config or LedgerConfig()
+        self._outbox = ReportOutbox(
+            self._send_reports, batch_size=cfg.batch_size, interval_s=cfg.flush_interval_s
+        )
+
+    def hand_on(self, reports: Sequence[AttemptReport]) -> None:
+        """Reports a rollout actor returned with an outcome: sent to the ledger in batches."""
+        for report in reports:
+            self._outbox.add(report)
+
+    async def _send_reports(self, batch: list[AttemptReport]) -> None:
+        await self.handle.report.remote(batch)
+
+    async def flush_reports(self, *, timeout_s: float) -> int:
+        """Deliver every report handed on so far."""
+        return await self._call("report", self._outbox.flush, timeout_s)
 
     @classmethod
     async def start(
@@ -61,10 +84,11 @@ class LedgerClient:
         except BaseException:
             ray.kill(handle, no_restart=True)
             raise
-        return cls(handle, orchestrator_id)
+        return cls(handle, orchestrator_id, config)
 
     async def close(self) -> None:
         """Ask the ledger to close (best effort, 2 s), then kill it for good."""
+        self._outbox.close()
         try:
             await asyncio.wait_for(self.handle.close.remote(), 2.0)
         except Exception:  # closing is best effort; the kill below is not
@@ -82,6 +106,7 @@ class LedgerClient:
         timeout_s: float,
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
     ) -> CheckpointReport:
+        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
@@ -118,9 +143,11 @@ class LedgerClient:
         )
 
     async def snapshot(self, *, timeout_s: float) -> LedgerSnapshot:
+        await self.flush_reports(timeout_s=timeout_s)
         return await self._call("snapshot", lambda: self.handle.snapshot.remote(), timeout_s)
 
     async def current_attempt(self, rollout_id: str, *, timeout_s: float) -> int | None:
+        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "current_attempt", lambda: self.handle.current_attempt.remote(rollout_id), timeout_s
         )

@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import ray
-from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.gym_calls import GymCalls, LiveRollout
-from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
+from rl_gym_actors.actors.messages import ChunkResult, RolloutTask, RunReply
 from rl_gym_actors.actors.reports import ReportOutbox, Send
+from rl_gym_actors.actors.rollout_counters import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.actors.runtime import watch_driver
 from rl_gym_actors.actors.sealed_finals import SealedFinals
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
@@ -58,40 +58,6 @@ CHUNK_LINGER_S = 0.002  # run_chunk bunches outcomes that end within this of eac
 # finished rollouts an actor remembers for adopt() and late abandons (they come within seconds
 # of the end); bounded so that an actor's memory stays flat over a long run
 FINISHED_MEMORY = 2_000
-
-
-class RolloutCounters(BaseModel):
-    """Counters a rollout actor keeps; the orchestrator sums them over the pool."""
-
-    model_config = ConfigDict(frozen=True)
-
-    in_flight: int = 0
-    started: int = 0
-    sealed: int = 0
-    failed: int = 0
-    abandoned: int = 0
-    tries: int = 0
-    seals: int = 0
-    adoptions: int = 0
-    acks: int = 0
-    cancelled: int = 0
-    handed_over: int = 0
-    adopt_requests: int = 0
-    receipts_with_run: int = 0  # receipts the /run answer carried (no fetch)
-    receipts_fetched: int = 0  # receipt requests (per key, or a status listing when no route)
-    receipts_from_status: int = 0  # of them, status listings (a server without a per-key route)
-    receipts_deferred: int = 0  # sealed on the reply's digest; the checkpoint gate's listing
-    v2_kept_replies_found: int = 0  # Gym v2: lost replies found kept on our server (adopted)
-    deadlines_paused: int = 0  # Gym v2: /runs whose deadline a checkpoint's parked time moved
-
-
-class RolloutActorSnapshot(RolloutCounters):
-    """A rollout actor's counters: rollouts in flight, tries, seals, adoptions and the rest."""
-
-    name: str
-    slots: int
-    reports_sent: int = 0
-    reports_pending: int = 0
 
 
 class RolloutWorker:
@@ -203,6 +169,13 @@ class RolloutWorker:
             )
             await live.notify()
 
+    async def run_and_report(self, task: RolloutTask) -> RunReply:
+        """:meth:`run`, and the rollout's reports that had not yet left for the ledger, taken out
+        of the outbox: the caller hands them on (a rollout that ends within the flush interval
+        then costs its actor no call to the ledger)."""
+        outcome = await self.run(task)
+        return RunReply(outcome, tuple(self._outbox.take(task.rollout_id)))
+
     async def run_chunk(self, tasks: Sequence[RolloutTask]) -> AsyncIterator[list[ChunkResult]]:
         """Several rollouts in one call. Yields a :class:`ChunkResult` per task (its position,
         its outcome or the exception it raised) as they end, bunching those that ended together
@@ -219,7 +192,8 @@ class RolloutWorker:
             elif done.exception() is not None:
                 ended.append(ChunkResult(pos, error=done.exception()))
             else:
-                ended.append(ChunkResult(pos, outcome=done.result()))
+                taken = tuple(self._outbox.take(tasks[pos].rollout_id))
+                ended.append(ChunkResult(pos, outcome=done.result(), reports=taken))
             wake.set()
 
         for pos, task in enumerate(tasks):
@@ -305,6 +279,7 @@ class RolloutWorker:
             slots=self._slots,
             in_flight=len(self._live),
             reports_sent=self._outbox.sent,
+            reports_returned=self._outbox.taken,
             reports_pending=self._outbox.pending,
             **self._counts,
         )
