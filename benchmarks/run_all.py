@@ -32,6 +32,7 @@ from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
 BENCHMARKS = [
     "throughput",
+    "one_per_actor",
     "concurrency",
     "fault_storm",
     "fault_storm_v2",
@@ -176,6 +177,23 @@ def say_throughput(res: dict) -> str:
     )
 
 
+def say_one_per_actor(res: dict) -> str:
+    rows = {r["way"]: r for r in _rows(res)}
+    if not {"direct", "Ray floor", "ours"} <= rows.keys():
+        return ""
+    d, f, o = rows["direct"], rows["Ray floor"], rows["ours"]
+    return (
+        f"With one rollout per actor (16 actors, instant agents) the orchestrator runs "
+        f"{o['per_s']:.0f} rollouts/s, {o['ratio']:.2f}x the direct loop's {d['per_s']:.0f}/s, "
+        f"at {o['cpu_ms_per_rollout']:.2f} ms of CPU per rollout (direct: "
+        f"{d['cpu_ms_per_rollout']:.2f} ms). Ray's floor, bare async actors that do nothing but "
+        f"the direct loop's HTTP for one row per call, runs {f['ratio']:.2f}x the direct loop at "
+        f"{f['cpu_ms_per_rollout']:.2f} ms: what any one-actor-per-rollout design pays to Ray "
+        f"(an actor call per rollout into a process that wakes for it alone). Where the rest "
+        f"goes: `hotpath_profile.py --per-actor 1` ([profile](results/hotpath_profile_one.md))."
+    )
+
+
 def say_concurrency(res: dict) -> str:
     rows = _rows(res)
     if not rows:
@@ -306,6 +324,7 @@ def say_chaos(res: dict) -> str:
 
 SAY: dict[str, Callable[[dict], str]] = {
     "throughput": say_throughput,
+    "one_per_actor": say_one_per_actor,
     "concurrency": say_concurrency,
     "fault_storm": say_fault_storm,
     "checkpoint": say_checkpoint,
@@ -557,6 +576,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         ]
     titles = {
         "throughput": "Throughput",
+        "one_per_actor": "One rollout per actor: ours, Ray's floor, the direct loop (issue 20)",
         "concurrency": "Concurrency",
         "fault_storm": "Fault storm",
         "fault_storm_v2": "Fault storm on Gym v2 (gym serve --protocol v2)",
