@@ -125,6 +125,7 @@ class LedgerClient:
         *,
         timeout_s: float,
     ) -> RestoreReport:
+        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "restore_v2",
             lambda: self.handle.restore_v2.remote(
