@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -124,6 +125,10 @@ def run_event_loop(main: Coroutine[Any, Any, Any], choice: str = "auto") -> Any:
     return asyncio.run(main)
 
 
+_log = logging.getLogger(__name__)
+_SHUTDOWN_POLL_S = 0.005  # how often a stopping server looks whether its connections are gone
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn with hooks: ``on_ready`` once it accepts requests, ``before_shutdown`` first thing
     in shutdown (so runs are cancelled and their callers answered instead of awaited), and its
@@ -190,8 +195,33 @@ class _Uvicorn(uvicorn.Server):
             self._on_ready()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Runs stopped first (``before_shutdown``); then as uvicorn's own shutdown, but waiting
+        on what is left by short polls instead of a fixed 0.1 s pause first (a server stopped
+        with nothing in flight is gone in milliseconds; tests stop hundreds): stop listening,
+        ask every connection to close once its answer is out, wait up to the graceful timeout
+        for the connections and their requests, then cancel the requests still running."""
         await self._before_shutdown()
-        await super().shutdown(sockets)
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = self.server_state
+        for connection in list(state.connections):
+            connection.shutdown()
+        graceful = self.config.timeout_graceful_shutdown
+        loop = asyncio.get_running_loop()
+        deadline = None if graceful is None else loop.time() + graceful
+        while (state.connections or state.tasks) and not self.force_exit:
+            if deadline is not None and loop.time() >= deadline:
+                _log.warning(
+                    "graceful shutdown timed out: %d request(s) cancelled", len(state.tasks)
+                )
+                for task in list(state.tasks):
+                    task.cancel(msg="graceful shutdown timed out")
+                break
+            await asyncio.sleep(_SHUTDOWN_POLL_S)
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
 
 class GymServer:
