@@ -5,6 +5,7 @@ each other: read from the source, so a lazy import counts too."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "rl_gym_actors"
 
 
-def _imports(path: Path) -> set[str]:
+@functools.cache  # each module is parsed once for all three tests
+def _imports(path: Path) -> frozenset[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -20,7 +22,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return frozenset(names)
 
 
 def _modules(floor: str = "") -> list[Path]:
