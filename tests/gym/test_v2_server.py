@@ -143,9 +143,12 @@ async def test_restore_in_a_fresh_server_continues_as_the_next_attempt(tmp_path)
             await expect_type(
                 StaleAttempt, gym.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon())
             )
-            await expect_type(
+            refused = await expect_type(
                 AdmissionClosed, gym.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
             )
+            # Gym's own code (AdmissionClosedError.code), which NeMo RL matches to yield
+            # GymAdmissionClosed; agent_admission_closed is the agent-checkpoint protocol's
+            assert (refused.status, refused.code) == (409, "admission_closed")
             row = {"steps": 8, "step_s": 0.05}
             replacement = asyncio.ensure_future(
                 gym.run(row, rollout_id=r, attempt_index=1, deadline_ts=soon(30))

@@ -27,9 +27,10 @@ from typing import Any
 
 from rl_gym_actors.errors import AdmissionClosed, DuplicateExecution, StaleAttempt
 from rl_gym_actors.gym.v2.machine import RetiredMarks
-from rl_gym_actors.gym.v2.wire import EpisodeId, PrepareReport
+from rl_gym_actors.gym.v2.wire import ADMISSION_CLOSED, EpisodeId, PrepareReport
 
 RUNNING, PARKED, RESTART = "running", "parked", "restart"
+CLOSED = "agent admission is closed for a checkpoint"  # 409 admission_closed, as Gym's agent
 
 
 @dataclass
@@ -87,14 +88,14 @@ class EpisodeTable:
                 raise StaleAttempt(f"{rollout} continues as {restored.episode_id}", status=409)
             if restored.episode_id == episode_id:
                 if not (self.accepting or replacement_open):
-                    raise AdmissionClosed("agent admission is closed for a checkpoint", status=409)
+                    raise AdmissionClosed(CLOSED, status=409, code=ADMISSION_CLOSED)
                 del self.restored[rollout]
                 restored.boundary = restored.continuation
                 self.live[rollout] = restored
                 return Start(restored)
             del self.restored[rollout]  # a later attempt starts over: the restored one is moot
         if not self.accepting and not self.restart_only:
-            raise AdmissionClosed("agent admission is closed for a checkpoint", status=409)
+            raise AdmissionClosed(CLOSED, status=409, code=ADMISSION_CLOSED)
         episode = Episode(episode_id, state=RESTART if self.restart_only else RUNNING)
         self.live[rollout] = episode
         return Start(episode)
