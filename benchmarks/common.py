@@ -457,17 +457,16 @@ def start_ray(num_cpus: int = 4, **kwargs: Any) -> Any:
     """A local Ray bound to loopback, quiet, without the dashboard. Returns the ray module."""
     import ray
 
+    from rl_gym_actors import start_local_ray
+
     if not ray.is_initialized():
         # address="local": a Ray of our own, never another process's cluster found in /tmp/ray
-        kwargs.setdefault("address", "local")
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            _node_ip_address="127.0.0.1",
-            **kwargs,
-        )
+        opts = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if kwargs.get("address", "local") == "local":
+            kwargs.pop("address", None)
+            start_local_ray(num_cpus=num_cpus, **opts, **kwargs)  # retried if Ray misses its 30 s
+        else:
+            ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", **opts, **kwargs)
     return ray
 
 

@@ -209,16 +209,11 @@ def checkpoint_place(workdir: Path, step: int, incarnation: str) -> tuple[str, P
 def train(args: argparse.Namespace) -> int:
     import ray
 
-    from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy
+    from rl_gym_actors import GymEndpoint, Orchestrator, TryPolicy, start_local_ray
 
     # A Ray of our own, on loopback ("local": never attach to a cluster someone else started).
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        _node_ip_address="127.0.0.1",
+    start_local_ray(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
     )
     workdir = Path(args.workdir)
     values = action_values(args.prompts, args.actions, args.seed)

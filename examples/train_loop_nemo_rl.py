@@ -102,13 +102,10 @@ def checkpoint(
 def train_via_nemo_rl(args: Any, loop: Any) -> int:
     import ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        _node_ip_address="127.0.0.1",
+    from rl_gym_actors import start_local_ray
+
+    start_local_ray(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
     )
     workdir = Path(args.workdir)
     values = loop.action_values(args.prompts, args.actions, args.seed)

@@ -23,6 +23,7 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPol
 from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
 
 if TYPE_CHECKING:
+    from rl_gym_actors.actors.runtime import start_local_ray
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
     from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
     from rl_gym_actors.outcome import Outcome
@@ -37,6 +38,7 @@ _LAZY = {
     "GymClient": "rl_gym_actors.gym.agent_checkpoint.client",
     "local_gym_server": "rl_gym_actors.local_gym",
     "LocalGym": "rl_gym_actors.local_gym",
+    "start_local_ray": "rl_gym_actors.actors.runtime",
 }
 
 
@@ -57,4 +59,5 @@ __all__ = [
     "PoolConfig",
     "RetryPolicy",
     "TryPolicy",
+    "start_local_ray",
 ]

@@ -37,7 +37,8 @@
     ├── LedgerLost                  the ledger actor is gone and Ray could not bring it back
     ├── IllegalTransition           a state machine got an event its table has no entry for (a bug)
     ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
-    └── PoolClosed                  the orchestrator or its pool was shut down
+    ├── PoolClosed                  the orchestrator or its pool was shut down
+    └── RayStartFailed              a local Ray did not come up within its tries
 
 Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
 that comes from a foreign library is raised ``from`` it at the boundary.
@@ -315,6 +316,16 @@ class EndpointCheckFailed(RlGymError):
 
 class PoolClosed(RlGymError):
     """The orchestrator or its actor pool is shut down."""
+
+
+class RayStartFailed(RlGymError):
+    """A local Ray did not come up in ``tries`` starts (Ray gives its raylet a fixed 30 s to
+    register, which a machine loaded by other work can miss). Each failed start's processes were
+    stopped; the last start's error is the ``__cause__``."""
+
+    def __init__(self, message: str, *, tries: int) -> None:
+        super().__init__(message)
+        self.tries = tries
 
 
 # code on the wire -> the exception class a client raises for it

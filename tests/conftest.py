@@ -16,27 +16,21 @@ def ray_session():
     """One local Ray for the whole suite (``ray.init`` costs seconds here)."""
     import ray
 
+    from rl_gym_actors.actors.runtime import start_local_ray
+
     if not ray.is_initialized():
         # address="local": always a Ray of our own, never another process's live cluster
         # metrics reach the node's metrics agent every 2 s (Ray's default: 10 s), so a test
         # reading Ray's export waits seconds, not tens of them
-        # Ray gives its raylet a fixed 30 s to register; on a machine loaded by other suites
-        # that can pass, so a start that fails is retried on a fresh session (3 tries)
-        for attempt in range(3):
-            try:
-                ray.init(
-                    address="local",
-                    num_cpus=4,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                    _system_config={"metrics_report_interval_ms": 2000},
-                )
-                break
-            except Exception:
-                ray.shutdown()
-                if attempt == 2:
-                    raise
+        # a start that misses Ray's fixed 30 s raylet registration (a loaded machine) is
+        # retried after its processes are stopped (runtime.start_local_ray)
+        start_local_ray(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            _system_config={"metrics_report_interval_ms": 2000},
+        )
     yield ray
     ray.shutdown()
 

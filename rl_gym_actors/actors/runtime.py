@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
-from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.errors import ConfigError, RayStartFailed
 
 LOOPBACK = "127.0.0.1"
 RAY_NAMESPACE = "rl_gym_actors"  # the Ray namespace of every named actor this library starts
@@ -52,11 +53,66 @@ def ensure_ray(*, num_cpus: int | None = None, address: str | None = None) -> bo
     if address is not None:
         ray.init(address=address, **kwargs)
     else:
-        _loopback_constant()
         # "local": a new Ray of our own, never some other process's cluster found in /tmp/ray
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address=LOOPBACK, **kwargs)
+        start_local_ray(num_cpus=num_cpus, **kwargs)
     logger.info("ray started in %.2fs", time.perf_counter() - started)
     return True
+
+
+LOCAL_RAY_TRIES = 3  # Ray's raylet has a fixed 30 s to register; a loaded machine can miss it
+
+
+def start_local_ray(*, tries: int = LOCAL_RAY_TRIES, **init_kwargs: Any) -> None:
+    """``ray.init(address="local", ...)`` on loopback, tried up to ``tries`` times. A start that
+    fails leaves Ray's processes of that session running (its GCS, raylet, monitors: children of
+    this process that Ray no longer tracks); they are stopped before the next try, so a failed
+    start never adds load to the one after it. Raises :class:`RayStartFailed` after the last try;
+    a bad argument (``TypeError``/``ValueError``) is raised at once."""
+    os.environ.update(RAY_ENV)
+    import ray
+
+    _loopback_constant()
+    init_kwargs.setdefault("_node_ip_address", LOOPBACK)
+    for attempt in range(1, tries + 1):
+        before = _child_pids()
+        try:
+            ray.init(address="local", **init_kwargs)
+            return
+        except (TypeError, ValueError):
+            raise
+        except Exception as exc:  # Ray's start-up timeout is a bare Exception
+            ray.shutdown()
+            _stop_new_children(before)
+            logger.warning(
+                "local ray start %d/%d failed (%s); stopped its processes",
+                attempt,
+                tries,
+                type(exc).__name__,
+            )
+            if attempt == tries:
+                raise RayStartFailed(
+                    f"a local Ray did not start in {tries} tries (is the machine overloaded?)",
+                    tries=tries,
+                ) from exc
+
+
+def _child_pids() -> set[int]:
+    import psutil  # Ray ships psutil (ray/thirdparty_files) and puts it on sys.path
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_children(before: set[int]) -> None:
+    """SIGKILL this process's children (and theirs) that were not there in ``before``."""
+    import psutil
+
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in new:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(new, timeout=5)
 
 
 def _loopback_constant() -> None:
