@@ -15,6 +15,7 @@ import pytest
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.integrations.nemo_rl import v2_shapes
 from rl_gym_actors.integrations.nemo_rl.v2_checkpoint_calls import V2CheckpointCalls
+from rl_gym_actors.testing.counting_agent import HeldAgent
 from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
@@ -96,13 +97,14 @@ async def test_v2_checkpoint_calls_round_trip(tmp_path):
 
 @aio
 async def test_v2_prepare_not_ready_names_blockers_and_refusals_carry_the_row(tmp_path):
-    with V2ServerThread() as server:
+    held = HeldAgent()
+    with V2ServerThread(agent=held) as server:
         host = Host([server.endpoint])
         summary = await host.initialize_checkpoint_adapter()
         assert summary.instance_id == "nemo_gym/replica-0"
         async with GymClient(server.endpoint) as gym:
             run = asyncio.ensure_future(
-                gym.run({"sleep_s": 3.0}, rollout_id="busy", attempt_index=0, deadline_ts=soon(30))
+                gym.run({}, rollout_id="busy", attempt_index=0, deadline_ts=soon(30))
             )
             await until(
                 lambda: server.participant.status()["report"]["counts"]["episodes"] == 1,
@@ -112,7 +114,8 @@ async def test_v2_prepare_not_ready_names_blockers_and_refusals_carry_the_row(tm
             prepared = await host.checkpoint_prepare("c1", deadline_ts=soon(0.5))
             assert not prepared.prepared and prepared.blockers == {"gym-0": ("busy",)}
             await host.checkpoint_resume("c1", deadline_ts=soon())
-            await asyncio.wait_for(run, 30)
+            held.release()
+            assert (await asyncio.wait_for(run, 30)).reply == {"ok": True}
     with pytest.raises(RuntimeError, match="not been initialized"):
         await Host([]).checkpoint_renew("c", deadline_ts=soon())
     refusal = v2_shapes.admission_closed("refused", 7)

@@ -67,3 +67,27 @@ class CountingAgent:
 # One shared instance, so that a server started as a subprocess can load it by name:
 # ``rl-gym-actors gym serve --agent rl_gym_actors.testing.counting_agent:agent``.
 agent = CountingAgent()
+
+
+class HeldAgent:
+    """An async agent whose runs wait until the test calls :meth:`release`, then answer
+    ``reply``: a run that is surely still going while the test acts, and ends when the test
+    says (instead of a ``sleep_s`` long enough to outlast the test's steps, then waited out).
+    ``started`` counts the runs that began. Cancel-safe: a cancelled run stops waiting."""
+
+    POLL_S = 0.005
+
+    def __init__(self, reply: dict[str, Any] | None = None) -> None:
+        self.reply = {"ok": True} if reply is None else reply
+        self.started = 0
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Let every held run (and every later one) answer."""
+        self._released.set()
+
+    async def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        self.started += 1
+        while not self._released.is_set():
+            await asyncio.sleep(self.POLL_S)
+        return dict(self.reply)

@@ -16,6 +16,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2 import coordinate as co
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.wire import EpisodeId, Phase
+from rl_gym_actors.testing.counting_agent import HeldAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
@@ -93,16 +94,13 @@ async def test_checkpoint_commits_the_continued_scope_without_restarts(tmp_path)
 
 @aio
 async def test_not_ready_names_the_blockers_and_resumes(tmp_path):
-    async def slow(row):
-        await asyncio.sleep(row["sleep_s"])
-        return {"ok": True}
-
-    with V2ServerThread(agent=slow) as srv:
+    held = HeldAgent()
+    with V2ServerThread(agent=held) as srv:
         async with GymClient(srv.endpoint) as gym:
             parts = await co.discover_participants({"only": gym}, deadline_ts=soon())
             r = rid()
             run = asyncio.ensure_future(
-                gym.run({"sleep_s": 3}, rollout_id=r, attempt_index=0, deadline_ts=soon(30))
+                gym.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon(30))
             )
             await until(lambda: srv.participant.table.live, what="running")
             with pytest.raises(CheckpointFailed) as info:
@@ -113,6 +111,7 @@ async def test_not_ready_names_the_blockers_and_resumes(tmp_path):
                 "only": {"phase": "preparing", "blockers": [r], "blocker_count": 1}
             }
             assert srv.participant.machine.phase is Phase.IDLE and srv.participant.table.accepting
+            held.release()
             assert (await run).reply == {"ok": True}
 
 
