@@ -32,6 +32,7 @@ from rl_gym_actors.gym.answers import error_for_response
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
 from rl_gym_actors.gym.v2.wire import ERROR_STATUS, EpisodeId, Phase, PrepareReport
+from rl_gym_actors.testing.counting_agent import HeldAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
@@ -269,14 +270,15 @@ async def test_restore_of_a_missing_checkpoint_is_invalid_state(v2, tmp_path):
 
 @aio
 async def test_restart_in_scope_and_deadline_passed():
-    with V2ServerThread(token="test-token", args=["--restart-only"]) as srv:
+    held = HeldAgent()  # the run lasts until the test releases it
+    with V2ServerThread(agent=held, token="test-token", args=["--restart-only"]) as srv:
         async with GymClient(srv.endpoint) as gym:
             v2 = V2Client(gym)
             import asyncio
 
             r = rid()
             run = asyncio.ensure_future(
-                gym.run({"sleep_s": 1.0}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+                gym.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon())
             )
             await until(lambda: srv.participant.table.live, what="the run started")
             c = cid()
@@ -285,5 +287,7 @@ async def test_restart_in_scope_and_deadline_passed():
             await expect(
                 RestartInScope, v2.commit(c, "/tmp/unused-v2", [(r, 0)], deadline_ts=soon())
             )
-            assert (await run).reply["steps_run"] == 1  # a restart keeps running through it
+            held.release()
+            assert (await run).reply == {"ok": True}
+            assert held.started == 1  # a restart keeps running through it
             await v2.resume(c, deadline_ts=soon())
