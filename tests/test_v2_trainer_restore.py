@@ -17,8 +17,10 @@ left on either server).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,27 +63,30 @@ def test_a_trainer_killed_mid_step_continues_each_v2_episode_from_its_boundary(
     ray_session, tmp_path
 ):
     address = ray_session.get_runtime_context().gcs_address
-    with (
-        GymServerProcess(
-            args=["--protocol", "v2"], state_dir=tmp_path / "a", allow_faults=False
-        ) as a,
-        GymServerProcess(
-            args=["--protocol", "v2", "--restart-only"],
-            state_dir=tmp_path / "b",
-            allow_faults=False,
-        ) as b,
-    ):
+    a = GymServerProcess(args=["--protocol", "v2"], state_dir=tmp_path / "a", allow_faults=False)
+    b = GymServerProcess(
+        args=["--protocol", "v2", "--restart-only"], state_dir=tmp_path / "b", allow_faults=False
+    )
+    with contextlib.ExitStack() as stack:
+        for server in (a, b):
+            stack.callback(server.stop)
+        with ThreadPoolExecutor(2) as starting:  # both at once
+            list(starting.map(lambda s: s.start(), (a, b)))
         common = [
             *("--url", str(a.url), "--url", str(b.url), "--token", str(a.token)),
             *("--run-id", RUN, "--rows", str(ROWS), "--restart-rows", str(RESTARTS)),
             *("--steps", str(STEPS), "--step-s", "0.3", "--dir", str(tmp_path / "ck-1")),
             *("--dir2", str(tmp_path / "ck-2")),
         ]
-        first = DriverProcess(
-            ["--phase", "first", *common],
-            ray_address=address,
-            module="rl_gym_actors.testing.v2_trainer",
-        )
+        go = tmp_path / "go"
+        first, second = (
+            DriverProcess(
+                [f"--phase={phase}", *common, *extra],
+                ray_address=address,
+                module="rl_gym_actors.testing.v2_trainer",
+            )
+            for phase, extra in (("first", []), ("second", ["--go-file", str(go)]))
+        )  # the second starts (Ray, its actors) while the first runs; it waits for ``go``
         try:
             ck = first.wait_for("checkpoint", 90)
             first.wait_for("going", 30)
@@ -95,6 +100,9 @@ def test_a_trainer_killed_mid_step_continues_each_v2_episode_from_its_boundary(
                 )
 
             wait_for(mid_step, timeout_s=30, what="step 1 and 2 running past the checkpoint")
+        except BaseException:
+            second.kill()
+            raise
         finally:
             pids = first.kill()
         wait_for(lambda: not any(alive(p) for p in pids), timeout_s=30, what="trainer gone")
@@ -109,12 +117,9 @@ def test_a_trainer_killed_mid_step_continues_each_v2_episode_from_its_boundary(
         boundary = _boundaries(at_a["checkpoint_dir"])
         assert sorted(boundary) == step1 and sum(boundary.values()) > 0
 
-        second = DriverProcess(
-            ["--phase", "second", *common],
-            ray_address=address,
-            module="rl_gym_actors.testing.v2_trainer",
-        )
         try:
+            second.wait_for("started", 90)
+            go.touch()  # the first trainer is dead: the second restores
             line = second.wait_for("restored", 90)
             restored, (steps_a, steps_b) = line["report"], line["steps_run"]
             line = second.wait_for("batch", 90)

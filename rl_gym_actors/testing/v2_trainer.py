@@ -16,7 +16,9 @@ and holds (``{"event": "going"}``) until killed. ``second``: restores ``--dir``
 exported and starts over), ``going``; ``restored`` (the restore report and each server's step
 counter before any row), ``batch`` (each outcome: rollout id, status, attempt, reward, the
 reply's ``steps_run``, repeated, adopted; the step counters after the batch),
-``checkpoint2``, ``done``. Without ``--ray-address`` it starts a local Ray of its own.
+``checkpoint2``, ``done``. Without ``--ray-address`` it starts a local Ray of its own. With
+``--go-file`` it starts its orchestrator, then waits for that file before it does anything on
+Gym (a test starts the second trainer early, while the first one runs).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 
 def _say(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
+    print(json.dumps({**fields, "ts": time.time()}), flush=True)
 
 
 def rows_of(args: argparse.Namespace, step: int) -> list[dict[str, Any]]:
@@ -156,6 +158,8 @@ async def _main(args: argparse.Namespace) -> int:
     ) as orch:
         await orch.astart()
         _say(event="started", pid=os.getpid())
+        while args.go_file and not os.path.exists(args.go_file):
+            await asyncio.sleep(0.02)  # started early (Ray, actors), waits for its turn
         if args.phase == "first":
             await _first(args, orch, endpoints)
         else:
@@ -177,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--dir2", default=None)
     p.add_argument("--ray-address", default=None)
+    p.add_argument("--go-file", default=None, help="go on past start once this file exists")
     args = p.parse_args(argv)
     from rl_gym_actors.actors.runtime import ensure_ray
 
