@@ -57,8 +57,9 @@ from rl_gym_actors.errors import (
 )
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
+from rl_gym_actors.listing import GymListing
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ExecutionState, StatusReport
+from rl_gym_actors.protocol import ExecutionState
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ class CheckpointGate:
         performer = StepPerformer(self._book, self._owners, tally, client, cid)
         if not hold:
             await performer.release(tally.held, deadline_ts)
-        status = await client.status(cid, deadline_ts=deadline_ts)
+        status = await client.listing(cid, deadline_ts=deadline_ts)
         tally.last = status
         if hold:  # Gym's memory is checked before anything is released
             tally.lost = await vanished_results(self._book, client, status, deadline_ts)
@@ -342,9 +343,7 @@ class CheckpointGate:
                 if self._clock() >= deadline_ts:
                     tally.error = "deadline passed"
                     return
-                status = (await client.status(cid, deadline_ts=deadline_ts)).model_copy(
-                    update={"ready_to_commit": False}
-                )
+                status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
                 closed = status.state != "accepting"
             tally.last = status
             if status.ready_to_commit:
@@ -364,9 +363,7 @@ class CheckpointGate:
                 # a status read after that flush is at least as new as the book
                 await self._flush_since(self._clock(), deadline_ts)
                 retire_unknown = True
-                status = (await client.status(cid, deadline_ts=deadline_ts)).model_copy(
-                    update={"ready_to_commit": False}
-                )
+                status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
             elif self._clock() - round_start < 0.05:
                 # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
                 await asyncio.sleep(
@@ -375,14 +372,14 @@ class CheckpointGate:
 
     async def _prepare(
         self, tally: EndpointTally, client: GymClient, cid: str, slice_s: float, deadline_ts: float
-    ) -> StatusReport:
+    ) -> GymListing:
         """One prepare of at most ``slice_s``; while another checkpoint id holds the server, wait
         for it (the retry decider backs off by the client's policy) until the deadline, then
         raise its CheckpointConflict."""
 
-        async def prepare(try_deadline: float) -> StatusReport:
+        async def prepare(try_deadline: float) -> GymListing:
             try:
-                return await client.prepare(
+                return await client.prepare_listing(
                     cid, deadline_ts=min(try_deadline, self._clock() + slice_s)
                 )
             except CheckpointConflict as exc:
@@ -472,7 +469,7 @@ class CheckpointGate:
                 self._healer.resume_later(client, cid)
 
 
-def _only_held(status: StatusReport, held: list[Step]) -> bool:
+def _only_held(status: GymListing, held: list[Step]) -> bool:
     """Whether a not-ready endpoint waits only for results the gate is about to release: nothing
     runs, nothing is parked without a boundary, and every completed un-ACKed attempt it lists
     (it lists them all) is one of ``held``."""

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.prepare_plan import blockers
-from rl_gym_actors.protocol import CommitAnswer, StatusReport
+from rl_gym_actors.listing import GymListing
+from rl_gym_actors.protocol import CommitAnswer
 
 
 class OwnerAnswer(Enum):
@@ -52,7 +53,7 @@ class EndpointTally:
     retired: int = 0
     receipt_mismatches: int = 0  # receipts listed that do not prove the sealed reply (not ACKed)
     rounds: int = 0
-    last: StatusReport | None = None
+    last: GymListing | None = None
     ready: bool = False
     error: str | None = None
     commit: CommitAnswer | None = None

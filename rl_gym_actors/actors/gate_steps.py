@@ -7,8 +7,9 @@ but for the results it will release, then releases them (:meth:`StepPerformer.re
 cannot be taken back. Adopts and retires run first, concurrently (at most :data:`CONCURRENCY`
 calls at a time; retires go :data:`RETIRE_CHUNK` keys per call to a server that offers the
 (ext) ``retire-batch``, one call per key otherwise); what they turn into orphans joins the ACK
-phase: receipts fetched where the status had none, then ACKed in chunks of :data:`ACK_CHUNK`
-(one by one when Gym rejects a chunk). The book learns what each call did.
+phase: receipts fetched where the status had none, then ACKed in chunks of :data:`ACK_CHUNK`,
+:data:`ACKS_IN_FLIGHT` at once (one by one when Gym rejects a chunk; halved on a 413), receipts
+sent back as the listing gave them. The book learns what each call did.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from rl_gym_actors.actors.gate_endpoint import EndpointTally, OwnerAnswer, Owner
 from rl_gym_actors.core.attempt_book import AttemptBook, GateAck
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, orphan_step
-from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, StaleAttempt
+from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, InvalidRequest, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.protocol import CompletionReceipt, RetireAnswer
+from rl_gym_actors.listing import AnyReceipt, receipt_digest, receipt_key, receipt_wire
+from rl_gym_actors.protocol import RetireAnswer
 
 logger = logging.getLogger(__name__)
 
-ACK_CHUNK = 500  # receipts per acknowledge-completed request
+ACK_CHUNK = 2000  # receipts per acknowledge-completed request (halved on a 413)
+ACKS_IN_FLIGHT = 4  # per endpoint: acknowledge-completed requests at once
 CONCURRENCY = 32  # per endpoint: concurrent retire / receipt / adopt calls
 RETIRE_BATCH = "retire-batch"  # the (ext) feature: many retires in one call
 RETIRE_CHUNK = 2000  # keys per retire-batch request
@@ -132,7 +135,7 @@ class StepPerformer:
     ) -> None:
         tally, client = self.tally, self.client
         url = tally.endpoint.url
-        receipts: list[CompletionReceipt] = [s.receipt for s in steps if s.receipt is not None]
+        receipts: list[AnyReceipt] = [s.receipt for s in steps if s.receipt is not None]
 
         async def fetch(step: Step) -> None:
             async with limit:
@@ -154,62 +157,83 @@ class StepPerformer:
                 receipts.append(answer.completion_receipt)
 
         await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
-        unique = [r for r in {r.key: r for r in receipts}.values() if self._matches_seal(r)]
-        for i in range(0, len(unique), ACK_CHUNK):
-            chunk = unique[i : i + ACK_CHUNK]
-            try:
-                await client.acknowledge_completed(chunk, deadline_ts=deadline_ts)
-                acked = chunk
-            except AckRejected:
-                # all or nothing: one stale receipt spoils the batch; ACK them one by one
-                acked = [
-                    r
-                    for r, ok in zip(
-                        chunk,
-                        await asyncio.gather(
-                            *(self._ack_one(client, r, deadline_ts, limit) for r in chunk)
-                        ),
-                        strict=True,
-                    )
-                    if ok
-                ]
-            except (GymError, GymUnavailable) as exc:
-                logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
-                continue
-            # an owner may have ACKed one since the status was read: the book does not count it
-            kinds = [
-                self._book.record_gate_acked(url, r.rollout_id, r.attempt_index) for r in acked
-            ]
-            counted = kinds.count(GateAck.ORPHAN)
-            tally.orphans_acked += counted
-            tally.sealed_acked += kinds.count(GateAck.SEALED)
-            metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
+        by_key = {receipt_key(r): r for r in receipts}
+        unique = [r for r in by_key.values() if self._matches_seal(r)]
+        in_flight = asyncio.Semaphore(ACKS_IN_FLIGHT)
+        await asyncio.gather(
+            *(
+                self._ack_chunk(unique[i : i + ACK_CHUNK], deadline_ts, limit, in_flight)
+                for i in range(0, len(unique), ACK_CHUNK)
+            )
+        )
 
-    def _matches_seal(self, receipt: CompletionReceipt) -> bool:
+    async def _ack_chunk(
+        self,
+        chunk: list[AnyReceipt],
+        deadline_ts: float,
+        limit: asyncio.Semaphore,
+        in_flight: asyncio.Semaphore,
+    ) -> None:
+        """One acknowledge-completed; a body over the server's limit (413) is sent in halves,
+        a rejected one (all or nothing: one stale receipt spoils it) key by key."""
+        tally, client = self.tally, self.client
+        url = tally.endpoint.url
+        try:
+            async with in_flight:
+                await client.acknowledge_wire(
+                    [receipt_wire(r) for r in chunk], deadline_ts=deadline_ts
+                )
+            acked = [receipt_key(r) for r in chunk]
+        except AckRejected:
+            one = (self._ack_one(client, r, deadline_ts, limit) for r in chunk)
+            oks = await asyncio.gather(*one)
+            acked = [receipt_key(r) for r, ok in zip(chunk, oks, strict=True) if ok]
+        except InvalidRequest as exc:
+            if exc.status != 413 or len(chunk) < 2:
+                logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
+                return
+            half = len(chunk) // 2
+            await asyncio.gather(
+                self._ack_chunk(chunk[:half], deadline_ts, limit, in_flight),
+                self._ack_chunk(chunk[half:], deadline_ts, limit, in_flight),
+            )
+            return
+        except (GymError, GymUnavailable) as exc:
+            logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
+            return
+        # an owner may have ACKed one since the status was read: the book does not count it
+        kinds = [self._book.record_gate_acked(url, rid, att) for rid, att in acked]
+        counted = kinds.count(GateAck.ORPHAN)
+        tally.orphans_acked += counted
+        tally.sealed_acked += kinds.count(GateAck.SEALED)
+        metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
+
+    def _matches_seal(self, receipt: AnyReceipt) -> bool:
         """A receipt for a result a rollout sealed must prove the reply it sealed (its receipt
         may have been deferred to this listing: a server without a per-key receipt). One that
         does not is never ACKed: it stays on Gym, a blocker the checkpoint fails on."""
-        sealed = self._book.sealed_digest(receipt.rollout_id, receipt.attempt_index)
-        if sealed is None or sealed == receipt.result_digest:
+        key, digest = receipt_key(receipt), receipt_digest(receipt)
+        sealed = self._book.sealed_digest(*key)
+        if sealed is None or sealed == digest:
             return True
         self.tally.receipt_mismatches += 1
         logger.error(
             "%s: receipt of %s has digest %s..., the sealed reply %s...: not ACKed",
             self.tally.endpoint.label,
-            receipt.key,
-            receipt.result_digest[:12],
+            key,
+            digest[:12],
             sealed[:12],
         )
         return False
 
     @staticmethod
     async def _ack_one(
-        client: GymClient, receipt: CompletionReceipt, deadline_ts: float, limit: asyncio.Semaphore
+        client: GymClient, receipt: AnyReceipt, deadline_ts: float, limit: asyncio.Semaphore
     ) -> bool:
         async with limit:
             try:
-                answer = await client.acknowledge(receipt, deadline_ts=deadline_ts)
+                answer = await client.acknowledge(receipt_wire(receipt), deadline_ts=deadline_ts)
             except (GymError, GymUnavailable) as exc:
-                logger.debug("acknowledge %s: %r", receipt.key, exc)
+                logger.debug("acknowledge %s: %r", receipt_key(receipt), exc)
                 return False
         return answer.acknowledged or answer.idempotent

@@ -19,6 +19,7 @@ from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.prepare_plan import gym_attempts
 from rl_gym_actors.errors import GymError, GymUnavailable, StaleAttempt, UnknownExecution
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.listing import GymListing
 from rl_gym_actors.protocol import ExecutionState, StatusReport
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ _COMPLETED = ExecutionState.COMPLETED.value
 
 
 async def vanished_results(
-    book: AttemptBook, client: GymClient, status: StatusReport, deadline_ts: float
+    book: AttemptBook, client: GymClient, status: StatusReport | GymListing, deadline_ts: float
 ) -> list[tuple[str, int]]:
     """The sealed, un-ACKed results of the book that the endpoint no longer holds."""
     url = client.endpoint.url

@@ -15,6 +15,7 @@ that fails leaves the try an orphan, ACKed as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -25,6 +26,7 @@ from rl_gym_actors.core.prepare_plan import Step
 from rl_gym_actors.core.rollout.events import Seal, outcome_of
 from rl_gym_actors.errors import ConfigError, RlGymError
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.listing import receipt_model
 from rl_gym_actors.outcome import Outcome
 
 logger = logging.getLogger(__name__)
@@ -80,7 +82,11 @@ async def adopt_handed_over(
             # the server ran it afresh: it did not hold the key completed after all
             logger.warning("%s: handed-over %s was not a replay", tally.endpoint.label, step.key)
             return None
-        seal = Seal(step.attempt_index, got.reply, got.receipt or step.receipt, adopted=True)
+        receipt = got.receipt
+        if receipt is None and step.receipt is not None:
+            with contextlib.suppress(ValueError):  # the listing's, malformed: none
+                receipt = receipt_model(step.receipt)
+        seal = Seal(step.attempt_index, got.reply, receipt, adopted=True)
         return outcome_of(
             step.rollout_id,
             "abandoned",

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from rl_gym_actors.core.attempt_book import AttemptBook
-from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, ExecutionState, StatusReport
+from rl_gym_actors.listing import AnyReceipt, GymListing, Listed
+from rl_gym_actors.protocol import ExecutionState, StatusReport
 
 # a real Gym lists a running attempt as "park_requested" while a prepare is in progress
 PARK_REQUESTED = "park_requested"
@@ -56,7 +57,7 @@ class Step:
     rollout_id: str
     attempt_index: int
     owner: str | None = None
-    receipt: CompletionReceipt | None = None
+    receipt: AnyReceipt | None = None
     known: bool = True
     foreign: bool = False
 
@@ -65,24 +66,13 @@ class Step:
         return (self.rollout_id, self.attempt_index)
 
 
-def gym_attempts(status: StatusReport) -> dict[tuple[str, int], AttemptInfo]:
-    """Every attempt a status names, by key. The completed list wins (it carries receipts), then
-    the blocking list, then ``executions``."""
-    found: dict[tuple[str, int], AttemptInfo] = {}
-    for group in (
-        status.executions,
-        status.blocking_attempts,
-        status.completed_unacknowledged_attempts,
-    ):
-        for info in group:
-            old = found.get(info.key)
-            if old is None or old.completion_receipt is None or info.completion_receipt:
-                found[info.key] = info
-    return found
+def gym_attempts(status: StatusReport | GymListing) -> dict[tuple[str, int], Listed]:
+    """Every attempt a status names, once, by key (see :meth:`GymListing.of`)."""
+    return GymListing.of(status).attempts
 
 
 def plan_endpoint(
-    status: StatusReport,
+    status: StatusReport | GymListing,
     book: AttemptBook,
     endpoint: str,
     live_owners: Set[str],
@@ -131,7 +121,7 @@ def plan_endpoint(
     return steps
 
 
-def orphan_step(step: Step, receipt: CompletionReceipt | None = None) -> Step:
+def orphan_step(step: Step, receipt: AnyReceipt | None = None) -> Step:
     """The ORPHAN_ACK that replaces an ADOPT the owner refused or a RETIRE Gym refused because
     the attempt had completed."""
     return Step(
@@ -143,10 +133,10 @@ def orphan_step(step: Step, receipt: CompletionReceipt | None = None) -> Step:
     )
 
 
-def blockers(status: StatusReport) -> list[dict[str, object]]:
+def blockers(status: StatusReport | GymListing) -> list[dict[str, object]]:
     """What still stands in the way on one endpoint, for :class:`CheckpointFailed`."""
     return [
-        {"rollout_id": info.rollout_id, "attempt_index": info.attempt_index, "state": info.state}
+        {"rollout_id": key[0], "attempt_index": key[1], "state": info.state}
         for key, info in sorted(gym_attempts(status).items())
         if info.state in _RUNNING or info.state == _COMPLETED
     ]

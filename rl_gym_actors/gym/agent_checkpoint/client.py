@@ -48,6 +48,7 @@ from rl_gym_actors.gym.agent_checkpoint.client_answers import (
     header_receipt,
     prepare_incomplete,
 )
+from rl_gym_actors.gym.agent_checkpoint.client_bulk import BulkCalls
 from rl_gym_actors.gym.answers import (
     build_request,
     encode,
@@ -57,7 +58,6 @@ from rl_gym_actors.gym.answers import (
     run_failure,
 )
 from rl_gym_actors.gym.retry import RetryOn, check_deadline
-from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
@@ -92,10 +92,11 @@ M = TypeVar("M", bound=BaseModel)
 __all__ = ["GymClient", "RunResult", "error_for_response", "run_failure"]
 
 
-class GymClient(GymTransport):
+class GymClient(BulkCalls):
     """Async client of one Gym server speaking the agent-checkpoint protocol; one per process
     or actor, shared by its coroutines. Construction, pickling, pools and loop binding are
-    :class:`~rl_gym_actors.gym.transport.GymTransport`'s."""
+    :class:`~rl_gym_actors.gym.transport.GymTransport`'s; the listings and wire-form ACKs
+    :class:`~rl_gym_actors.gym.agent_checkpoint.client_bulk.BulkCalls`'."""
 
     _features: frozenset[str] | None = None  # the server's capabilities, once asked
     _epoch: str | None = None  # (ext) the server's store epoch, as first seen

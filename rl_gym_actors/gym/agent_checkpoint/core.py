@@ -66,9 +66,11 @@ _RETIRE_ANSWERS: dict[State, RetireAnswer] = {
 
 
 class PrepareIncomplete(GymRejected):
-    """409 ``agent_prepare_incomplete``: prepare is not ready. ``body`` is the full status."""
+    """409 ``agent_prepare_incomplete``: prepare is not ready. ``body`` is the status's counts,
+    ``active`` the records it lists (the route writes them out)."""
 
     code = "agent_prepare_incomplete"
+    active: Sequence[Execution] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,20 @@ class ParticipantCore:
                 self._put(replace(e, state=after, reply=None))
         return AckBatchAnswer(acknowledged=list(receipts))
 
+    def acknowledge_exact(self, pairs: Sequence[tuple[ExecutionKey, bytes]]) -> list[bytes] | None:
+        """Batch ACK's fast path: every key completed with exactly this stored canonical receipt:
+        ACKed, their receipts returned; else None, nothing changed (:meth:`acknowledge_batch`)."""
+        found = []
+        for key, canonical in pairs:
+            e = self._all.get(key)
+            if e is None or e.state is not S.COMPLETED or e.receipt != canonical:
+                return None
+            found.append(e)
+        for e in found:  # the checked path's transition, without dataclasses.replace
+            ack = next_state(e.key, e.state, Event.ACK)
+            self._put(Execution(e.rollout_id, e.attempt_index, ack, e.generation, None, e.receipt))
+        return [canonical for _, canonical in pairs]
+
     def retire(self, checkpoint_id: str | None, key: ExecutionKey) -> tuple[RetireAnswer, bool]:
         """The retire answer, and whether a running agent call must be cancelled."""
         if checkpoint_id is None:
@@ -307,8 +323,12 @@ class ParticipantCore:
 
     # ------------------------------------------------------------ status and checkpoints
 
-    def report(self) -> StatusReport:
-        """The status object (plus (ext) ``phase``, ``checkpoint_id`` and the lease)."""
+    def active(self) -> list[Execution]:
+        """The records a status lists, by key: a snapshot (a transition replaces a record)."""
+        return sorted(self._active.values(), key=lambda e: e.key)
+
+    def report(self, *, listed: bool = True) -> StatusReport:
+        """The status object (plus (ext) phase, checkpoint_id, lease); ``listed=False``: counts."""
         c = self._counts
         # nothing here parks at a boundary, so every parked execution counts as without one
         parked_without = c[S.PARKED]
@@ -320,7 +340,7 @@ class ParticipantCore:
                 generation=e.generation,
                 completion_receipt=_receipt(e.receipt),
             )
-            for e in sorted(self._active.values(), key=lambda e: e.key)
+            for e in (self.active() if listed else ())
         ]
         completed = [a for a in active if a.state == S.COMPLETED.value]
         fence = self.fence
@@ -348,7 +368,7 @@ class ParticipantCore:
             parked_without_boundary=parked_without,
             completed_unacknowledged=c[S.COMPLETED],
             acknowledged_completed=c[S.ACKNOWLEDGED],
-            active=len(active),
+            active=len(self._active),
             blocking_attempts=active,
             completed_unacknowledged_attempts=completed,
             executions=active,
@@ -357,9 +377,9 @@ class ParticipantCore:
             checkpoint_lease=lease,
         )
 
-    def status(self, checkpoint_id: str | None) -> StatusReport:
+    def status(self, checkpoint_id: str | None, *, listed: bool = True) -> StatusReport:
         self.fence.check_lenient(checkpoint_id)
-        return self.report()
+        return self.report(listed=listed)
 
     def begin_prepare(self, checkpoint_id: str) -> StatusReport | None:
         """Close admission. The recorded answer of a repeated ready prepare, else None: then
@@ -376,13 +396,15 @@ class ParticipantCore:
         recorded = self.fence.recorded(checkpoint_id, "prepare")
         if recorded is not None:
             return StatusReport.model_validate(recorded)
-        report = self.report()
+        report = self.report(listed=False)
         if not report.ready_to_commit:
-            raise PrepareIncomplete(
+            refused = PrepareIncomplete(
                 prepare_incomplete_detail(report),
                 status=409,
                 body=report.model_dump(mode="json", exclude_none=True),
             )
+            refused.active = self.active()
+            raise refused
         self.fence.advance(
             checkpoint_id, "prepared", report.model_dump(mode="json", exclude_none=True)
         )

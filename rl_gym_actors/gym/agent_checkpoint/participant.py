@@ -25,6 +25,7 @@ from rl_gym_actors.errors import (
     InvalidRequest,
     StaleAttempt,
 )
+from rl_gym_actors.gym.agent_checkpoint.bulk import acked_body, exact_receipts
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agent_checkpoint.lease import LeaseTimer
 from rl_gym_actors.gym.agents import LineagedReply
@@ -34,11 +35,7 @@ from rl_gym_actors.gym.checkpoint_files import (
     read_checkpoint,
     write_checkpoint,
 )
-from rl_gym_actors.gym.store import (
-    MemoryStore,
-    Store,
-    StoreFailed,
-)
+from rl_gym_actors.gym.store import Execution, MemoryStore, Store, StoreFailed
 from rl_gym_actors.protocol import (
     AckAnswer,
     AckBatchAnswer,
@@ -273,18 +270,30 @@ class Participant:
         await self._durable()
         return answer
 
+    async def acknowledge_exact(self, raw: bytes) -> bytes | None:
+        """The batch ACK's fast path (:mod:`.bulk`): the answer, or None for the checked path."""
+        self._admit()
+        pairs = exact_receipts(raw)
+        acked = None if pairs is None else self.core.acknowledge_exact(pairs)
+        if acked is None:
+            return None
+        await self._durable()
+        return acked_body(acked)
+
     async def acknowledge_batch(self, receipts: Sequence[CompletionReceipt]) -> AckBatchAnswer:
         self._admit()
         answer = self.core.acknowledge_batch(receipts)
         await self._durable()
         return answer
 
-    async def status(self, checkpoint_id: str | None) -> StatusReport:
+    async def status(self, checkpoint_id: str | None) -> tuple[StatusReport, list[Execution]]:
+        """The status's counts, and the records it lists (taken at the same moment)."""
         self._lease.expire()
-        answer = self.core.status(checkpoint_id)
+        answer = self.core.status(checkpoint_id, listed=False)
+        active = self.core.active()
         self._lease.renew(checkpoint_id, None)
         await self._durable_read()
-        return answer
+        return answer, active
 
     async def retire(
         self, checkpoint_id: str | None, key: ExecutionKey, deadline_ts: float | None = None

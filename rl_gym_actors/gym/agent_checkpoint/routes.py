@@ -27,6 +27,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from rl_gym_actors.errors import AckRejected, GymRejected, InvalidRequest
+from rl_gym_actors.gym.agent_checkpoint.bulk import status_body
 from rl_gym_actors.gym.agent_checkpoint.core import PrepareIncomplete
 from rl_gym_actors.gym.agent_checkpoint.participant import (
     Participant,
@@ -38,13 +39,13 @@ from rl_gym_actors.gym.web import (
     Extension,
     add_extensions,
     bearer_auth,
-    error_response,
     install_error_handlers,
     json_response,
     parse,
     read_body,
     reject_constant,
 )
+from rl_gym_actors.listing import COMPACT_FEATURE, COMPACT_PARAM
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
@@ -79,6 +80,7 @@ READY_PATH = "/ready"
 # listed as features too, read from the app (route_features)
 FEATURES = (
     "completed_result_acknowledgement",
+    COMPACT_FEATURE,
     "run-replay",
     "replayed-header",
     "receipt-header",
@@ -138,6 +140,14 @@ def query_key(request: Request) -> ExecutionKey:
             f"attempt_index: must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}", status=422
         )
     return (rollout_id, int(attempt))
+
+
+def compact(request: Request) -> bool:
+    """Whether a status or prepare asks for the (ext) compact listing (``listing=compact``)."""
+    listing = request.query_params.get(COMPACT_PARAM[0])
+    if listing not in (None, COMPACT_PARAM[1]):
+        raise InvalidRequest(f"listing: only {COMPACT_PARAM[1]!r}; got {listing!r}", status=422)
+    return listing is not None
 
 
 def run_headers(answer: RunAnswer) -> dict[str, str]:
@@ -204,7 +214,10 @@ def create_app(
 
     @app.exception_handler(PrepareIncomplete)
     async def _not_ready(request: Request, exc: PrepareIncomplete) -> Response:
-        return error_response(exc.status or 409, exc.code, exc.detail, report=exc.body)
+        error = json.dumps({"code": exc.code, "detail": exc.detail})
+        assert isinstance(exc.body, dict)
+        report = status_body(exc.body, exc.active, participant.age_s, compact=compact(request))
+        return json_response(f'{{"error":{error},"report":{report}}}'.encode(), exc.status or 409)
 
     async def body(request: Request) -> bytes:
         raw = await read_body(request, max_body_bytes)
@@ -285,17 +298,19 @@ def create_app(
         checkpoint_id = request.query_params.get("checkpoint_id")
         if checkpoint_id is not None and not is_valid_checkpoint_id(checkpoint_id):
             raise InvalidRequest(f"checkpoint_id: invalid {checkpoint_id!r}", status=422)
-        report = await participant.status(checkpoint_id)
-        return json_response(
-            agent_status(report, participant, checkpoint_id or report.checkpoint_id)
-        )
+        report, active = await participant.status(checkpoint_id)
+        counts = report.model_dump(mode="json", exclude_none=True, exclude=_EXT_STATUS)
+        if (checkpoint_id or report.checkpoint_id) is not None:
+            counts["checkpoint_id"] = checkpoint_id or report.checkpoint_id
+        body = status_body(counts, active, participant.age_s, compact=compact(request))
+        return json_response(body.encode())
 
     @app.get(CONTROL_PREFIX + "/lease", dependencies=guarded)
     async def lease(request: Request) -> Response:
         """(ext) The fence: ``{"phase", "checkpoint_id", "checkpoint_lease"}`` (what status
         carried before it answered exactly NeMo RL's model), and the server's memory:
         ``instance_id`` (per process) and ``store_epoch`` (per state dir)."""
-        report = await participant.status(None)
+        report, _ = await participant.status(None)
         return json_response(
             {
                 **report.model_dump(mode="json", exclude_none=True, include=_EXT_STATUS),
@@ -311,7 +326,11 @@ def create_app(
 
     @app.post(CONTROL_PREFIX + "/acknowledge-completed", dependencies=guarded)
     async def acknowledge_completed(request: Request) -> Response:
-        batch = parse(AckBatchRequest, await body(request))
+        raw = await body(request)
+        fast = await participant.acknowledge_exact(raw)  # receipts exactly as issued
+        if fast is not None:
+            return json_response(fast)
+        batch = parse(AckBatchRequest, raw)
         return json_response(await participant.acknowledge_batch(batch.executions))
 
     @app.post(CONTROL_PREFIX + "/retire", dependencies=guarded)

@@ -1,0 +1,207 @@
+"""Big listings and batch ACKs against the real server on loopback: the (ext) compact listing
+(``?listing=compact``: each active attempt once, as columns) names what the full status names;
+the full status keeps its shape; the batch ACK's fast path (receipts exactly as issued) answers
+what the checked path answers, and anything else still gets the checked path's named error; the
+client reads listings either way (compact from ours, full from a real Gym) and ACKs wire-form
+receipts, halving a batch the server finds too large."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rl_gym_actors.errors import AckRejected, ProtocolViolation
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.listing import COMPACT_FEATURE, GymListing, receipt_key, receipt_wire
+from rl_gym_actors.protocol import CONTROL_PREFIX, StatusReport
+from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.polling import soon
+from rl_gym_actors.testing.real_gym import RealGymStandIn
+
+STATUS = CONTROL_PREFIX + "/status"
+
+
+async def _mixed(wire) -> tuple[list[dict], asyncio.Task]:
+    """Three completed (one ACKed after), one running, one tombstoned."""
+    receipts = [await wire.complete(f"rC{i}", reward=0.25) for i in range(3)]
+    await wire.ack(receipts[2])
+    slow = asyncio.create_task(wire.run("rRun", sleep_s=30))
+    await wire.until(lambda st: st["running"] == 1, what="one run running")
+    await wire.retire("rT")
+    return receipts[:2], slow
+
+
+async def test_compact_listing_names_what_the_full_status_names(wire):
+    receipts, slow = await _mixed(wire)
+    assert COMPACT_FEATURE in (await wire.capabilities()).json["features"]
+    full = (await wire.status()).json
+    compact = (
+        await wire.request("GET", STATUS, params={"checkpoint_id": "c", "listing": "compact"})
+    ).json
+
+    # the full shape: every active attempt in blocking and executions, completed ones also in
+    # the completed list, each with the fields NeMo RL's client reads
+    keys = {(a["rollout_id"], a["attempt_index"]) for a in full["executions"]}
+    assert keys == {("rC0", 0), ("rC1", 0), ("rRun", 0)}
+    assert [a["rollout_id"] for a in full["blocking_attempts"]] == ["rC0", "rC1", "rRun"]
+    assert [a["completion_receipt"] for a in full["completed_unacknowledged_attempts"]] == receipts
+    for a in full["executions"]:
+        assert a["parked_boundary_state"] is None and a["age_seconds"] >= 0
+        assert a["generation"] == 1
+    StatusReport.model_validate(full)
+
+    # compact: the same counts, the lists empty, each attempt once as columns
+    assert {k: v for k, v in compact.items() if k != "attempts"} == {
+        **{k: v for k, v in full.items() if k not in ("checkpoint_id",)},
+        "checkpoint_id": "c",
+        "blocking_attempts": [],
+        "completed_unacknowledged_attempts": [],
+        "executions": [],
+    }
+    cols = compact["attempts"]
+    assert cols["rollout_id"] == ["rC0", "rC1", "rRun"]
+    assert cols["attempt_index"] == [0, 0, 0]
+    assert cols["state"] == ["completed", "completed", "running"]
+    assert cols["completion_receipt"] == [*receipts, None]
+
+    def plain(listing: GymListing) -> dict:
+        return {
+            k: (v.state, v.completion_receipt and dict(receipt_wire(v.completion_receipt)))
+            for k, v in listing.attempts.items()
+        }
+
+    assert plain(GymListing.from_compact(compact)) == plain(
+        GymListing.of(StatusReport.model_validate(full))
+    )
+    got = await wire.request("GET", STATUS, params={"checkpoint_id": "c", "listing": "all"})
+    assert (got.status, got.code) == (422, "invalid_request")
+    await wire.retire("rRun")
+    await slow
+
+
+async def test_a_prepare_refused_lists_what_is_left_in_either_shape(wire):
+    receipts, slow = await _mixed(wire)
+    await wire.retire("rRun", checkpoint_id="rl-retire")  # nothing running: prepare answers
+    await slow
+    path = CONTROL_PREFIX + "/prepare"
+    body = {"checkpoint_id": "p1", "deadline_ts": soon(5)}
+    full = await wire.request("POST", path, body=body)
+    compact = await wire.request("POST", path, body=body, params={"listing": "compact"})
+    assert (full.status, full.code, compact.status, compact.code) == (
+        409,
+        "agent_prepare_incomplete",
+        409,
+        "agent_prepare_incomplete",
+    )
+    report = full.json["report"]
+    assert [
+        a["completion_receipt"] for a in report["completed_unacknowledged_attempts"]
+    ] == receipts
+    assert report["completed_unacknowledged"] == 2 and report["ready_to_commit"] is False
+    assert compact.json["report"]["attempts"]["completion_receipt"] == receipts
+    await wire.resume("p1")
+
+
+async def test_the_fast_ack_answers_as_the_checked_one_and_errors_stay_named(wire):
+    receipts = [await wire.complete(f"rA{i}") for i in range(4)]
+    got = await wire.ack_batch(receipts[:2])  # exactly as issued: the fast path
+    assert got.status == 200 and got.json == {"acknowledged": receipts[:2]}
+    # key order inside a receipt does not matter (canonically the same)
+    reordered = dict(reversed(list(receipts[2].items())))
+    assert (await wire.ack_batch([reordered])).json == {"acknowledged": [receipts[2]]}
+    # a receipt that differs, one ACKed already, an unknown key: the checked path's answers
+    changed = {**receipts[3], "result_identity": "other"}
+    bad = await wire.ack_batch([receipts[3], changed])
+    assert (bad.status, bad.code) == (422, "invalid_request")  # a key twice
+    bad = await wire.ack_batch([changed])
+    assert (bad.status, bad.code) == (409, "completed_execution_acknowledgement_error")
+    again = await wire.ack_batch([receipts[0], receipts[3]])  # one ACKed: idempotent there
+    assert again.status == 200 and [r["rollout_id"] for r in again.json["acknowledged"]] == [
+        "rA0",
+        "rA3",
+    ]
+    unknown = await wire.ack_batch([{**receipts[3], "rollout_id": "nobody"}])
+    assert (unknown.status, unknown.code) == (409, "completed_execution_acknowledgement_error")
+    junk = await wire.request("POST", CONTROL_PREFIX + "/acknowledge-completed", data=b"[1]")
+    assert (junk.status, junk.code) == (422, "invalid_request")
+    st = (await wire.status()).json
+    assert (st["completed_unacknowledged"], st["acknowledged_completed"]) == (0, 4)
+
+
+async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
+    with GymServerThread(token="test-token") as server, RealGymStandIn(server.endpoint) as real:
+        async with GymClient(server.endpoint) as ours, GymClient(real.endpoint) as theirs:
+            for i in range(3):
+                await ours.run({}, rollout_id=f"rL{i}", attempt_index=0, deadline_ts=soon())
+            assert not await theirs.offers(COMPACT_FEATURE, deadline_ts=soon())
+            a = await ours.listing("c1", deadline_ts=soon())
+            b = await theirs.listing("c1", deadline_ts=soon())
+            assert set(a.attempts) == set(b.attempts) == {(f"rL{i}", 0) for i in range(3)}
+            assert {k: v.state for k, v in a.attempts.items()} == {
+                k: v.state for k, v in b.attempts.items()
+            }
+            assert a.completed_unacknowledged == b.completed_unacknowledged == 3
+            p = await ours.prepare_listing("c1", deadline_ts=soon(2))
+            assert not p.ready_to_commit and set(p.attempts) == set(a.attempts)
+            receipts = [v.completion_receipt for v in p.attempts.values()]
+            acked = await ours.acknowledge_wire(receipts, deadline_ts=soon())
+            assert sorted(acked) == sorted(receipt_key(r) for r in receipts)
+            with pytest.raises(AckRejected):  # all or nothing, typed
+                await ours.acknowledge_wire(
+                    [{**receipts[0], "result_digest": "0" * 64}], deadline_ts=soon()
+                )
+            ready = await ours.prepare_listing("c1", deadline_ts=soon(2))
+            assert ready.ready_to_commit and ready.attempts == {}
+            await ours.resume("c1", deadline_ts=soon())
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        pytest.param({"rollout_id": ["a"], "attempt_index": [0], "state": []}, id="short"),
+        pytest.param(
+            {
+                "rollout_id": [1],
+                "attempt_index": [0],
+                "state": ["running"],
+                "completion_receipt": [None],
+            },
+            id="not-a-string",
+        ),
+        pytest.param(
+            {
+                "rollout_id": ["a"],
+                "attempt_index": [0],
+                "state": ["completed"],
+                "completion_receipt": [
+                    {"rollout_id": "b", "attempt_index": 0, "result_digest": "x"}
+                ],
+            },
+            id="another's-receipt",
+        ),
+    ],
+)
+def test_a_malformed_compact_listing_is_refused(columns):
+    with pytest.raises(ValueError):
+        GymListing.from_compact({"attempts": columns})
+    from rl_gym_actors.gym.agent_checkpoint.client_bulk import BulkCalls
+
+    with pytest.raises(ProtocolViolation):
+        BulkCalls._compact({"attempts": columns}, "http://x")
+
+
+def test_a_listing_json_round_trips_through_one_loads():
+    body = json.dumps(
+        {
+            "running": 0,
+            "attempts": {
+                "rollout_id": [],
+                "attempt_index": [],
+                "state": [],
+                "completion_receipt": [],
+            },
+        }
+    )
+    assert GymListing.from_compact(json.loads(body)).attempts == {}
