@@ -15,7 +15,7 @@ orchestrator spreads rows over all of them.
    100k are written into the servers' state dirs through the server's own store while they
    are stopped, the others through ``/run``) and with running attempts whose owners are gone
    (1k, 10k, started through ``/run`` and abandoned). Baseline: the hand-written minimum with
-   the client and no Ray (status, ACK in batches of 500, retire-batch, prepare, commit, resume,
+   the client and no Ray (one listing, ACK in the gate's batches, retire-batch, prepare, commit, resume,
    every server at once), same fleet, same sizes, same run.
 3. A worker node killed (no graceful shutdown) one second into a batch of 2 s rows: what
    happened to the rows, and the recovery time (kill to the next checkpoint committed).
@@ -78,7 +78,6 @@ PER_HOST = 4  # Gym servers per process
 TOKEN = "bench-token"
 AGENT_S = 0.1
 DEADLINE_S = 300.0
-ACK_CHUNK = 500
 RETIRE_CHUNK = 2000
 # node death is declared after period x threshold without an answer (Ray's defaults: 3 s x 5)
 HEALTH = dict(health_check_period_ms=1000, health_check_failure_threshold=5)
@@ -179,25 +178,31 @@ class DurableFleet:
 
 
 async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: str) -> dict:
-    """The least the protocol needs, every server at once: status, ACK the receipts it lists
-    (batches of 500), retire-batch the running attempts, prepare, commit, resume."""
+    """The least the protocol needs, every server at once: one listing (the compact one our
+    server offers), ACK the receipts it lists as they came (the gate's batches: ACK_CHUNK a
+    call, ACKS_IN_FLIGHT at once), retire-batch the running attempts, prepare, commit, resume."""
+    from rl_gym_actors.actors.gate_steps import ACK_CHUNK, ACKS_IN_FLIGHT
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.listing import receipt_wire
 
     async def one(i: int, ep: GymEndpoint) -> tuple[int, int]:
         deadline = time.time() + DEADLINE_S
         async with GymClient(ep, control_limit=32) as client:
-            st = await client.status(cid, deadline_ts=deadline)
+            st = await client.listing(cid, deadline_ts=deadline)
             receipts = [
-                a.completion_receipt
-                for a in st.completed_unacknowledged_attempts
+                receipt_wire(a.completion_receipt)
+                for a in st.attempts.values()
                 if a.completion_receipt is not None
             ]
-            running = [a.key for a in st.blocking_attempts if a.state == "running"]
+            running = [k for k, a in st.attempts.items() if a.state == "running"]
+            acks = asyncio.Semaphore(ACKS_IN_FLIGHT)
+
+            async def ack(chunk: list) -> None:
+                async with acks:
+                    await client.acknowledge_wire(chunk, deadline_ts=deadline)
+
             await asyncio.gather(
-                *(
-                    client.acknowledge_completed(receipts[k : k + ACK_CHUNK], deadline_ts=deadline)
-                    for k in range(0, len(receipts), ACK_CHUNK)
-                ),
+                *(ack(receipts[k : k + ACK_CHUNK]) for k in range(0, len(receipts), ACK_CHUNK)),
                 *(
                     client.retire_batch(
                         running[k : k + RETIRE_CHUNK], checkpoint_id=cid, deadline_ts=deadline

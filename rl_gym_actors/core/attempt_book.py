@@ -367,6 +367,9 @@ class AttemptBook:
             rollout.released_at >= attempt_index,
         )
 
+    def knows(self, rollout_id: str, attempt_index: int) -> bool:
+        return (rollout_id, attempt_index) in self._attempts
+
     def sealed_digest(self, rollout_id: str, attempt_index: int) -> str | None:
         """The digest a rollout sealed this attempt on, while it is sealed and not ACKed."""
         attempt = self._attempts.get((rollout_id, attempt_index))

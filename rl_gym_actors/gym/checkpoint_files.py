@@ -42,16 +42,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def _checkpoint_line(e: Execution) -> bytes:
-    """One execution as a line of the checkpoint's records file."""
-    receipt = json.loads(e.receipt) if e.receipt is not None else None
-    return canonical_json(
-        {
-            "rollout_id": e.rollout_id,
-            "attempt_index": e.attempt_index,
-            "state": e.state.value,
-            "execution_generation": e.generation,
-            "completion_receipt": receipt,
-        }
+    """One execution as a line of the checkpoint's records file: the canonical JSON of
+    ``{rollout_id, attempt_index, state, execution_generation, completion_receipt}``, written
+    with its keys in canonical order and the stored receipt (canonical JSON itself) spliced in."""
+    receipt = b"null" if e.receipt is None else e.receipt
+    return b'{"attempt_index":%d,"completion_receipt":%s,"execution_generation":%d,' % (
+        e.attempt_index,
+        receipt,
+        e.generation,
+    ) + b'"rollout_id":%s,"state":%s}' % (
+        json.dumps(e.rollout_id).encode("ascii"),
+        json.dumps(e.state.value).encode("ascii"),
     )
 
 

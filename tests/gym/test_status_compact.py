@@ -205,3 +205,24 @@ def test_a_listing_json_round_trips_through_one_loads():
         }
     )
     assert GymListing.from_compact(json.loads(body)).attempts == {}
+
+
+def test_a_records_line_is_the_canonical_json_of_its_fields():
+    from rl_gym_actors.gym.agent_checkpoint.core import encode_reply
+    from rl_gym_actors.gym.checkpoint_files import _checkpoint_line
+    from rl_gym_actors.gym.store import Execution
+    from rl_gym_actors.protocol import ExecutionState, canonical_json
+
+    _, receipt = encode_reply(("rX", 3), 1, {"id": "é", "reward": 0.5})
+    for e in (
+        Execution("rX", 3, ExecutionState.ACKNOWLEDGED, 1, None, receipt),
+        Execution("rY", 0, ExecutionState.TOMBSTONED, 0),
+    ):
+        fields = {
+            "rollout_id": e.rollout_id,
+            "attempt_index": e.attempt_index,
+            "state": e.state.value,
+            "execution_generation": e.generation,
+            "completion_receipt": json.loads(e.receipt) if e.receipt else None,
+        }
+        assert _checkpoint_line(e) == canonical_json(fields)
