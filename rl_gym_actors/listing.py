@@ -25,6 +25,8 @@ AnyReceipt = CompletionReceipt | Mapping[str, Any]
 
 COMPACT_FEATURE = "status-compact"  # (ext) capabilities: status and prepare take listing=compact
 COMPACT_PARAM = ("listing", "compact")  # the query parameter that asks for it
+ACK_COUNT_FEATURE = "ack-count"  # (ext) acknowledge-completed?count=1 answers the count only
+ACK_COUNT_PARAM = ("count", "1")
 _COLUMNS = ("rollout_id", "attempt_index", "state", "completion_receipt")
 
 

@@ -246,6 +246,12 @@ class AttemptBook:
         ``KNOWN``."""
         attempt = self._attempts.get((rollout_id, attempt_index))
         self._digests.pop((rollout_id, attempt_index), None)
+        if attempt is None and rollout_id not in self._rollouts:
+            # a rollout the book never heard of (an orphan by the thousand): counted, not kept;
+            # a committed checkpoint would prune it at once (see prune)
+            self.orphans_acked += 1
+            self._counts_for(endpoint).add(AttemptState.ACKED, False, +1)
+            return GateAck.ORPHAN
         if attempt is not None and attempt.state is AttemptState.ACKED:
             kind = GateAck.KNOWN
         elif attempt is not None and attempt.state is AttemptState.SEALED:
@@ -410,6 +416,9 @@ class AttemptBook:
         """The book follows Gym: every attempt the book has as running on ``endpoint`` that no
         live owner holds and that Gym does not list among its active attempts (``listed``: it
         tombstoned it, or no longer knows it) is tombstoned here too. How many."""
+        counts = self._counts.get(endpoint)
+        if counts is None or counts.running == 0:  # (the scan below reads the whole book)
+            return 0
         stale = [
             key
             for key, a in self._attempts.items()

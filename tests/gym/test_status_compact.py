@@ -124,10 +124,16 @@ async def test_the_fast_ack_answers_as_the_checked_one_and_errors_stay_named(wir
     ]
     unknown = await wire.ack_batch([{**receipts[3], "rollout_id": "nobody"}])
     assert (unknown.status, unknown.code) == (409, "completed_execution_acknowledgement_error")
-    junk = await wire.request("POST", CONTROL_PREFIX + "/acknowledge-completed", data=b"[1]")
+    path = CONTROL_PREFIX + "/acknowledge-completed"
+    fresh = await wire.complete("rA4")
+    counted = await wire.request("POST", path, params={"count": "1"}, body={"executions": [fresh]})
+    assert counted.json == {"acknowledged_count": 1}  # (ext) the count, not the echo
+    bad = await wire.request("POST", path, params={"count": "2"}, body={"executions": [fresh]})
+    assert (bad.status, bad.code) == (422, "invalid_request")
+    junk = await wire.request("POST", path, data=b"[1]")
     assert (junk.status, junk.code) == (422, "invalid_request")
     st = (await wire.status()).json
-    assert (st["completed_unacknowledged"], st["acknowledged_completed"]) == (0, 4)
+    assert (st["completed_unacknowledged"], st["acknowledged_completed"]) == (0, 5)
 
 
 async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
@@ -143,8 +149,12 @@ async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
                 k: v.state for k, v in b.attempts.items()
             }
             assert a.completed_unacknowledged == b.completed_unacknowledged == 3
+            first = b.attempts[("rL0", 0)].completion_receipt
+            assert await theirs.acknowledge_wire(  # the echo read where no count is offered
+                [receipt_wire(first)], deadline_ts=soon()
+            ) == [("rL0", 0)]
             p = await ours.prepare_listing("c1", deadline_ts=soon(2))
-            assert not p.ready_to_commit and set(p.attempts) == set(a.attempts)
+            assert not p.ready_to_commit and set(p.attempts) == {("rL1", 0), ("rL2", 0)}
             receipts = [v.completion_receipt for v in p.attempts.values()]
             acked = await ours.acknowledge_wire(receipts, deadline_ts=soon())
             assert sorted(acked) == sorted(receipt_key(r) for r in receipts)

@@ -23,7 +23,14 @@ from rl_gym_actors.errors import ConfigError, ProtocolViolation
 from rl_gym_actors.gym.answers import build_request, encode, error_for_response, json_of
 from rl_gym_actors.gym.retry import RetryOn
 from rl_gym_actors.gym.transport import GymTransport
-from rl_gym_actors.listing import COMPACT_FEATURE, COMPACT_PARAM, GymListing
+from rl_gym_actors.listing import (
+    ACK_COUNT_FEATURE,
+    ACK_COUNT_PARAM,
+    COMPACT_FEATURE,
+    COMPACT_PARAM,
+    GymListing,
+    receipt_key,
+)
 from rl_gym_actors.protocol import CONTROL_PREFIX, PhaseRequest, StatusReport
 
 _PARAMS = {COMPACT_PARAM[0]: COMPACT_PARAM[1]}
@@ -108,10 +115,13 @@ class BulkCalls(GymTransport):
     ) -> list[tuple[str, int]]:
         """ACK a batch of receipts in wire form, all or nothing; the keys ACKed. Raises as
         :meth:`GymClient.acknowledge_completed` does (``AckRejected`` for a stale receipt)."""
-        keys = [(r.get("rollout_id"), r.get("attempt_index")) for r in receipts]
-        if not keys or len(set(keys)) != len(keys):
+        sent = [receipt_key(r) for r in receipts]
+        keys = set(sent)
+        if not keys or len(keys) != len(sent):
             raise ConfigError("acknowledge-completed: at least one receipt, keys unique")
         data = encode({"schema_version": 1, "executions": list(receipts)})
+        # (ext) the count instead of every receipt sent back, where the server offers it
+        count = await self.offers(ACK_COUNT_FEATURE, deadline_ts=deadline_ts)
 
         async def attempt(try_deadline: float) -> list[tuple[str, int]]:
             answer = await self._send(
@@ -119,20 +129,25 @@ class BulkCalls(GymTransport):
                 CONTROL_PREFIX + "/acknowledge-completed",
                 control=True,
                 data=data,
+                params=dict([ACK_COUNT_PARAM]) if count else None,
                 deadline_ts=try_deadline,
             )
             if not 200 <= answer.status < 300:
                 raise error_for_response(answer.status, answer.raw, url=answer.url)
             body = json_of(answer)
+            if count:
+                if not isinstance(body, dict) or body.get("acknowledged_count") != len(keys):
+                    raise ProtocolViolation(f"{answer.url}: acknowledge-completed: {body!r}")
+                return sent
             acked = body.get("acknowledged") if isinstance(body, dict) else None
             if not isinstance(acked, list) or not all(isinstance(r, dict) for r in acked):
                 raise ProtocolViolation(f"{answer.url}: acknowledge-completed answered {body!r}")
-            got = [(r.get("rollout_id"), r.get("attempt_index")) for r in acked]
-            if not set(got) <= set(keys):
+            got = {(r.get("rollout_id"), r.get("attempt_index")) for r in acked}
+            if not got <= keys:
                 raise ProtocolViolation(
                     f"{self.endpoint.label}: acknowledge-completed answered keys it was not sent"
                 )
-            return [(str(k[0]), int(k[1])) for k in got]
+            return [k for k in sent if k in got]
 
         return await self._with_retry(
             attempt, RetryOn.IDEMPOTENT, deadline_ts, "acknowledge-completed"

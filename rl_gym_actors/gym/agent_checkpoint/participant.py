@@ -270,15 +270,16 @@ class Participant:
         await self._durable()
         return answer
 
-    async def acknowledge_exact(self, raw: bytes) -> bytes | None:
-        """The batch ACK's fast path (:mod:`.bulk`): the answer, or None for the checked path."""
+    async def acknowledge_exact(self, raw: bytes) -> tuple[bytes, int] | None:
+        """The batch ACK's fast path (:mod:`.bulk`): the answer and how many it ACKed, or None
+        for the checked path."""
         self._admit()
         pairs = exact_receipts(raw)
         acked = None if pairs is None else self.core.acknowledge_exact(pairs)
         if acked is None:
             return None
         await self._durable()
-        return acked_body(acked)
+        return acked_body(acked), len(acked)
 
     async def acknowledge_batch(self, receipts: Sequence[CompletionReceipt]) -> AckBatchAnswer:
         self._admit()

@@ -45,7 +45,7 @@ from rl_gym_actors.gym.web import (
     read_body,
     reject_constant,
 )
-from rl_gym_actors.listing import COMPACT_FEATURE, COMPACT_PARAM
+from rl_gym_actors.listing import ACK_COUNT_FEATURE, ACK_COUNT_PARAM, COMPACT_FEATURE, COMPACT_PARAM
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
@@ -81,6 +81,7 @@ READY_PATH = "/ready"
 FEATURES = (
     "completed_result_acknowledgement",
     COMPACT_FEATURE,
+    ACK_COUNT_FEATURE,
     "run-replay",
     "replayed-header",
     "receipt-header",
@@ -326,12 +327,16 @@ def create_app(
 
     @app.post(CONTROL_PREFIX + "/acknowledge-completed", dependencies=guarded)
     async def acknowledge_completed(request: Request) -> Response:
+        answer = request.query_params.get(ACK_COUNT_PARAM[0])  # (ext) count=1: the count only
+        if answer not in (None, ACK_COUNT_PARAM[1]):
+            raise InvalidRequest(f"count: only {ACK_COUNT_PARAM[1]!r}; got {answer!r}", status=422)
         raw = await body(request)
         fast = await participant.acknowledge_exact(raw)  # receipts exactly as issued
-        if fast is not None:
-            return json_response(fast)
-        batch = parse(AckBatchRequest, raw)
-        return json_response(await participant.acknowledge_batch(batch.executions))
+        if fast is None:
+            batch = parse(AckBatchRequest, raw)
+            acked = await participant.acknowledge_batch(batch.executions)
+            fast = acked.model_dump_json(exclude_none=True).encode(), len(batch.executions)
+        return json_response({"acknowledged_count": fast[1]} if answer else fast[0])
 
     @app.post(CONTROL_PREFIX + "/retire", dependencies=guarded)
     async def retire(request: Request) -> Response:
