@@ -36,6 +36,7 @@ BENCHMARKS = [
     "concurrency",
     "fault_storm",
     "fault_storm_v2",
+    "retired_marks_v2",
     "checkpoint",
     "cluster",
     "ledger",
@@ -357,6 +358,10 @@ def _plot(name: str, res: dict, path: Path) -> bool:
         import scale
 
         return scale.plot(res, path)
+    if name == "retired_marks_v2":
+        import retired_marks_v2
+
+        return retired_marks_v2.plot(res, path)
     fig, ax = plt.subplots(figsize=(7, 4))
     if name == "throughput":
         configs = sorted({r["config"] for r in rows})
@@ -580,6 +585,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
         "concurrency": "Concurrency",
         "fault_storm": "Fault storm",
         "fault_storm_v2": "Fault storm on Gym v2 (gym serve --protocol v2)",
+        "retired_marks_v2": "Retired marks on Gym v2 over a long run (issue 18)",
         "checkpoint": "Checkpoint latency",
         "cluster": "Cluster: a node lost mid-batch",
         "ledger": "Ledger",
