@@ -9,16 +9,19 @@ on ``PYTHONPATH`` for Ray workers) and sets the loopback environment Ray needs o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -475,6 +478,30 @@ def stop_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_and_tmp(prefix: str, num_cpus: int = 2) -> Iterator[Path]:
+    """A local Ray (:func:`start_ray`) and a temporary directory for one benchmark body; both
+    gone when it ends, however it ends."""
+    start_ray(num_cpus=num_cpus)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        stop_ray()
+
+
+def storm_plan(
+    result: Result, args: Any, quick: dict[str, Any], full: dict[str, Any], policy: Any
+) -> tuple[dict[str, Any], list[tuple[str, float]]]:
+    """A fault storm's parameters (``quick`` or ``full``, recorded with its ``policy``) and its
+    scenarios: one batch without faults, then each fault path at each fraction of the rows."""
+    p = quick if args.quick else full
+    result.params.update(p)
+    result.params["policy"] = policy.model_dump()
+    return p, [("none", 0.0)] + [(path, f) for path in p["paths"] for f in p["fractions"]]
 
 
 def run_async(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -282,17 +280,9 @@ def _run_policy(name: str, p: dict, scenarios: list[tuple[str, float]], tmp: Pat
 
 
 def body(result: Result, args: Any) -> None:
-    p = QUICK if args.quick else FULL
-    result.params.update(p)
-    result.params["policy"] = POLICY.model_dump()
-    scenarios = [("none", 0.0)] + [(path, f) for path in p["paths"] for f in p["fractions"]]
-    common.start_ray(num_cpus=2)
-    tmp = Path(tempfile.mkdtemp(prefix="rlga-bench-storm-"))
-    try:
+    p, scenarios = common.storm_plan(result, args, QUICK, FULL, POLICY)
+    with common.ray_and_tmp("rlga-bench-storm-") as tmp:
         runs = {name: _run_policy(name, p, scenarios, tmp) for name in ("ours", "as-is")}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        common.stop_ray()
     rows = [b for name in ("ours", "as-is") for b in runs[name]["batches"]]
     result.rows = rows
     result.extra["final_server_state"] = {k: v["final"] for k, v in runs.items()}

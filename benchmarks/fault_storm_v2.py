@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -140,17 +138,9 @@ def _run(p: dict, scenarios: list[tuple[str, float]], tmp: Path) -> dict:
 
 
 def body(result: Result, args: Any) -> None:
-    p = QUICK if args.quick else FULL
-    result.params.update(p)
-    result.params["policy"] = POLICY.model_dump()
-    scenarios = [("none", 0.0)] + [(path, f) for path in p["paths"] for f in p["fractions"]]
-    common.start_ray(num_cpus=2)
-    tmp = Path(tempfile.mkdtemp(prefix="rlga-bench-storm-v2-"))
-    try:
+    p, scenarios = common.storm_plan(result, args, QUICK, FULL, POLICY)
+    with common.ray_and_tmp("rlga-bench-storm-v2-") as tmp:
         run = _run(p, scenarios, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        common.stop_ray()
     bs = run["batches"]
     result.rows = bs
     result.extra["final_server_state"] = run["final"]
