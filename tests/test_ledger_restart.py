@@ -1,27 +1,58 @@
 """A ledger that comes back: Ray restarts a killed ledger actor, the rollout actors report again,
 and the batch, the next batch, ``snapshot()`` and ``checkpoint()`` carry on. A ledger gone for good
-is a typed ``LedgerLost``."""
+is a typed ``LedgerLost``.
+
+A restarted ledger rebuilds its book (issue 16): killed mid-run while 600 rows run with
+``ack="at_checkpoint"``, once the batch is in the book has no phantom running attempt, and the next
+checkpoint ACKs every sealed result as sealed, none as an orphan (before: 95 of 600 counted as
+orphans, one attempt left running)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import LedgerLost
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.orchestrator import Orchestrator
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 POLICY = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=3.0)
+REBUILD_POLICY = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=3.0)
+REBUILD_ROWS = 600
 
 
 def soon(seconds: float = 10.0) -> float:
     return time.time() + scaled(seconds)  # stretched by the machine's load
+
+
+@contextlib.asynccontextmanager
+async def served(
+    policy: TryPolicy, pool_size: int = 2, rollouts_per_actor: int = 1
+) -> AsyncIterator[tuple[GymServerThread, GymClient, Orchestrator]]:
+    """A Gym server on loopback, a client of it, and an orchestrator on it (its ledger to kill)."""
+    with GymServerThread(token="test-token") as server:
+        endpoint = GymEndpoint(url=server.url, token=server.token)
+        async with (
+            GymClient(endpoint) as client,
+            Orchestrator(
+                [endpoint],
+                policy=policy,
+                pool_size=pool_size,
+                rollouts_per_actor=rollouts_per_actor,
+                progress=False,
+                start=False,
+            ) as orch,
+        ):
+            yield server, client, orch
 
 
 async def until_running(client: GymClient, n: int) -> None:
@@ -48,69 +79,79 @@ async def settled(orch, url: str, dispatched: int):
 async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(
     ray_session, tmp_path, when
 ):
-    from rl_gym_actors.orchestrator import Orchestrator
+    async with served(POLICY, rollouts_per_actor=2) as (server, client, orch):
+        rows = [{"sleep_s": 1.0, "reward": 0.5} for _ in range(4)]
+        batch = asyncio.ensure_future(orch.arun_batch(rows))
+        await until_running(client, 4)
+        if when == "mid-batch":
+            ray_session.kill(orch.ledger, no_restart=False)
+            outcomes = await asyncio.wait_for(batch, 30)
+        else:
+            ckpt = asyncio.ensure_future(
+                orch.acheckpoint("during", str(tmp_path / "d"), deadline_s=20.0)
+            )
 
-    with GymServerThread(token="test-token") as server:
-        endpoint = GymEndpoint(url=server.url, token=server.token)
-        async with (
-            GymClient(endpoint) as client,
-            Orchestrator(
-                [endpoint],
-                policy=POLICY,
-                pool_size=2,
-                rollouts_per_actor=2,
-                progress=False,
-                start=False,
-            ) as orch,
-        ):
-            rows = [{"sleep_s": 1.0, "reward": 0.5} for _ in range(4)]
-            batch = asyncio.ensure_future(orch.arun_batch(rows))
-            await until_running(client, 4)
-            if when == "mid-batch":
-                ray_session.kill(orch.ledger, no_restart=False)
-                outcomes = await asyncio.wait_for(batch, 30)
-            else:
-                ckpt = asyncio.ensure_future(
-                    orch.acheckpoint("during", str(tmp_path / "d"), deadline_s=20.0)
-                )
+            async def preparing() -> bool:  # the gate has prepared: admission closed
+                return (await client.status("probe", deadline_ts=soon())).state == "preparing"
 
-                async def preparing() -> bool:  # the gate has prepared: admission closed
-                    return (await client.status("probe", deadline_ts=soon())).state == "preparing"
+            await until(preparing, what="the gate to prepare")
+            ray_session.kill(orch.ledger, no_restart=False)
+            outcomes = await asyncio.wait_for(batch, 30)
+            report = await asyncio.wait_for(ckpt, 40)  # Ray sent the call again
+            assert report.endpoints[0].commit.records >= 1
+        assert [o.status for o in outcomes] == ["sealed"] * 4
+        assert await orch.ledger.restarted.remote()
 
-                await until(preparing, what="the gate to prepare")
-                ray_session.kill(orch.ledger, no_restart=False)
-                outcomes = await asyncio.wait_for(batch, 30)
-                report = await asyncio.wait_for(ckpt, 40)  # Ray sent the call again
-                assert report.endpoints[0].commit.records >= 1
-            assert [o.status for o in outcomes] == ["sealed"] * 4
-            assert await orch.ledger.restarted.remote()
-
-            again = await orch.arun_batch([{"reward": 0.25} for _ in range(3)])
-            assert [o.status for o in again] == ["sealed"] * 3
-            report = await orch.acheckpoint("after", str(tmp_path / "a"), deadline_s=20.0)
-            assert report.endpoints[0].commit.records >= 3
-            snap = await settled(orch, server.url, 3)
-            assert snap.ledger.checkpoints_committed >= 1
-            status = await client.status("probe-end", deadline_ts=soon())
-            assert status.running == 0 and status.completed_unacknowledged == 0
-            assert server.participant.snapshot()["agent_starts"] == 7  # nothing ran twice
+        again = await orch.arun_batch([{"reward": 0.25} for _ in range(3)])
+        assert [o.status for o in again] == ["sealed"] * 3
+        report = await orch.acheckpoint("after", str(tmp_path / "a"), deadline_s=20.0)
+        assert report.endpoints[0].commit.records >= 3
+        snap = await settled(orch, server.url, 3)
+        assert snap.ledger.checkpoints_committed >= 1
+        status = await client.status("probe-end", deadline_ts=soon())
+        assert status.running == 0 and status.completed_unacknowledged == 0
+        assert server.participant.snapshot()["agent_starts"] == 7  # nothing ran twice
 
 
 async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
-    from rl_gym_actors.orchestrator import Orchestrator
+    async with served(POLICY, pool_size=1) as (_, _, orch):
+        assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
+        ray_session.kill(orch.ledger, no_restart=True)
+        with pytest.raises(LedgerLost):
+            await orch.asnapshot()
+        with pytest.raises(LedgerLost):
+            await orch.acheckpoint("lost", str(tmp_path), deadline_s=5.0)
+        # rollouts do not need the ledger to run
+        assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
+        # nor does freeing Gym: abort goes to the servers from the orchestrator itself
+        assert (await orch.aabort_checkpoint("never-held")).aborted
 
-    with GymServerThread(token="test-token") as server:
-        endpoint = GymEndpoint(url=server.url, token=server.token)
-        async with Orchestrator(
-            [endpoint], policy=POLICY, pool_size=1, progress=False, start=False
-        ) as orch:
-            assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
-            ray_session.kill(orch.ledger, no_restart=True)
-            with pytest.raises(LedgerLost):
-                await orch.asnapshot()
-            with pytest.raises(LedgerLost):
-                await orch.acheckpoint("lost", str(tmp_path), deadline_s=5.0)
-            # rollouts do not need the ledger to run
-            assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
-            # nor does freeing Gym: abort goes to the servers from the orchestrator itself
-            assert (await orch.aabort_checkpoint("never-held")).aborted
+
+async def test_a_restarted_ledger_counts_no_sealed_result_as_an_orphan(ray_session, tmp_path):
+    async with served(REBUILD_POLICY, rollouts_per_actor=32) as (server, client, orch):
+        rows = [{"sleep_s": 0.05, "reward": 0.5} for _ in range(REBUILD_ROWS)]
+        batch = asyncio.ensure_future(orch.arun_batch(rows))
+
+        async def sealed_on_gym() -> bool:
+            st = await client.status("probe", deadline_ts=soon(5))
+            return st.completed_unacknowledged >= REBUILD_ROWS // 6
+
+        await until(sealed_on_gym, timeout_s=60, what="a sixth of the batch sealed")
+        ray_session.kill(orch.ledger, no_restart=False)
+        outcomes = await asyncio.wait_for(batch, scaled(120))
+        assert [o.status for o in outcomes] == ["sealed"] * REBUILD_ROWS
+        assert await orch.ledger.restarted.remote()
+
+        async def nothing_running():
+            snap = await orch.asnapshot()
+            return snap if snap.ledger.endpoints[server.url].running == 0 else None
+
+        # no phantom: every attempt the book has as running ends (reports come in batches)
+        await until(nothing_running, timeout_s=20, what="the book to show nothing running")
+        report = await orch.acheckpoint("rebuilt", str(tmp_path / "ck"), deadline_s=60.0)
+        assert report.orphans_acked == 0
+        assert report.sealed_acked == REBUILD_ROWS
+        snap = await orch.asnapshot()
+        assert snap.ledger.orphans_acked == 0
+        assert snap.ledger.endpoints[server.url].running == 0
+        assert server.participant.snapshot()["agent_starts"] == REBUILD_ROWS  # none ran twice
