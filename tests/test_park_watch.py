@@ -88,3 +88,23 @@ async def test_a_watch_polls_while_runs_are_in_flight_and_stops_after():
     stopped = len(reads)
     await asyncio.sleep(0.05)
     assert len(reads) == stopped  # no /run in flight: no polling
+
+
+async def test_reads_under_way_are_shared():
+    calls = 0
+    gate = asyncio.Event()
+
+    async def is_parked(deadline_ts: float) -> bool:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return True
+
+    watch = ParkWatch(is_parked, lambda: 5.0, interval_s=1.0)
+    readers = [asyncio.ensure_future(watch.read()) for _ in range(50)]  # 50 deadlines at once
+    await until(lambda: calls == 1, timeout_s=5.0, what="the one status read")
+    gate.set()
+    await asyncio.gather(*readers)
+    assert calls == 1 and watch.reads == 1 and watch.time.parked
+    await watch.read()  # a later read is a new one
+    assert calls == 2

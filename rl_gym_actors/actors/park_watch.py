@@ -86,6 +86,7 @@ class ParkWatch:
         self._starts: dict[int, float] = {}  # the /runs in flight: token -> start
         self._next = 0
         self._task: asyncio.Task[None] | None = None
+        self._reading: asyncio.Future[None] | None = None
         self.reads = 0
 
     def enter(self, start: float) -> int:
@@ -109,7 +110,13 @@ class ParkWatch:
         return self.time.within(start, self._clock())
 
     async def read(self) -> None:
-        """Read the status once (now); a failure records nothing."""
+        """Read the status once; callers that come while a read is under way share it (the
+        /runs whose deadlines pass at once ask the server once). A failure records nothing."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read())
+        await asyncio.shield(self._reading)
+
+    async def _read(self) -> None:
         try:
             parked = await self._is_parked(self._clock() + max(self.interval_s, 1.0))
         except Exception as exc:  # unreadable: the deadline counts as usual
