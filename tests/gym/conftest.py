@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
+from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
@@ -23,6 +27,7 @@ from rl_gym_actors.protocol import (
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import soon, until
+from rl_gym_actors.testing.v2_server import V2ServerThread
 
 _DEFAULT = object()
 
@@ -221,3 +226,22 @@ def wire(gym: GymServerThread) -> Wire:
 def wire_for():
     """``wire_for(server)``: a Wire for a server a test starts itself."""
     return Wire.of
+
+
+@pytest.fixture
+def v2_server() -> Iterator[V2ServerThread]:
+    """A fresh v2 server (``gym serve --protocol v2``, the simulated stepped agent) in a thread."""
+    with V2ServerThread(token="test-token") as server:
+        yield server
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def v2_client(v2_server: V2ServerThread) -> AsyncIterator[GymClient]:
+    """The data-plane client of :func:`v2_server` (``run``); :func:`v2` speaks its control."""
+    async with GymClient(v2_server.endpoint) as client:
+        yield client
+
+
+@pytest.fixture
+def v2(v2_client: GymClient) -> V2Client:
+    return V2Client(v2_client)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
+from gym_test_helpers import cid, expect_type, rid, soon
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import AdmissionClosed, StaleAttempt
@@ -29,18 +28,6 @@ aio = pytest.mark.asyncio(loop_scope="session")
 TOKEN = "test-token"
 
 
-def rid() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
-
-
-def cid() -> str:
-    return f"c{uuid.uuid4().hex[:10]}"
-
-
-def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
-
-
 @contextlib.contextmanager
 def serve_both() -> Iterator[tuple[GymServer, both.BothParticipant]]:
     served = both.both_participant(Participant(make_agent("simulated"), lease_s=60.0))
@@ -53,13 +40,6 @@ def serve_both() -> Iterator[tuple[GymServer, both.BothParticipant]]:
     finally:
         server.stop()
         thread.join(10.0)
-
-
-async def expect(cls, call):
-    with pytest.raises(Exception) as info:
-        await call
-    assert type(info.value) is cls, f"expected {cls.__name__}, got {info.value!r}"
-    return info.value
 
 
 @aio
@@ -99,7 +79,7 @@ async def test_a_v2_retire_stops_the_run_and_retires_its_execution():
             )
             await until(lambda: served.agent.snapshot()["running"] == 1, what="the run started")
             await v2.retire("any", [(r, 0)], deadline_ts=soon())
-            await expect(StaleAttempt, run)
+            await expect_type(StaleAttempt, run)
             snap = served.agent.snapshot()
             assert snap["running"] == 0 and snap["tombstoned"] == 1
             assert not served.v2.table.live
@@ -118,7 +98,7 @@ async def test_an_agent_checkpoint_retire_stops_the_v2_episode():
             await until(lambda: bool(served.v2.table.live), what="the episode started")
             await until(lambda: served.agent.snapshot()["running"] == 1, what="the run started")
             await gym.retire(r, 0, checkpoint_id=cid(), deadline_ts=soon())
-            await expect(StaleAttempt, run)  # its own code, not a 500
+            await expect_type(StaleAttempt, run)  # its own code, not a 500
             await until(lambda: not served.v2.table.live, what="the episode ended")
 
 
@@ -129,13 +109,13 @@ async def test_a_checkpoint_of_either_protocol_closes_run():
             v2 = V2Client(gym)
             c = cid()
             assert (await v2.prepare(c, deadline_ts=soon())).prepared
-            await expect(
+            await expect_type(
                 AdmissionClosed, gym.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
             )
             await v2.resume(c, deadline_ts=soon())
             c = cid()
             assert (await gym.prepare(c, deadline_ts=soon())).ready_to_commit
-            await expect(
+            await expect_type(
                 AdmissionClosed, gym.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
             )
             assert served.v2.table.accepting  # refused behind, by the run's owner

@@ -4,12 +4,10 @@ answers, discovery of both protocols, and the wire models' rules (EpisodeId, cap
 from __future__ import annotations
 
 import json
-import pickle
 import time
-import uuid
 
 import pytest
-import pytest_asyncio
+from gym_test_helpers import cid, expect, rid, soon
 from pydantic import ValidationError
 
 from rl_gym_actors.errors import (
@@ -21,7 +19,6 @@ from rl_gym_actors.errors import (
     ConfigError,
     InvalidPhase,
     RestartInScope,
-    RlGymError,
     RolloutIdRequired,
     StaleAttempt,
     StaleCheckpoint,
@@ -38,45 +35,6 @@ from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 aio = pytest.mark.asyncio(loop_scope="session")
-
-
-def rid() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
-
-
-def cid() -> str:
-    return f"c{uuid.uuid4().hex[:10]}"
-
-
-def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
-
-
-async def expect(cls: type[RlGymError], call) -> RlGymError:
-    with pytest.raises(RlGymError) as info:
-        await call
-    err = info.value
-    assert type(err) is cls, f"expected {cls.__name__}, got {err!r}"
-    back = pickle.loads(pickle.dumps(err))
-    assert type(back) is cls and back.__dict__ == err.__dict__
-    return err
-
-
-@pytest.fixture
-def v2_server():
-    with V2ServerThread(token="test-token") as srv:
-        yield srv
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def gym(v2_server):
-    async with GymClient(v2_server.endpoint) as c:
-        yield c
-
-
-@pytest.fixture
-def v2(gym) -> V2Client:
-    return V2Client(gym)
 
 
 # ---------------------------------------------------------------- wire rules (pure)
@@ -136,8 +94,8 @@ def test_every_v2_code_maps_to_its_own_type(code):
 
 
 @aio
-async def test_discovery_finds_v2_and_the_agent_protocol(gym, v2_server):
-    found = await discover_protocol(gym, deadline_ts=soon())
+async def test_discovery_finds_v2_and_the_agent_protocol(v2_client, v2_server):
+    found = await discover_protocol(v2_client, deadline_ts=soon())
     assert found.protocol is CheckpointProtocol.V2 and found.kind == "agent"
     with GymServerThread(token="test-token") as agent_server:
         async with GymClient(agent_server.endpoint) as other:
@@ -157,7 +115,7 @@ async def test_wrong_token_is_unauthorized_not_a_fallback(v2_server):
 
 
 @aio
-async def test_status_prepare_renew_commit_resume_cycle(gym, v2, tmp_path):
+async def test_status_prepare_renew_commit_resume_cycle(v2_client, v2, tmp_path):
     status = await v2.status(deadline_ts=soon())
     assert status.phase is Phase.IDLE and status.retired_rollouts == 0 and status.report.ready
     c = cid()
@@ -195,18 +153,18 @@ async def test_phase_and_id_rejections(v2, tmp_path):
 
 
 @aio
-async def test_run_admission_retire_forget(gym, v2):
+async def test_run_admission_retire_forget(v2_client, v2):
     r = rid()
-    res = await gym.run({"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+    res = await v2_client.run({"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon())
     assert res.reply["reward"] == 0.5 and res.replayed is False
-    again = await gym.run({"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+    again = await v2_client.run({"reward": 0.5}, rollout_id=r, attempt_index=0, deadline_ts=soon())
     assert again.replayed is True and again.reply == res.reply  # (ext) the kept reply
     c = cid()
     assert (await v2.retire(c, [(r, 1)], deadline_ts=soon())).retired == [f"{r}-a1"]
     assert (await v2.status(deadline_ts=soon())).retired_rollouts == 1
-    await expect(StaleAttempt, gym.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon()))
-    await expect(StaleAttempt, gym.run({}, rollout_id=r, attempt_index=1, deadline_ts=soon()))
-    later = await gym.run({}, rollout_id=r, attempt_index=2, deadline_ts=soon())
+    await expect(StaleAttempt, v2_client.run({}, rollout_id=r, attempt_index=0, deadline_ts=soon()))
+    await expect(StaleAttempt, v2_client.run({}, rollout_id=r, attempt_index=1, deadline_ts=soon()))
+    later = await v2_client.run({}, rollout_id=r, attempt_index=2, deadline_ts=soon())
     assert later.replayed is False  # a later attempt is admitted without forget
     assert (await v2.forget(c, [r, r], deadline_ts=soon())).forgotten == [r]
     assert (await v2.status(deadline_ts=soon())).retired_rollouts == 0
@@ -214,13 +172,13 @@ async def test_run_admission_retire_forget(gym, v2):
     p = cid()
     await v2.prepare(p, deadline_ts=soon())
     await expect(
-        AdmissionClosed, gym.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
+        AdmissionClosed, v2_client.run({}, rollout_id=rid(), attempt_index=0, deadline_ts=soon())
     )
     await v2.resume(p, deadline_ts=soon())
 
 
 @aio
-async def test_bad_input_gets_named_4xx(v2_server, gym, v2):
+async def test_bad_input_gets_named_4xx(v2_server, v2_client, v2):
     import aiohttp
 
     async with aiohttp.ClientSession() as s:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 
 import pytest
+from gym_test_helpers import rid, soon
 
 from rl_gym_actors.errors import CheckpointFailed, ConfigError, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
@@ -22,14 +22,6 @@ from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 aio = pytest.mark.asyncio(loop_scope="session")
-
-
-def rid() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
-
-
-def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
 
 
 @contextlib.asynccontextmanager
@@ -120,7 +112,7 @@ async def test_renewer_keeps_the_lease_while_open():
     with V2ServerThread() as srv:
         async with GymClient(srv.endpoint) as gym:
             parts = await co.discover_participants({"x": gym}, deadline_ts=soon())
-            await co.prepare(parts, "ck3", deadline_ts=soon(0.3))
+            await co.prepare(parts, "ck3", deadline_ts=time.time() + 0.3)  # a lease renews extend
             first = srv.participant.machine.lease_expires_at
             async with co.Renewer(parts, "ck3", timeout_s=0.3) as renewer:
                 await until(lambda: renewer.renewals >= 2, what="two renewals")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 import pytest
+from gym_test_helpers import cid, expect_type, rid, soon
 
 from rl_gym_actors.errors import (
     AdmissionClosed,
@@ -31,18 +31,6 @@ from rl_gym_actors.testing.polling import until
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 aio = pytest.mark.asyncio(loop_scope="session")
-
-
-def rid() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
-
-
-def cid() -> str:
-    return f"c{uuid.uuid4().hex[:10]}"
-
-
-def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
 
 
 # ---------------------------------------------------------------- the pure table
@@ -81,51 +69,49 @@ def test_transition_table_and_fencing():
 
 
 @aio
-async def test_episode_parks_at_a_boundary_is_exported_and_continues(tmp_path):
-    with V2ServerThread() as srv:
-        async with GymClient(srv.endpoint) as gym:
-            v2 = V2Client(gym)
-            r = rid()
-            row = {"steps": 6, "step_s": 0.1}
-            run = asyncio.ensure_future(
-                gym.run(row, rollout_id=r, attempt_index=0, deadline_ts=soon(30))
-            )
-            await until(lambda: srv.participant.steps_run >= 2, what="two steps ran")
-            c = cid()
-            prepared = await v2.prepare(c, deadline_ts=soon())
-            assert prepared.prepared and prepared.report.counts["parked"] == 1
-            steps_at_cut = srv.participant.steps_run
-            committed = await v2.commit(c, str(tmp_path), [(r, 0)], deadline_ts=soon())
-            assert committed.episode_ids == [r]
-            path = tmp_path / "gym" / "agent" / "agent" / committed.manifest.records_file
-            (record,) = [json.loads(line) for line in path.read_text().splitlines()]
-            assert record["episode_id"] == {"rollout_id": r, "attempt": 0}
-            assert 1 <= record["boundary"]["step"] < 6
-            await asyncio.sleep(0.3)
-            assert srv.participant.steps_run == steps_at_cut  # parked: no step ran
-            assert not run.done()
-            await v2.resume(c, deadline_ts=soon())
-            reply = (await run).reply
-            assert reply["steps_run"] == 6 and reply["steps"] == 6
+async def test_episode_parks_at_a_boundary_is_exported_and_continues(
+    v2_server, v2_client, v2, tmp_path
+):
+    r = rid()
+    row = {"steps": 6, "step_s": 0.1}
+    run = asyncio.ensure_future(
+        v2_client.run(row, rollout_id=r, attempt_index=0, deadline_ts=soon(30))
+    )
+    await until(lambda: v2_server.participant.steps_run >= 2, what="two steps ran")
+    c = cid()
+    prepared = await v2.prepare(c, deadline_ts=soon())
+    assert prepared.prepared and prepared.report.counts["parked"] == 1
+    steps_at_cut = v2_server.participant.steps_run
+    committed = await v2.commit(c, str(tmp_path), [(r, 0)], deadline_ts=soon())
+    assert committed.episode_ids == [r]
+    path = tmp_path / "gym" / "agent" / "agent" / committed.manifest.records_file
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert record["episode_id"] == {"rollout_id": r, "attempt": 0}
+    assert 1 <= record["boundary"]["step"] < 6
+    await asyncio.sleep(0.3)
+    assert v2_server.participant.steps_run == steps_at_cut  # parked: no step ran
+    assert not run.done()
+    await v2.resume(c, deadline_ts=soon())
+    reply = (await run).reply
+    assert reply["steps_run"] == 6 and reply["steps"] == 6
 
 
 @aio
-async def test_restore_in_a_fresh_server_continues_as_the_next_attempt(tmp_path):
+async def test_restore_in_a_fresh_server_continues_as_the_next_attempt(
+    v2_server, v2_client, v2, tmp_path
+):
     r = rid()
-    with V2ServerThread() as srv:
-        async with GymClient(srv.endpoint) as gym:
-            v2 = V2Client(gym)
-            run = asyncio.ensure_future(
-                gym.run(
-                    {"steps": 8, "step_s": 0.1}, rollout_id=r, attempt_index=0, deadline_ts=soon(30)
-                )
-            )
-            await until(lambda: srv.participant.steps_run >= 3, what="three steps ran")
-            c = cid()
-            assert (await v2.prepare(c, deadline_ts=soon())).prepared
-            await v2.commit(c, str(tmp_path), [(r, 0)], deadline_ts=soon())
-            boundary = srv.participant.table.live[r].boundary["step"]
-            run.cancel()
+    run = asyncio.ensure_future(
+        v2_client.run(
+            {"steps": 8, "step_s": 0.1}, rollout_id=r, attempt_index=0, deadline_ts=soon(30)
+        )
+    )
+    await until(lambda: v2_server.participant.steps_run >= 3, what="three steps ran")
+    c = cid()
+    assert (await v2.prepare(c, deadline_ts=soon())).prepared
+    await v2.commit(c, str(tmp_path), [(r, 0)], deadline_ts=soon())
+    boundary = v2_server.participant.table.live[r].boundary["step"]
+    run.cancel()
     # a fresh process: nothing of the old one survives
     with V2ServerThread() as fresh:
         async with GymClient(fresh.endpoint) as gym:
@@ -162,30 +148,29 @@ async def test_restore_in_a_fresh_server_continues_as_the_next_attempt(tmp_path)
 
 
 @aio
-async def test_commit_scope_deletes_restored_state_it_leaves_out(tmp_path):
+async def test_commit_scope_deletes_restored_state_it_leaves_out(
+    v2_server, v2_client, v2, tmp_path
+):
     a, b = rid(), rid()
-    with V2ServerThread() as srv:
-        async with GymClient(srv.endpoint) as gym:
-            v2 = V2Client(gym)
-            runs = [
-                asyncio.ensure_future(
-                    gym.run(
-                        {"steps": 50, "step_s": 0.05},
-                        rollout_id=x,
-                        attempt_index=0,
-                        deadline_ts=soon(30),
-                    )
-                )
-                for x in (a, b)
-            ]
-            await until(lambda: srv.participant.steps_run >= 2, what="steps ran")
-            c = cid()
-            await v2.prepare(c, deadline_ts=soon())
-            assert (
-                await v2.commit(c, str(tmp_path), None, deadline_ts=soon())
-            ).episode_ids == sorted([a, b])
-            for run in runs:
-                run.cancel()
+    runs = [
+        asyncio.ensure_future(
+            v2_client.run(
+                {"steps": 50, "step_s": 0.05},
+                rollout_id=x,
+                attempt_index=0,
+                deadline_ts=soon(30),
+            )
+        )
+        for x in (a, b)
+    ]
+    await until(lambda: v2_server.participant.steps_run >= 2, what="steps ran")
+    c = cid()
+    await v2.prepare(c, deadline_ts=soon())
+    assert (await v2.commit(c, str(tmp_path), None, deadline_ts=soon())).episode_ids == sorted(
+        [a, b]
+    )
+    for run in runs:
+        run.cancel()
     with V2ServerThread() as fresh:
         async with GymClient(fresh.endpoint) as gym:
             v2 = V2Client(gym)
@@ -232,7 +217,7 @@ async def test_retire_stops_a_run_prepare_blockers_and_lease_expiry():
             )
             await until(lambda: srv.participant.table.live, what="the run started")
             c = cid()
-            answer = await v2.prepare(c, deadline_ts=soon(0.5))
+            answer = await v2.prepare(c, deadline_ts=time.time() + 0.5)  # to miss
             assert answer.phase is Phase.PREPARING and answer.report.blockers == [r]
             assert answer.report.blocker_count == 1
             status = await v2.status(deadline_ts=soon())
@@ -254,40 +239,39 @@ async def test_retire_stops_a_run_prepare_blockers_and_lease_expiry():
 
 
 @aio
-async def test_kept_listing_names_each_kept_reply_until_retired_or_forgotten():
+async def test_kept_listing_names_each_kept_reply_until_retired_or_forgotten(
+    v2_server, v2_client, v2
+):
     """(ext) ``GET .../kept``: the capture keys of the kept replies, sorted, capped by
     ``limit`` with the full count; a bad limit is 422, a wrong token 401."""
     from rl_gym_actors.errors import InvalidRequest, Unauthorized
 
-    with V2ServerThread() as srv:
-        async with GymClient(srv.endpoint) as gym:
-            v2 = V2Client(gym)
-            a, b = sorted([rid(), rid()])
-            for r, att in ((a, 0), (b, 0), (b, 1)):
-                await gym.run({}, rollout_id=r, attempt_index=att, deadline_ts=soon())
-            listed = await v2.kept(deadline_ts=soon())
-            assert listed is not None and listed.kept == sorted([a, b, f"{b}-a1"])
-            assert listed.count == 3
-            first = await v2.kept(deadline_ts=soon(), limit=1)
-            assert first is not None and (first.kept, first.count) == ([min(listed.kept)], 3)
-            await v2.retire(cid(), [(b, 0)], deadline_ts=soon())  # attempt 1 stays kept
-            await v2.forget(cid(), [a], deadline_ts=soon())
-            listed = await v2.kept(deadline_ts=soon())
-            assert listed is not None and (listed.kept, listed.count) == ([f"{b}-a1"], 1)
-            for bad in ("0", "x", "100001"):
-                answer = await gym._send(
-                    "GET",
-                    "/ng-control/v1/checkpoint/kept",
-                    control=True,
-                    params={"limit": bad},
-                    deadline_ts=soon(),
-                )
-                assert answer.status == 422, (bad, answer.status)
-            with pytest.raises(InvalidRequest):  # a 422 is raised; only a 404/405 is None
-                await v2.kept(deadline_ts=soon(), limit=0)
-        async with GymClient(srv.endpoint.model_copy(update={"token": "wrong"})) as other:
-            with pytest.raises(Unauthorized):
-                await V2Client(other).kept(deadline_ts=soon())
+    a, b = sorted([rid(), rid()])
+    for r, att in ((a, 0), (b, 0), (b, 1)):
+        await v2_client.run({}, rollout_id=r, attempt_index=att, deadline_ts=soon())
+    listed = await v2.kept(deadline_ts=soon())
+    assert listed is not None and listed.kept == sorted([a, b, f"{b}-a1"])
+    assert listed.count == 3
+    first = await v2.kept(deadline_ts=soon(), limit=1)
+    assert first is not None and (first.kept, first.count) == ([min(listed.kept)], 3)
+    await v2.retire(cid(), [(b, 0)], deadline_ts=soon())  # attempt 1 stays kept
+    await v2.forget(cid(), [a], deadline_ts=soon())
+    listed = await v2.kept(deadline_ts=soon())
+    assert listed is not None and (listed.kept, listed.count) == ([f"{b}-a1"], 1)
+    for bad in ("0", "x", "100001"):
+        answer = await v2_client._send(
+            "GET",
+            "/ng-control/v1/checkpoint/kept",
+            control=True,
+            params={"limit": bad},
+            deadline_ts=soon(),
+        )
+        assert answer.status == 422, (bad, answer.status)
+    with pytest.raises(InvalidRequest):  # a 422 is raised; only a 404/405 is None
+        await v2.kept(deadline_ts=soon(), limit=0)
+    async with GymClient(v2_server.endpoint.model_copy(update={"token": "wrong"})) as other:
+        with pytest.raises(Unauthorized):
+            await V2Client(other).kept(deadline_ts=soon())
 
 
 @pytest.mark.slow  # seconds: out of make test-fast
@@ -305,10 +289,3 @@ def test_cli_serves_v2():
         status, res = asyncio.run(main())
     assert status.kind == "agent" and status.phase is Phase.IDLE
     assert res.reply["steps_run"] == 2
-
-
-async def expect_type(cls, call):
-    with pytest.raises(Exception) as info:
-        await call
-    assert type(info.value) is cls, f"expected {cls.__name__}, got {info.value!r}"
-    return info.value

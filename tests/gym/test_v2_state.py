@@ -5,10 +5,10 @@ store writes nothing and says so)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import pytest
+from gym_test_helpers import rid, soon
 
 from rl_gym_actors.errors import StaleAttempt, StaleCheckpoint
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
@@ -18,14 +18,6 @@ from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.testing.gym_process import GymServerProcess
 
 aio = pytest.mark.asyncio(loop_scope="session")
-
-
-def rid() -> str:
-    return f"r{uuid.uuid4().hex[:10]}"
-
-
-def soon(seconds: float = 10.0) -> float:
-    return time.time() + seconds
 
 
 @pytest.mark.slow  # seconds: out of make test-fast
