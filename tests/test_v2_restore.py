@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_gym_actors.actors.v2_gate import RestoredPending
+from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
+from rl_gym_actors.actors.v2_gate import RestoredPending, V2Gate
 from rl_gym_actors.actors.v2_restore import restore
 from rl_gym_actors.checkpoint_part import add_gym_v2, read_part, write_part
 from rl_gym_actors.core.attempt_book import AttemptBook
@@ -215,3 +216,67 @@ def test_the_part_keeps_the_scopes_and_memory_runs_the_named_attempt(tmp_path):
     assert (plan.first_attempt, plan.previous_attempt, plan.ready) == (1, None, None)
     memory.take("run-a", plan)  # running: a restore no longer touches it
     assert not memory.restart_at("run-a", 5)
+
+
+class NoOwners:
+    """The new trainer has sent no row yet: no rollout actor holds anything."""
+
+    def live(self) -> frozenset[str]:
+        return frozenset()
+
+    async def adopt(self, owner, rollout_id, attempt_index, deadline_ts) -> OwnerAnswer:
+        return OwnerAnswer.GONE
+
+    async def flush(self, deadline_ts) -> int:
+        return 0
+
+
+@aio
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_restored_episode_stays_in_the_next_commits_scope_until_its_replacement(
+    tmp_path, kept
+):
+    """A checkpoint before the trainer sends the row again: the gate scopes the pending
+    replacement (exported under it, kept on Gym, its rollout not forgotten) and the replacement
+    continues from the boundary; without it in scope Gym deletes it and the row starts over."""
+    async with servers(1) as ([srv], [client], [target]):
+        scope = await checkpoint(srv, client, target, ["run-a"], tmp_path)
+        book, pending = AttemptBook(), RestoredPending()
+        report = await restore(
+            book,
+            [target],
+            [scope],
+            restore_id="rs-4",
+            source_checkpoint_id="ck-1",
+            deadline_ts=soon(),
+            own=own,
+            pending=pending if kept else RestoredPending(),
+        )
+        assert report.restored and report.endpoints[0].restored == ["run-a-a1"]
+        await gone(srv.dead_runs)
+        gate = V2Gate(
+            book,
+            [target[0]],
+            [""],
+            [target[1]],
+            NoOwners(),
+            control_s=5.0,
+            own=own,
+            restored=pending,
+        )
+        [entry] = await gate.run("ck-2", str(tmp_path / "ck-2"), soon(20))
+        extra = entry.commit.model_extra or {}
+        status = srv.participant.status()
+        step = boundaries(scope.checkpoint_dir)["run-a"]
+        if kept:
+            assert extra["episode_ids"] == extra["in_flight"] == ["run-a-a1"]
+            assert boundaries(str(tmp_path / "ck-2"))["run-a"] == step  # its restored boundary
+            assert status["restored_pending"] == ["run-a-a1"] and entry.forgotten == 0
+            again = await start(client, "run-a", 1)
+            assert again.reply["steps_run"] == STEPS - step
+            assert pending.on(book, target[0].url) == [("run-a", 1)]  # the book never saw it
+        else:
+            assert extra["episode_ids"] == [] and status["restored_pending"] == []
+            assert entry.forgotten == 1  # finished for good as far as this gate knows
+            again = await start(client, "run-a", 1)
+            assert again.reply["steps_run"] == STEPS  # from its input
