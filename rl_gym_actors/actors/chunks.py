@@ -23,6 +23,7 @@ from typing import Any
 
 from ray.exceptions import RayTaskError
 
+from rl_gym_actors.actors.completions import Completions
 from rl_gym_actors.actors.messages import ChunkResult, RolloutTask, RunReply
 from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.errors import PoolClosed
@@ -41,6 +42,7 @@ class ChunkSender:
         self.on_reports: Callable[[Sequence[AttemptReport]], None] | None = None
         self._pending: dict[int, tuple[Any, list[_Entry]]] = {}
         self._scheduled = False
+        self._completions = Completions()  # lone calls' results, fewer loop wake-ups
         self._calls: set[asyncio.Task] = set()
         self.calls = 0
         self.rows = 0
@@ -80,7 +82,8 @@ class ChunkSender:
         try:
             if len(entries) == 1:
                 # a chunk of one is a plain call: a stream of one item costs more than its reply
-                reply: RunReply = await handle.run_and_report.remote(entries[0][0])
+                ref = handle.run_and_report.remote(entries[0][0])
+                reply: RunReply = await self._completions.wait(ref)
                 self._hand_on(reply.reports)
                 if not futures[0].done():
                     futures[0].set_result(reply.outcome)
