@@ -318,26 +318,27 @@ class Orchestrator:
             self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
         )
 
-    async def arestore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
-        """Load the part a checkpoint of this run wrote under ``checkpoint_dir`` into a started
-        orchestrator, as ``restore_from=`` does at construction (the NeMo RL drop-in restores
-        after its spin-up), before any row: handed results answer a row sent again
-        ``repeated``, undelivered ones are its result, sealed ids never run again; Gym v2
-        episodes exported continue from their boundary (``actors/v2_restore.py``; the report,
-        also :attr:`restore_report`). ConfigError: the part is missing, torn, another run's."""
+    def restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
+        """Load a checkpoint's part of this run into a started orchestrator before any row, as
+        ``restore_from=`` does (the NeMo RL drop-in restores after its spin-up): handed results
+        answer a row sent again ``repeated``, undelivered ones are its result, sealed ids never
+        run again; exported Gym v2 episodes continue from their boundary (the report, also
+        :attr:`restore_report`). ConfigError: the part is missing, torn, another run's."""
         self._check_open()
-        _, part, sealed = await asyncio.to_thread(
-            parts.restore_run, checkpoint_dir, self.run_id, self._sealed_retention
-        )
+        return self._sync(self._restore(checkpoint_dir))
 
-        async def load() -> RestoreReport | None:  # on the orchestrator's loop (the memory's)
-            parts.load_part(self._memory, part, sealed)
-            if part is None or not part.gym_v2:
-                return None
-            _, _, ledger = await self._ready()
-            return await self._restore_v2(ledger, part)
+    async def arestore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
+        self._check_open()
+        return await self._async(self._restore(checkpoint_dir))
 
-        return await self._async(load())
+    async def _restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
+        args = (checkpoint_dir, self.run_id, self._sealed_retention)
+        _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
+        parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
+        if part is None or not part.gym_v2:
+            return None
+        _, _, ledger = await self._ready()
+        return await self._restore_v2(ledger, part)
 
     async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
         urls, claims = [e.url for e in self.endpoints], sorted(self._claims)

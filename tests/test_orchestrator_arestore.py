@@ -1,6 +1,7 @@
-"""``Orchestrator.arestore``: a started orchestrator of the same run loads a checkpoint's part
-(what the NeMo RL drop-in's ``restore_checkpoint`` does after spin-up): rows sent again are
-answered ``repeated`` with their rewards and never run again; another run's part is refused."""
+"""``Orchestrator.arestore`` (and ``restore``, its sync form): a started orchestrator of the same
+run loads a checkpoint's part (what the NeMo RL drop-in's ``restore_checkpoint`` does after
+spin-up): rows sent again are answered ``repeated`` with their rewards and never run again;
+another run's part is refused."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_a_started_orchestrator_restores_a_part_and_answers_sealed_rows_repeated
         ) as stranger,
         pytest.raises(ConfigError),
     ):
-        asyncio.run(stranger.arestore(tmp_path / "ck1"))
+        stranger.restore(tmp_path / "ck1")  # the sync form
     with Orchestrator(
         [gym.endpoint],
         policy=POLICY,
