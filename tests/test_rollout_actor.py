@@ -149,7 +149,9 @@ async def test_an_abandon_that_overtakes_its_dispatch_still_applies(gym, agent):
 
 
 async def test_admission_closed_waits_for_resume_and_sends_the_same_key(gym, ctl, agent):
-    w = worker(gym)
+    # PATIENT: the wait for resume is the subject, not rollout_s (QUICK's 0.5 s could pass on
+    # a loaded machine between the 0.3 s look and the resume, retiring try 0)
+    w = worker(gym, PATIENT)
     task = None
     try:
         status = await ctl.prepare("ck-admission-w", deadline_ts=time.time() + 2)
