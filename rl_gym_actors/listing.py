@@ -25,6 +25,7 @@ AnyReceipt = CompletionReceipt | Mapping[str, Any]
 
 COMPACT_FEATURE = "status-compact"  # (ext) capabilities: status and prepare take listing=compact
 COMPACT_PARAM = ("listing", "compact")  # the query parameter that asks for it
+KEYS_LISTING = "keys"  # listing=keys: compact without the receipts (every one null)
 ACK_COUNT_FEATURE = "ack-count"  # (ext) acknowledge-completed?count=1 answers the count only
 ACK_COUNT_PARAM = ("count", "1")
 _COLUMNS = ("rollout_id", "attempt_index", "state", "completion_receipt")
@@ -65,6 +66,7 @@ class GymListing:
 
     report: StatusReport
     attempts: dict[ExecutionKey, Listed] = field(default_factory=dict)
+    keys_only: bool = False  # the server left the receipts out (listing=keys)
 
     @classmethod
     def of(cls, status: StatusReport | GymListing) -> GymListing:
@@ -85,7 +87,7 @@ class GymListing:
         return cls(status, found)
 
     @classmethod
-    def from_compact(cls, body: Mapping[str, Any]) -> GymListing:
+    def from_compact(cls, body: Mapping[str, Any], *, keys_only: bool = False) -> GymListing:
         """From our server's (ext) compact answer: the counts, and ``attempts`` as columns
         (``rollout_id``, ``attempt_index``, ``state``, ``completion_receipt``: a receipt object
         or null). Raises ValueError when the shape is not that (pydantic's ValidationError, a
@@ -119,10 +121,11 @@ class GymListing:
             ):
                 raise ValueError(f"compact listing: the receipt of ({rid!r}, {att}) is another's")
             found[(rid, att)] = Listed(state, receipt)
-        return cls(report, found)
+        return cls(report, found, keys_only)
 
     def not_ready(self) -> GymListing:
-        return GymListing(self.report.model_copy(update={"ready_to_commit": False}), self.attempts)
+        report = self.report.model_copy(update={"ready_to_commit": False})
+        return GymListing(report, self.attempts, self.keys_only)
 
     # the counts, read through
     @property

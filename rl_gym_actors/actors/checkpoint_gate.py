@@ -364,11 +364,13 @@ class CheckpointGate:
                 await self._flush_since(self._clock(), deadline_ts)
                 retire_unknown = True
                 status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
-            elif self._clock() - round_start < 0.05:
-                # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
-                await asyncio.sleep(
-                    min(client.retry.backoff(tally.rounds), max(deadline_ts - self._clock(), 0.0))
-                )
+            else:
+                if self._clock() - round_start < 0.05:
+                    # nothing ran long (e.g. a retire refused with checkpoint_conflict): back off
+                    left = max(deadline_ts - self._clock(), 0.0)
+                    await asyncio.sleep(min(client.retry.backoff(tally.rounds), left))
+                if status.keys_only:  # the prepare listed keys: the receipts for the next round
+                    status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
 
     async def _prepare(
         self, tally: EndpointTally, client: GymClient, cid: str, slice_s: float, deadline_ts: float
@@ -379,8 +381,10 @@ class CheckpointGate:
 
         async def prepare(try_deadline: float) -> GymListing:
             try:
+                # keys only (our server): all a held or ready answer needs; a round after a
+                # prepare that is neither reads the listing again, receipts and all
                 return await client.prepare_listing(
-                    cid, deadline_ts=min(try_deadline, self._clock() + slice_s)
+                    cid, deadline_ts=min(try_deadline, self._clock() + slice_s), keys_only=True
                 )
             except CheckpointConflict as exc:
                 holder = exc.active_checkpoint_id

@@ -101,6 +101,9 @@ async def test_a_prepare_refused_lists_what_is_left_in_either_shape(wire):
     ] == receipts
     assert report["completed_unacknowledged"] == 2 and report["ready_to_commit"] is False
     assert compact.json["report"]["attempts"]["completion_receipt"] == receipts
+    keys = await wire.request("POST", path, body=body, params={"listing": "keys"})
+    assert keys.json["report"]["attempts"]["rollout_id"] == ["rC0", "rC1"]
+    assert keys.json["report"]["attempts"]["completion_receipt"] == [None, None]
     await wire.resume("p1")
 
 
@@ -153,8 +156,12 @@ async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
             assert await theirs.acknowledge_wire(  # the echo read where no count is offered
                 [receipt_wire(first)], deadline_ts=soon()
             ) == [("rL0", 0)]
+            bare = await ours.prepare_listing("c1", deadline_ts=soon(2), keys_only=True)
+            assert bare.keys_only and set(bare.attempts) == {("rL1", 0), ("rL2", 0)}
+            assert all(v.completion_receipt is None for v in bare.attempts.values())
             p = await ours.prepare_listing("c1", deadline_ts=soon(2))
             assert not p.ready_to_commit and set(p.attempts) == {("rL1", 0), ("rL2", 0)}
+            assert not p.keys_only
             receipts = [v.completion_receipt for v in p.attempts.values()]
             acked = await ours.acknowledge_wire(receipts, deadline_ts=soon())
             assert sorted(acked) == sorted(receipt_key(r) for r in receipts)

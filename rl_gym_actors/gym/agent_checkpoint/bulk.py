@@ -6,7 +6,8 @@
   repeats its bytes; the stored receipt bytes (canonical JSON) are spliced in as they are. The
   (ext) compact shape (``?listing=compact``, feature ``status-compact``) leaves the three lists
   empty and names each attempt once, as columns under ``attempts``: ``rollout_id``,
-  ``attempt_index``, ``state`` and ``completion_receipt`` (the receipt object, or null).
+  ``attempt_index``, ``state`` and ``completion_receipt`` (the receipt object, or null; every
+  one null with ``?listing=keys``, for a caller that needs only who is left).
 - :func:`exact_acks`: the fast path of ``acknowledge-completed``: a batch whose every receipt is,
   canonically, the stored receipt of a completed key is ACKed without building a model per
   receipt. Anything else (an unknown key, a receipt that differs, a malformed body) is left to
@@ -40,11 +41,13 @@ def status_body(
     active: Sequence[Execution],
     age: Callable[[ExecutionKey], float],
     *,
-    compact: bool,
+    listing: str | None = None,
 ) -> str:
-    """The status JSON: ``counts`` (the status object without its lists) and ``active``."""
+    """The status JSON: ``counts`` (the status object without its lists) and ``active``, in the
+    full shape (``listing`` None), compact (``"compact"``), or compact without the receipts
+    (``"keys"``: every receipt null)."""
     head = json.dumps({k: v for k, v in counts.items() if k not in _LISTS}, separators=(",", ":"))
-    if compact:
+    if listing is not None:
         columns = json.dumps(
             {
                 "rollout_id": [e.rollout_id for e in active],
@@ -54,7 +57,8 @@ def status_body(
             separators=(",", ":"),
         )
         receipts = ",".join(
-            "null" if e.receipt is None else e.receipt.decode("ascii") for e in active
+            "null" if e.receipt is None or listing == "keys" else e.receipt.decode("ascii")
+            for e in active
         )
         return (
             f'{head[:-1]},"blocking_attempts":[],"completed_unacknowledged_attempts":[],'

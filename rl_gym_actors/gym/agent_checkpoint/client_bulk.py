@@ -28,6 +28,7 @@ from rl_gym_actors.listing import (
     ACK_COUNT_PARAM,
     COMPACT_FEATURE,
     COMPACT_PARAM,
+    KEYS_LISTING,
     GymListing,
     receipt_key,
 )
@@ -72,9 +73,12 @@ class BulkCalls(GymTransport):
 
         return await self._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "status")
 
-    async def prepare_listing(self, checkpoint_id: str, *, deadline_ts: float) -> GymListing:
+    async def prepare_listing(
+        self, checkpoint_id: str, *, deadline_ts: float, keys_only: bool = False
+    ) -> GymListing:
         """:meth:`GymClient.prepare` as a listing: not ready is ``ready_to_commit`` False with
-        the attempts left (from the 409's compact report where the server offers it)."""
+        the attempts left (from the 409's compact report where the server offers it; with
+        ``keys_only``, our server leaves the receipts out: every one None)."""
         if not await self.offers(COMPACT_FEATURE, deadline_ts=deadline_ts):
             return GymListing.of(await self.prepare(checkpoint_id, deadline_ts=deadline_ts))
         checkpoint_id_arg(checkpoint_id)
@@ -91,7 +95,7 @@ class BulkCalls(GymTransport):
                 control=True,
                 waits=True,  # the server holds prepare until ready or its deadline
                 data=encode(body.model_dump(mode="json")),
-                params=_PARAMS,
+                params={COMPACT_PARAM[0]: KEYS_LISTING} if keys_only else _PARAMS,
                 deadline_ts=try_deadline,
             )
             if 200 <= answer.status < 300:
@@ -103,7 +107,7 @@ class BulkCalls(GymTransport):
                 and refusal["error"].get("code") == "agent_prepare_incomplete"
                 and isinstance(refusal.get("report"), dict)
             ):
-                return self._compact(refusal["report"], answer.url).not_ready()
+                return self._compact(refusal["report"], answer.url, keys_only).not_ready()
             raise error_for_response(answer.status, answer.raw, url=answer.url)
 
         return await self._with_retry(
@@ -161,10 +165,10 @@ class BulkCalls(GymTransport):
             raise ProtocolViolation(f"{url}: answer is no StatusReport: {exc}") from exc
 
     @staticmethod
-    def _compact(body: Any, url: str) -> GymListing:
+    def _compact(body: Any, url: str, keys_only: bool = False) -> GymListing:
         if not isinstance(body, dict):
             raise ProtocolViolation(f"{url}: a compact listing is no JSON object")
         try:
-            return GymListing.from_compact(body)
+            return GymListing.from_compact(body, keys_only=keys_only)
         except ValueError as exc:
             raise ProtocolViolation(f"{url}: not a compact listing: {exc}") from exc

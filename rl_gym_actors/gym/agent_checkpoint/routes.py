@@ -45,7 +45,13 @@ from rl_gym_actors.gym.web import (
     read_body,
     reject_constant,
 )
-from rl_gym_actors.listing import ACK_COUNT_FEATURE, ACK_COUNT_PARAM, COMPACT_FEATURE, COMPACT_PARAM
+from rl_gym_actors.listing import (
+    ACK_COUNT_FEATURE,
+    ACK_COUNT_PARAM,
+    COMPACT_FEATURE,
+    COMPACT_PARAM,
+    KEYS_LISTING,
+)
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
@@ -75,6 +81,7 @@ from rl_gym_actors.protocol import (
 )
 
 READY_PATH = "/ready"
+LISTINGS = (COMPACT_PARAM[1], KEYS_LISTING)
 # what a server of ours does beyond its routes; "completed_result_acknowledgement" is the name
 # a real Gym and NeMo RL's checkpoint client use, the others are (ext). The routes it serves are
 # listed as features too, read from the app (route_features)
@@ -143,12 +150,13 @@ def query_key(request: Request) -> ExecutionKey:
     return (rollout_id, int(attempt))
 
 
-def compact(request: Request) -> bool:
-    """Whether a status or prepare asks for the (ext) compact listing (``listing=compact``)."""
+def listing_of(request: Request) -> str | None:
+    """The (ext) listing a status or prepare asks for: ``compact``, ``keys`` (compact without
+    the receipts) or None (the full shape)."""
     listing = request.query_params.get(COMPACT_PARAM[0])
-    if listing not in (None, COMPACT_PARAM[1]):
-        raise InvalidRequest(f"listing: only {COMPACT_PARAM[1]!r}; got {listing!r}", status=422)
-    return listing is not None
+    if listing not in (None, *LISTINGS):
+        raise InvalidRequest(f"listing: one of {LISTINGS}; got {listing!r}", status=422)
+    return listing
 
 
 def run_headers(answer: RunAnswer) -> dict[str, str]:
@@ -217,7 +225,7 @@ def create_app(
     async def _not_ready(request: Request, exc: PrepareIncomplete) -> Response:
         error = json.dumps({"code": exc.code, "detail": exc.detail})
         assert isinstance(exc.body, dict)
-        report = status_body(exc.body, exc.active, participant.age_s, compact=compact(request))
+        report = status_body(exc.body, exc.active, participant.age_s, listing=listing_of(request))
         return json_response(f'{{"error":{error},"report":{report}}}'.encode(), exc.status or 409)
 
     async def body(request: Request) -> bytes:
@@ -303,7 +311,7 @@ def create_app(
         counts = report.model_dump(mode="json", exclude_none=True, exclude=_EXT_STATUS)
         if (checkpoint_id or report.checkpoint_id) is not None:
             counts["checkpoint_id"] = checkpoint_id or report.checkpoint_id
-        body = status_body(counts, active, participant.age_s, compact=compact(request))
+        body = status_body(counts, active, participant.age_s, listing=listing_of(request))
         return json_response(body.encode())
 
     @app.get(CONTROL_PREFIX + "/lease", dependencies=guarded)
