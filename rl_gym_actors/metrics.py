@@ -281,6 +281,12 @@ class RayMetric:
 
     Outside Ray it only keeps a local tally (``local_total``), so actor code can record
     unconditionally and tests can read what was recorded in this process.
+
+    A counter with ``coalesce_s`` sends Ray one sum per tag set per ``coalesce_s`` instead of
+    one record per increment (a rollout actor counts per rollout; Ray exports every few
+    seconds anyway): an increment after a quiet spell goes out at once, the next ones within
+    ``coalesce_s`` wait for the next that comes later, or for :func:`flush_coalesced`, which
+    the rollout actor calls every half second.
     """
 
     def __init__(
@@ -290,6 +296,9 @@ class RayMetric:
         description: str,
         tag_keys: Sequence[str] = (),
         boundaries: Sequence[float] | None = None,
+        *,
+        coalesce_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if kind not in ("counter", "gauge", "histogram"):
             raise ValueError(f"unknown metric kind {kind!r}")
@@ -302,6 +311,12 @@ class RayMetric:
         self._metric: Any = None
         self._failed = False
         self._lock = threading.Lock()
+        self._coalesce_s = coalesce_s if kind == "counter" else 0.0
+        self._clock = clock
+        self._held: dict[tuple[tuple[str, str], ...], float] = {}  # tag set -> sum not sent
+        self._sent_at = float("-inf")
+        if self._coalesce_s > 0:
+            _COALESCED.append(self)
 
     @property
     def enabled(self) -> bool:
@@ -356,6 +371,28 @@ class RayMetric:
         metric = self._resolve()
         if metric is None:
             return
+        if self._coalesce_s > 0:
+            key = tuple(sorted((self._tags(tags) or {}).items()))
+            with self._lock:
+                self._held[key] = self._held.get(key, 0.0) + value
+                if self._clock() - self._sent_at < self._coalesce_s:
+                    return
+            self.flush()
+            return
+        self._send(metric, value, tags)
+
+    def flush(self) -> None:
+        """Send the sums a coalescing counter holds."""
+        metric = self._resolve()
+        with self._lock:
+            held, self._held = self._held, {}
+            if held:
+                self._sent_at = self._clock()
+        if metric is not None:
+            for key, value in held.items():
+                self._send(metric, value, dict(key))
+
+    def _send(self, metric: Any, value: float, tags: Mapping[str, str] | None) -> None:
         try:
             if self.kind == "counter":
                 metric.inc(value, tags=self._tags(tags))
@@ -371,13 +408,36 @@ class RayMetric:
     observe = record
 
 
-TRIES = RayMetric("counter", "rlga_tries_total", "Tries started by rollout actors.", ("endpoint",))
-SEALS = RayMetric("counter", "rlga_seals_total", "Replies sealed by rollout actors.", ("endpoint",))
+_COALESCED: list[RayMetric] = []  # the counters with coalesce_s, for flush_coalesced
+COALESCE_S = 1.0  # a rollout actor's per-rollout counters: one Ray record a second at most
+
+
+def flush_coalesced() -> None:
+    """Send what every coalescing counter of this process holds."""
+    for metric in _COALESCED:
+        metric.flush()
+
+
+TRIES = RayMetric(
+    "counter",
+    "rlga_tries_total",
+    "Tries started by rollout actors.",
+    ("endpoint",),
+    coalesce_s=COALESCE_S,
+)
+SEALS = RayMetric(
+    "counter",
+    "rlga_seals_total",
+    "Replies sealed by rollout actors.",
+    ("endpoint",),
+    coalesce_s=COALESCE_S,
+)
 ADOPTIONS = RayMetric(
     "counter",
     "rlga_adoptions_total",
     "Finished tries adopted (replayed, sealed, ACKed) instead of rerun.",
     ("endpoint",),
+    coalesce_s=COALESCE_S,
 )
 ORPHANS_ACKED = RayMetric(
     "counter",

@@ -151,3 +151,50 @@ def test_ray_metric_outside_ray_keeps_a_local_tally_only(monkeypatch):
     assert "ray" not in sys.modules
     with pytest.raises(ValueError):
         RayMetric("summary", "x", "")
+
+
+def test_a_coalescing_counter_sends_one_sum_per_tag_set_per_interval():
+    """coalesce_s: the first increment after a quiet spell goes out at once, the next ones are
+    summed per tag set and go out with the first increment past the interval or with a flush;
+    the local tally counts every increment as it comes."""
+    from rl_gym_actors.metrics import RayMetric
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sent: list[tuple[float, dict]] = []
+
+        def inc(self, value: float, tags: dict) -> None:
+            self.sent.append((value, tags))
+
+    now = [100.0]
+    backing = Recorder()
+
+    class Coalescing(RayMetric):
+        def _resolve(self):  # a Ray metric stand-in: what this wrapper sends it is the point
+            return backing
+
+    m = Coalescing(
+        "counter",
+        "rlga_test_coalesced_total",
+        "t",
+        ("endpoint",),
+        coalesce_s=1.0,
+        clock=lambda: now[0],
+    )
+    m.inc(tags={"endpoint": "a"})
+    assert backing.sent == [(1.0, {"endpoint": "a"})]
+    m.inc(tags={"endpoint": "a"})
+    m.inc(2, tags={"endpoint": "b"})
+    m.inc(tags={"endpoint": "a"})
+    assert len(backing.sent) == 1 and m.local_total == 5
+    now[0] += 1.5
+    m.inc(tags={"endpoint": "b"})
+    assert sorted(backing.sent[1:], key=lambda s: s[1]["endpoint"]) == [
+        (2.0, {"endpoint": "a"}),
+        (3.0, {"endpoint": "b"}),
+    ]
+    m.inc(tags={"endpoint": "a"})
+    m.flush()
+    assert backing.sent[-1] == (1.0, {"endpoint": "a"}) and len(backing.sent) == 4
+    m.flush()
+    assert len(backing.sent) == 4  # nothing held: nothing sent

@@ -26,13 +26,18 @@ from rl_gym_actors.errors import LedgerLost, RlGymError
 from rl_gym_actors.outcome import Outcome
 
 LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)
+# reports that came back with outcomes go on in batches of up to this many or after this long:
+# every call that reads the book delivers them first, so nothing waits on this interval
+FORWARD_BATCH = 1_000
+FORWARD_INTERVAL_S = 0.25
 
 
 class LedgerClient:
     """Typed calls to one orchestrator's ledger actor (``handle``), and the attempt reports that
-    came back with outcomes (:meth:`hand_on`), sent on in batches as ``config`` says. Every call
-    that reads the book or gates a checkpoint first delivers those: an outcome the trainer has
-    is in the book before the ledger answers."""
+    came back with outcomes (:meth:`hand_on`), sent on in batches (at least ``config``'s, up to
+    :data:`FORWARD_BATCH` or :data:`FORWARD_INTERVAL_S`). Every call that reads the book or
+    gates a checkpoint first delivers those: an outcome the trainer has is in the book before
+    the ledger answers."""
 
     def __init__(
         self, handle: ActorHandle, orchestrator_id: str, config: LedgerConfig | None = None
@@ -41,7 +46,9 @@ class LedgerClient:
         self.orchestrator_id = orchestrator_id
         cfg = config or LedgerConfig()
         self._outbox = ReportOutbox(
-            self._send_reports, batch_size=cfg.batch_size, interval_s=cfg.flush_interval_s
+            self._send_reports,
+            batch_size=max(cfg.batch_size, FORWARD_BATCH),
+            interval_s=max(cfg.flush_interval_s, FORWARD_INTERVAL_S),
         )
 
     def hand_on(self, reports: Sequence[AttemptReport]) -> None:

@@ -298,6 +298,7 @@ class RolloutWorker:
         """Close the Gym clients; later rollouts raise PoolClosed."""
         self._closed = True
         self._outbox.close()
+        metrics.flush_coalesced()
         for client in self._clients.values():
             await client.close()
 
@@ -471,5 +472,7 @@ class RolloutActor(RolloutWorker):
     async def ping(self) -> str:
         # the first call runs on the actor's loop: the driver watch starts there
         if self._watch is None:
-            self._watch = asyncio.ensure_future(watch_driver(self.stop_for_good))
+            self._watch = asyncio.ensure_future(
+                watch_driver(self.stop_for_good, on_tick=metrics.flush_coalesced)
+            )
         return self.name

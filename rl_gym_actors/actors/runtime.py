@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rl_gym_actors.errors import ConfigError, RayStartFailed
@@ -170,8 +171,14 @@ class LoopThread:
 DRIVER_POLL_S = 0.5  # how often a rollout actor asks whether its driver still lives
 
 
-async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
-    """Call ``on_gone()`` once the driver of this Ray job is dead, then return.
+async def watch_driver(
+    on_gone: Callable[[], None],
+    *,
+    interval_s: float = DRIVER_POLL_S,
+    on_tick: Callable[[], None] | None = None,
+) -> None:
+    """Call ``on_gone()`` once the driver of this Ray job is dead, then return; ``on_tick()``
+    (housekeeping of the caller's, e.g. metrics held back) at each of its ``interval_s``.
 
     Ray kills a job's actors some seconds after its driver dies; meanwhile they must not act for
     a driver that can no longer take their results. Runs inside an actor: it asks the GCS for
@@ -184,6 +191,8 @@ async def watch_driver(on_gone, *, interval_s: float = DRIVER_POLL_S) -> None:
     gcs = worker.global_worker.gcs_client  # type: ignore[attr-defined]
     while True:
         await asyncio.sleep(interval_s)
+        if on_tick is not None:
+            on_tick()
         try:
             infos = await gcs.async_get_all_job_info(
                 job_or_submission_id=job_id,
