@@ -25,9 +25,9 @@ QUICK = dict(
     rollouts=2_000,
     baseline_rollouts=200,
     batch_sizes=[1, 10, 100, 1000],
-    trials=3,
+    trials=2,
     snapshot_attempts=100_000,
-    snapshot_trials=10,
+    snapshot_trials=5,
 )
 FULL = dict(
     reporters=32,

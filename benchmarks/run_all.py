@@ -14,9 +14,12 @@ is importable. Full-mode results (``results/<name>_full.json``), when present, a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +30,7 @@ from typing import Any
 
 import common
 import hotpath_table
+import psutil
 from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
 from hotpath_table import BEFORE_BENCHMARKS, BEFORE_REV
 
@@ -49,11 +53,15 @@ BENCHMARKS = [
     "receipts_real_gym",
     "hotpath_profile",
 ]
-# run only when named (`--only scale`, `make bench-scale`): its quick mode alone takes ~3 of the
-# 8 minutes `make bench` has; its last result still gets its section in RESULTS.md
-STANDALONE = {"scale"}
+# run only when named (`--only scale`, `make bench-scale`; `--only chaos`, `make bench-chaos`):
+# scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
+# of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
+# get their sections in RESULTS.md
+STANDALONE = {"scale", "chaos"}
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
+# `make bench` (every quick benchmark but STANDALONE's) on a quiet machine; run_all warns past it
+BUDGET_S = 8 * 60
 
 
 # ---------------------------------------------------------------- running
@@ -62,6 +70,8 @@ TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 def run_one(
     name: str, quick: bool, *, tree: Path = REPO, args: list[str] | None = None
 ) -> dict[str, Any]:
+    """Run one benchmark in a process of its own: its wall time, and the CPU time of it and
+    every process it started (Ray's included: see _adopt_orphans), with the load around it."""
     if name == "hotpath_profile" and not _has_py_spy():
         common.progress("run_all: hotpath_profile skipped: py-spy is not installed")
         return {"name": name, "rc": 0, "seconds": 0.0, "tail": "", "skipped": True}
@@ -71,25 +81,101 @@ def run_one(
         + (EXTRA_ARGS.get(name, []) if args is None else args)
     )
     log = RESULTS_DIR / f"{name}{'' if quick else '_full'}.log.tmp"
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    load_start = os.getloadavg()[0]
+    cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
     common.progress(f"run_all: {name} ({tree.name}) ...")
     with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=tree, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            rc = subprocess.run(
-                cmd,
-                cwd=tree,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=TIMEOUT_S["quick" if quick else "full"],
-            ).returncode
+            rc = proc.wait(timeout=TIMEOUT_S["quick" if quick else "full"])
         except subprocess.TimeoutExpired:
+            common.progress(f"run_all: {name} timed out: its process group killed")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = -1
     took = time.perf_counter() - t0
-    common.progress(f"run_all: {name} {'ok' if rc == 0 else f'FAILED ({rc})'} in {took:.0f}s")
+    lingering = _reap_descendants()
+    cpu = _children_cpu_s() - cpu0
+    load_end = os.getloadavg()[0]
+    common.progress(
+        f"run_all: {name} {'ok' if rc == 0 else f'FAILED ({rc})'} in {took:.0f}s wall, "
+        f"{cpu:.0f}s CPU (all its processes); load {load_start:.1f} -> {load_end:.1f}"
+        + (f"; {lingering} of its processes left running, killed" if lingering else "")
+    )
     tail = "" if rc == 0 else log.read_text()[-3000:]
     if rc == 0:
         log.unlink(missing_ok=True)
-    return {"name": name, "rc": rc, "seconds": took, "tail": tail}
+    return {
+        "name": name,
+        "rc": rc,
+        "seconds": took,
+        "cpu_s": cpu,
+        "started_at": started,
+        "load": [load_start, load_end],
+        "lingering": lingering,
+        "tail": tail,
+    }
+
+
+# ---------------------------------------------------------------- CPU of a benchmark's processes
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux): a benchmark's Ray
+    workers outlive their raylet by a moment and would otherwise be re-parented to init, their
+    CPU time lost to RUSAGE_CHILDREN."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the CPU figure then misses what was re-parented; the wall time stands
+
+
+def _reap_descendants(wait_s: float = 15.0) -> int:
+    """Wait (up to ``wait_s``) for what the last benchmark left running to exit, reap every
+    exited descendant so that its CPU time is counted; kill what still runs after that and
+    return how many were left."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+        alive = []
+        for c in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(c)
+        if not alive:
+            return 0
+        if time.monotonic() >= deadline:
+            # what a benchmark leaves running (e.g. a Ray agent of a failed start) is ours
+            for c in alive:
+                with contextlib.suppress(psutil.Error):
+                    c.kill()
+            psutil.wait_procs(alive, timeout=5)
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            return len(alive)
+        time.sleep(0.2)
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _has_py_spy() -> bool:
@@ -145,6 +231,95 @@ def run_before(rev: str, quick: bool) -> list[dict[str, Any]]:
                 ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True
             )
     return runs
+
+
+# ---------------------------------------------------------------- the runs' record
+
+
+def _runs_path(quick: bool) -> Path:
+    return RESULTS_DIR / f"run_all{'' if quick else '_full'}.json"
+
+
+def record_runs(quick: bool, runs: list[dict[str, Any]], whole: bool) -> list[dict[str, Any]]:
+    """Keep each benchmark's last wall and CPU time in results/run_all.json (run_all_full.json):
+    a whole run replaces the record (but the STANDALONE benchmarks' last times); ``--only``
+    replaces only the benchmarks it ran. Returns the record, in BENCHMARKS' order."""
+    path = _runs_path(quick)
+    old: list[dict[str, Any]] = []
+    if path.exists():
+        with contextlib.suppress(ValueError, OSError):
+            old = json.loads(path.read_text()).get("runs", [])
+    if whole:
+        old = [r for r in old if r["name"] in STANDALONE]
+    ran = {r["name"] for r in runs}
+    kept = [r for r in old if r["name"] not in ran]
+    new = [{k: v for k, v in r.items() if k != "tail"} for r in runs]
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    merged = sorted(kept + new, key=lambda r: order.get(r["name"], -1))
+    path.write_text(json.dumps({"runs": merged}, indent=1) + "\n")
+    return merged
+
+
+def load_runs(quick: bool) -> list[dict[str, Any]]:
+    path = _runs_path(quick)
+    if not path.exists():
+        return []
+    try:
+        return list(json.loads(path.read_text()).get("runs", []))
+    except (ValueError, OSError):
+        return []
+
+
+def bench_total_s(record: list[dict[str, Any]]) -> float:
+    """What `make bench` takes: every benchmark of BENCHMARKS but the STANDALONE ones."""
+    return sum(
+        r.get("seconds", 0.0)
+        for r in record
+        if r["name"] in BENCHMARKS and r["name"] not in STANDALONE
+    )
+
+
+def runs_section(quick: bool, record: list[dict[str, Any]]) -> list[str]:
+    if not record:
+        return []
+    mode = "quick" if quick else "full"
+    out = [
+        f"## Runs behind this report ({mode} mode)",
+        "",
+        "Wall time of each benchmark's process and CPU time of every process it started (Ray's "
+        "and the Gym servers' included), with the load average (1 min) at its start and end: "
+        "under load the wall time stretches, the CPU time much less.",
+        "",
+        "| benchmark | started | wall (s) | CPU (s) | load | result |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in record:
+        load = r.get("load") or []
+        state = (
+            "skipped" + (f": {r['note']}" if r.get("note") else "")
+            if r.get("skipped")
+            else "ok"
+            if r.get("rc") == 0
+            else f"failed (exit {r.get('rc')})"
+        )
+        name = r["name"] + (" (standalone)" if r["name"] in STANDALONE else "")
+        out.append(
+            f"| {name} | {r.get('started_at', '-')} | {r.get('seconds', 0.0):.0f} "
+            f"| {fmt(r.get('cpu_s'))} "
+            f"| {' -> '.join(f'{x:.1f}' for x in load) if load else '-'} | {state} |"
+        )
+    out.append("")
+    if quick:
+        total = bench_total_s(record)
+        over = total > BUDGET_S
+        out += [
+            f"`make bench` (all but {', '.join(sorted(STANDALONE))}): {total / 60:.1f} min of "
+            f"benchmarks; budget {BUDGET_S // 60} min on a quiet machine"
+            + (" (over it: see the loads above)" if over else "")
+            + ".",
+            "",
+        ]
+    return out
 
 
 # ---------------------------------------------------------------- commentary
@@ -534,7 +709,9 @@ def _section(res: dict, stem: str, plots: bool, heading: str) -> list[str]:
     return out
 
 
-def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
+def write_report(
+    quick: bool, runs: list[dict[str, Any]], record: list[dict[str, Any]] | None = None
+) -> Path:
     try:
         import matplotlib  # noqa: F401
 
@@ -564,6 +741,7 @@ def write_report(quick: bool, runs: list[dict[str, Any]]) -> Path:
     ]
     if plot_note:
         lines += [plot_note, ""]
+    lines += runs_section(quick, load_runs(quick) if record is None else record)
     lines += hotpath_table.section()
     for r in runs:
         if r.get("note"):
@@ -644,17 +822,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
+    record: list[dict[str, Any]] | None = None
     if not args.report_only:
+        _adopt_orphans()
         if args.before:
             runs += run_before(args.before, args.quick)
-        for name in args.only or [b for b in BENCHMARKS if b not in STANDALONE]:
+        names = args.only or [b for b in BENCHMARKS if b not in STANDALONE]
+        t0 = time.perf_counter()
+        warned = False
+        for name in names:
             runs.append(run_one(name, args.quick))
-    path = write_report(args.quick, runs)
+            so_far = time.perf_counter() - t0
+            if args.quick and not args.only and not warned and so_far > BUDGET_S:
+                warned = True
+                common.progress(
+                    f"run_all: WARNING: {so_far / 60:.1f} min so far, past the "
+                    f"{BUDGET_S // 60}-minute budget of `make bench` (load "
+                    f"{os.getloadavg()[0]:.1f})"
+                )
+        record = record_runs(args.quick, runs, whole=not args.only)
+    path = write_report(args.quick, runs, record)
     total = sum(r["seconds"] for r in runs)
-    print(f"wrote {path.relative_to(REPO)} ({total / 60:.1f} min of benchmarks)")
+    cpu = sum(r.get("cpu_s", 0.0) for r in runs)
+    print(f"wrote {path.relative_to(REPO)}")
     for r in runs:
         state = "skipped" if r.get("skipped") else "ok" if r["rc"] == 0 else "FAILED"
-        print(f"{r['name']:12s} {state} {r['seconds']:6.0f}s")
+        print(
+            f"{r['name']:28s} {state:7s} {r['seconds']:6.0f}s wall {r.get('cpu_s', 0.0):6.0f}s CPU"
+            f"  load {' -> '.join(f'{x:.1f}' for x in r.get('load', []))}"
+        )
+    if runs:
+        print(f"{'total':28s} {'':7s} {total:6.0f}s wall {cpu:6.0f}s CPU ({total / 60:.1f} min)")
+    if args.quick and not args.only and not args.report_only and total > BUDGET_S:
+        print(
+            f"WARNING: make bench took {total / 60:.1f} min, over its {BUDGET_S // 60}-minute "
+            f"budget on a quiet machine (load now {os.getloadavg()[0]:.1f})",
+            file=sys.stderr,
+        )
     return 1 if any(r["rc"] != 0 for r in runs) else 0
 
 
