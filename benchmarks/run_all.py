@@ -312,9 +312,13 @@ def runs_section(quick: bool, record: list[dict[str, Any]]) -> list[str]:
     if quick:
         total = bench_total_s(record)
         over = total > BUDGET_S
+        wanted = [b for b in BENCHMARKS if b not in STANDALONE]
+        missing = [b for b in wanted if b not in {r["name"] for r in record}]
         out += [
             f"`make bench` (all but {', '.join(sorted(STANDALONE))}): {total / 60:.1f} min of "
-            f"benchmarks; budget {BUDGET_S // 60} min on a quiet machine"
+            f"benchmarks"
+            + (f" (not recorded: {', '.join(missing)})" if missing else "")
+            + f"; budget {BUDGET_S // 60} min on a quiet machine"
             + (" (over it: see the loads above)" if over else "")
             + ".",
             "",
