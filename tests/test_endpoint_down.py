@@ -82,7 +82,7 @@ async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_c
             start = time.monotonic()
             with pytest.raises(CheckpointFailed) as failed:
                 await orch.acheckpoint("dead-0", str(tmp_path), deadline_s=2.0)
-            assert time.monotonic() - start < 2.0 + 0.5
+            assert time.monotonic() - start < 2.0 + scaled(0.5)  # the slack stretched by load
             assert "Cannot connect" in str(failed.value)
     finally:
         server.stop()
@@ -107,7 +107,8 @@ async def test_a_checkpoint_against_a_frozen_gym_fails_within_its_deadline(ray_s
                     await orch.acheckpoint(
                         f"frozen-{deadline_s}", str(tmp_path), deadline_s=deadline_s
                     )
-                assert time.monotonic() - start < deadline_s + 0.5
+                # the slack stretched by load
+                assert time.monotonic() - start < deadline_s + scaled(0.5)
     finally:
         os.kill(server.pid, signal.SIGCONT)
         server.kill()

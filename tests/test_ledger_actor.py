@@ -12,6 +12,7 @@ from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.testing.polling import load_factor
 
 pytestmark = pytest.mark.ray
 
@@ -76,7 +77,7 @@ def test_report_throughput_in_batches_of_100(ray_session, ledger):
     ray_session.get([ledger.report.remote(b) for b in batches[1:]])
     rate = 299 * 100 / (time.perf_counter() - start)
     print(f"ledger.report: {rate:,.0f} events/s in batches of 100")
-    assert rate > 10_000, rate
+    assert rate > 10_000 / load_factor(), rate  # a quiet machine's floor, lowered by load
     snap = ray_session.get(ledger.snapshot.remote())
     assert snap.endpoints[EP.url].dispatched >= 30_000 and snap.invariant_ok
 
