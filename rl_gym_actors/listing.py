@@ -120,7 +120,8 @@ class GymListing:
                 or type(receipt.get("result_digest")) is not str
             ):
                 raise ValueError(f"compact listing: the receipt of ({rid!r}, {att}) is another's")
-            found[(rid, att)] = Listed(state, receipt)
+            # (tuple.__new__: a named tuple's own __new__ is a Python lambda, twice the cost)
+            found[(rid, att)] = tuple.__new__(Listed, (state, receipt))
         return cls(report, found, keys_only)
 
     def not_ready(self) -> GymListing:

@@ -66,6 +66,9 @@ class Step(NamedTuple):
         return (self.rollout_id, self.attempt_index)
 
 
+_ORPHAN = PrepareAction.ORPHAN_ACK
+
+
 def gym_attempts(status: StatusReport | GymListing) -> dict[tuple[str, int], Listed]:
     """Every attempt a status names, once, by key (see :meth:`GymListing.of`)."""
     return GymListing.of(status).attempts
@@ -107,16 +110,9 @@ def plan_endpoint(
                         known=known,
                     )
                 )
-            else:
-                steps.append(
-                    Step(
-                        PrepareAction.ORPHAN_ACK,
-                        rid,
-                        att,
-                        receipt=info.completion_receipt,
-                        known=known,
-                    )
-                )
+            else:  # (by the thousand: tuple.__new__, without the named tuple's Python __new__)
+                orphan = (_ORPHAN, rid, att, None, info.completion_receipt, known, False)
+                steps.append(tuple.__new__(Step, orphan))
         elif owner is not None or (not known and not retire_unknown):
             steps.append(Step(PrepareAction.WAIT, rid, att, owner=owner, known=known))
         else:
