@@ -694,7 +694,16 @@ def _headline(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> Non
     result.notes.append(
         "Where a big checkpoint's time goes (py-spy on the ledger actor, which runs the gate, and "
         "on a Gym host): [profile_checkpoint_finished.md](results/profile_checkpoint_finished.md) "
-        "(`benchmarks/profile_checkpoint.py --quick`: 10,000 finished over 16 servers)."
+        "(`benchmarks/profile_checkpoint.py --quick --attempts 100000`: 100,000 finished over 16 "
+        "servers; before the listing work, 10,000: "
+        "[profile_checkpoint_finished_before.md](results/profile_checkpoint_finished_before.md)) "
+        "and [profile_checkpoint_running.md](results/profile_checkpoint_running.md) "
+        "(`--kind running`: 10,000 running)."
+    )
+    result.notes.append(
+        "Each server lists its attempts once per status (the (ext) compact listing; a prepare "
+        "asks for the keys only) and the gate ACKs 2,000 receipts a call, four calls at once per "
+        "server; the minimum does the same with the client alone (one listing)."
     )
     four = max(tp, key=lambda r: r["nodes"])
     big = {(r["kind"], r["attempts"]): r for r in ck}
