@@ -8,7 +8,9 @@ new driver (``abort_checkpoint``; and with the server's checkpoint lease, no ste
 the server has leases), two runs on one Gym checkpointing at once, a 3-node cluster losing a node
 (in a process of its own: it makes its own Ray cluster); issue 16: Gym restarted on an empty
 state dir with results held, a partition during a checkpoint that heals (with and without a
-lease), a trainer SIGKILLed between its checkpoint's ACKs and a commit and restored.
+lease), a trainer SIGKILLed between its checkpoint's ACKs and a commit and restored; issue 18:
+each scenario that applies to Gym v2 again against ``gym serve --protocol v2`` (``v2_<name>``;
+``chaos.NOT_ON_V2`` names the others and why).
 
     .venv/bin/python benchmarks/chaos.py [--quick] [--only NAME ... [--append]]
 """
@@ -41,6 +43,14 @@ COLUMNS = [
 ]
 
 
+V2_NOTE = (
+    "Rows named v2: the same scenario against gym serve --protocol v2 (Gym running / "
+    "un-ACKed: its episodes / kept replies; every retired mark must be forgotten too). Not on "
+    "v2: gym_state_lost (the agent-checkpoint store epoch and held receipts; v2 has no "
+    "receipts), ack_crash_restore (v2 has no ACK)."
+)
+
+
 def _in_own_process(name: str, quick: bool) -> dict[str, Any]:
     code = (
         "import json, sys; from rl_gym_actors.testing import chaos; "
@@ -64,7 +74,9 @@ def body(result: Result, args: Any) -> None:
     sizes = chaos.QUICK if args.quick else chaos.FULL
     result.params.update(sizes.__dict__)
     names = args.only or [
-        n for n in chaos.SCENARIOS if n != "driver_killed_lease" or chaos.server_has_leases()
+        n
+        for n in chaos.SCENARIOS
+        if not n.endswith("driver_killed_lease") or chaos.server_has_leases()
     ]
     if not args.only and "driver_killed_lease" not in names:
         result.notes.append(
@@ -101,6 +113,8 @@ def body(result: Result, args: Any) -> None:
             )
         rows = kept + rows
     result.rows = rows
+    if any(str(r.get("name", "")).startswith("v2_") for r in rows):
+        result.notes.append(V2_NOTE)
 
     def gym(r: dict[str, Any]) -> str:
         return "-" if r["gym_running"] is None else f"{r['gym_running']} / {r['gym_unacked']}"

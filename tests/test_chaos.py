@@ -5,8 +5,11 @@
 - ledger killed mid-batch / mid-checkpoint: tests/test_ledger_restart.py
 - driver SIGKILL mid-checkpoint then a new driver: tests/test_driver_killed.py
 - two runs on one Gym checkpointing at once: tests/test_shared_gym.py
+- a partition during a checkpoint that heals: tests/test_heal_partition.py (v2: here)
 
-Here: the rows that have none, each asserting what the table shows.
+Here: the rows that have none, each asserting what the table shows, against the
+agent-checkpoint server and ``gym serve --protocol v2`` (issue 18; on v2 the counts are episodes
+and kept replies, and every retired mark must be forgotten too).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -30,21 +34,28 @@ def assert_row(row: chaos.ChaosRow) -> None:
     assert row.committed is True, row
     assert (row.gym_running, row.gym_unacked) == (0, 0), row
     assert row.rewards_twice == 0, row
+    assert row.extra.get("retired_marks", 0) == 0, row
     assert row.ok, row
 
 
+@pytest.fixture(params=["agent", "v2"])
+def sizes(request) -> chaos.Sizes:
+    return replace(SMALL, protocol=request.param)
+
+
 @pytest.mark.slow
-def test_gym_sigkill_and_restart_mid_batch(ray_session, tmp_path):
-    row = chaos.gym_restart(SMALL, tmp_path)
-    assert row.rows == SMALL.rows and row.sealed + row.failed_reason == SMALL.rows
+def test_gym_sigkill_and_restart_mid_batch(ray_session, sizes, tmp_path):
+    row = chaos.gym_restart(sizes, tmp_path)
+    assert row.rows == sizes.rows and row.sealed + row.failed_reason == sizes.rows
+    assert ("retired_marks" in row.extra) == (sizes.protocol == "v2")
     assert_row(row)
 
 
 @pytest.mark.slow
-def test_a_rollout_actor_killed_mid_batch(ray_session, tmp_path):
-    row = chaos.rollout_actor_killed(SMALL, tmp_path)
-    assert row.failed_reason >= 1 and row.sealed + row.failed_reason == SMALL.rows
-    assert row.extra["replaced"] >= 1 and row.extra["next_batch_sealed"] == SMALL.rows
+def test_a_rollout_actor_killed_mid_batch(ray_session, sizes, tmp_path):
+    row = chaos.rollout_actor_killed(sizes, tmp_path)
+    assert row.failed_reason >= 1 and row.sealed + row.failed_reason == sizes.rows
+    assert row.extra["replaced"] >= 1 and row.extra["next_batch_sealed"] == sizes.rows
     assert_row(row)
 
 
@@ -67,4 +78,15 @@ def test_a_three_node_cluster_losing_a_node(tmp_path):
     row = chaos.ChaosRow(**json.loads(lines[-1][4:]))
     assert row.extra["lost_actors"] >= 1
     assert row.sealed + row.failed_reason == row.rows
+    assert_row(row)
+
+
+@pytest.mark.slow
+def test_a_partition_during_a_v2_checkpoint_heals(ray_session, tmp_path):
+    """The v2 gate hands a resume the partition swallowed to the ledger's Healer: Gym reopens
+    soon after the heal, not when its 600 s lease lapses (the agent-checkpoint row:
+    tests/test_heal_partition.py)."""
+    row = chaos.partition_heals(replace(SMALL, protocol="v2"), tmp_path)
+    assert row.extra["first_failed"] and row.extra["open_s"] < 15.0, row
+    assert row.sealed == row.rows == 1
     assert_row(row)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort, abort_everywhere
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import Owners, dir_labels
+from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.actors.v2_gate import RestoredPending, V2Gate
 from rl_gym_actors.actors.v2_restore import restore as restore_v2
 from rl_gym_actors.config import GymEndpoint
@@ -104,6 +105,7 @@ class GateSelect:
         control_s: float,
         forget_batch: int = 500,
         own: Callable[[str], bool] | None = None,
+        healer: Healer | None = None,
     ) -> CheckpointReport:
         start = time.time()
         failed = await self.discover(min(deadline_ts, start + DISCOVER_S))
@@ -138,6 +140,7 @@ class GateSelect:
             forget_batch=forget_batch,
             own=own,
             restored=self.restored,
+            healer=healer,
         )
         jobs: list[asyncio.Future] = [
             asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))

@@ -1,11 +1,12 @@
 """Faults heal without a person: :class:`Healer`.
 
 A checkpoint that could not resume an endpoint (a partition swallowed the call) leaves that Gym
-closed until its lease lapses, and a real Gym has no lease. The ledger keeps one Healer: the gate
-hands it every resume that failed, and it goes on resuming in the background, with backoff,
-until the server answers (a resume of a spent id answers as the first did; another id holding
-the server means ours no longer does) or :data:`HEAL_S` passes. It also remembers the checkpoint
-ids this ledger issued, so a prepare refused by a conflict naming one of them is this run's own
+closed until its lease lapses (a real agent-checkpoint Gym has none; a v2 one's default is
+600 s). The ledger keeps one Healer: each protocol's gate hands it every resume that failed,
+and it goes on resuming in the background, with backoff, until the server answers (a resume of
+a spent id answers as the first did; another id holding the server means ours no longer does)
+or :data:`HEAL_S` passes. It also remembers the checkpoint ids this ledger issued, so a prepare
+refused by a conflict naming one of them is this run's own
 to clear (the gate resumes that id and prepares again).
 """
 
@@ -16,9 +17,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from rl_gym_actors.errors import CheckpointConflict, GymRejected, RlGymError
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,16 @@ FIRST_WAIT_S = 0.25
 MAX_WAIT_S = 5.0
 CALL_S = 5.0  # one resume's deadline
 ISSUED = 256  # checkpoint ids remembered as this ledger's own
+
+
+class Resumable(Protocol):
+    """A client whose server a checkpoint id holds: the agent-checkpoint ``GymClient`` or the
+    v2 ``V2Client`` (both resume by id and answer a spent id as the first resume did)."""
+
+    @property
+    def endpoint(self) -> Any: ...
+
+    async def resume(self, checkpoint_id: str, *, deadline_ts: float) -> Any: ...
 
 
 class Healer:
@@ -47,13 +58,13 @@ class Healer:
     def pending(self) -> int:
         return sum(1 for t in self._tasks.values() if not t.done())
 
-    def resume_later(self, client: GymClient, checkpoint_id: str) -> None:
+    def resume_later(self, client: Resumable, checkpoint_id: str) -> None:
         key = (client.endpoint.url, checkpoint_id)
         task = self._tasks.get(key)
         if task is None or task.done():
             self._tasks[key] = asyncio.ensure_future(self._resume(client, checkpoint_id))
 
-    async def _resume(self, client: GymClient, checkpoint_id: str) -> None:
+    async def _resume(self, client: Resumable, checkpoint_id: str) -> None:
         until = self._clock() + HEAL_S
         wait = FIRST_WAIT_S
         while self._clock() < until:

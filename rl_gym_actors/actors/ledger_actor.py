@@ -326,6 +326,7 @@ class LedgerActor:
                 control_s=self._policy.control_s,
                 forget_batch=self._config.forget_batch,
                 own=own_rollouts(self._run_id, bool(sweep_foreign), frozenset(claims)),
+                healer=self._healer,
             )
         except CheckpointFailed:
             # kept handed-over results the orchestrator was not told of: the next answer's

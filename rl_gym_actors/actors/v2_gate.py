@@ -16,7 +16,9 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    as the agent-checkpoint gate's orphan ACKs);
 3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
    open, commit scoped to the attempts live owners hold (less every restart a server reports),
-   resume whatever happened; :class:`~rl_gym_actors.errors.CheckpointFailed` names the blockers;
+   resume whatever happened (a resume that fails goes on in the background, by the ledger's
+   :class:`~rl_gym_actors.actors.heal.Healer`); :class:`~rl_gym_actors.errors.CheckpointFailed`
+   names the blockers;
 4. after the commit, the rollouts finished for good (no owner holds them, nothing of theirs
    runs), and the orphans' rollouts the book holds nothing of, are forgotten on every server in
    batches of :data:`FORGET_BATCH`: their retired marks
@@ -39,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from rl_gym_actors.actors.gate_endpoint import Owners, endpoint_dir
+from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.checkpoint_report import EndpointCheckpoint
@@ -97,6 +100,7 @@ class V2Gate:
         own: Callable[[str], bool] | None = None,
         restored: RestoredPending | None = None,
         clock: Callable[[], float] = time.time,
+        healer: Healer | None = None,
     ) -> None:
         if not len(endpoints) == len(labels) == len(participants):
             raise ValueError("endpoints, labels and participants must line up")
@@ -110,6 +114,7 @@ class V2Gate:
         self._own = own  # which rollout ids are this run's (None: every one)
         self._restored = restored or RestoredPending()
         self._clock = clock
+        self._healer = healer  # resumes a partition swallowed go on in the background
 
     async def run(
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
@@ -153,8 +158,12 @@ class V2Gate:
             timeout_s=self._control_s,
             deadline_ts=deadline_ts,
             clock=self._clock,
+            unresumed=self._resume_later(checkpoint_id),
         )
-        unknown = sorted({rid for found in orphans for rid, _ in found if self._unknown(rid)})
+        pending = self._restored.rollouts()  # never forgotten before their replacement starts
+        unknown = sorted(
+            {rid for found in orphans for rid, _ in found if self._unknown(rid)} - pending
+        )
         forgotten = await self._forget_finished(checkpoint_id, unknown)
         out: list[EndpointCheckpoint] = []
         for ep, part, n_retired, found in zip(
@@ -223,6 +232,17 @@ class V2Gate:
         for rid, att in stale:
             self._book.record_retired(endpoint.url, rid, att)
         return len(stale)
+
+    def _resume_later(self, checkpoint_id: str) -> Callable[[list[Participant]], None] | None:
+        healer = self._healer
+        if healer is None:
+            return None
+
+        def later(parts: list[Participant]) -> None:
+            for part in parts:
+                healer.resume_later(part.client, checkpoint_id)
+
+        return later
 
     def _unknown(self, rollout_id: str) -> bool:
         """The book holds no attempt of the rollout (so forgetting it drops nothing it needs)."""

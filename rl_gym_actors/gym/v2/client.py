@@ -91,6 +91,11 @@ class V2Client:
     def label(self) -> str:
         return self.gym.endpoint.label
 
+    @property
+    def endpoint(self) -> Any:
+        """The server's :class:`~rl_gym_actors.config.GymEndpoint` (as a GymClient's)."""
+        return self.gym.endpoint
+
     async def status(self, *, deadline_ts: float) -> StatusAnswer:
         """``GET /status``: kind, instance, phase, active id, lease, retired marks, readiness."""
         check_deadline(deadline_ts)

@@ -323,11 +323,13 @@ async def checkpoint(
     timeout_s: float,
     deadline_ts: float | None = None,
     clock: Callable[[], float] = time.time,
+    unresumed: Callable[[list[Participant]], None] | None = None,
 ) -> CheckpointOutcome:
     """One checkpoint (see the module docstring). Every step's deadline is ``now + timeout_s``;
     with ``deadline_ts``, prepare waits until a little before it (room left for the commit),
     commit runs until it, and resume gets :data:`RESUME_SLACK_S` past it. Leases are renewed to
-    ``now + timeout_s`` either way."""
+    ``now + timeout_s`` either way. ``unresumed`` is handed the participants whose resume
+    failed (a partition): the caller may go on resuming them in the background."""
     parts = ordered(participants)
 
     def by(stage: str) -> float:
@@ -378,6 +380,8 @@ async def checkpoint(
         except CoordinationError as exc:
             if failure is None and outcome is not None:
                 logger.warning("checkpoint %s committed but resume failed: %s", checkpoint_id, exc)
+            if unresumed is not None:
+                unresumed([p for p in parts if p.name in exc.failures])
     if failure is not None:
         raise failure
     assert outcome is not None

@@ -25,7 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from rl_gym_actors.errors import InvalidRequest, RolloutIdRequired
+from rl_gym_actors.errors import ConfigError, InvalidRequest, RolloutIdRequired
 from rl_gym_actors.gym.server import GymServer
 from rl_gym_actors.gym.v2.participant import V2Participant
 from rl_gym_actors.gym.v2.wire import (
@@ -180,15 +180,23 @@ def create_app(
 
 def v2_server_from_args(args: Any, token: str) -> GymServer:
     """The server ``gym serve --protocol v2`` runs (its flags as parsed by the CLI)."""
+    import os
+
+    from rl_gym_actors.gym.clock import fault_clock
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
     from rl_gym_actors.gym.v2.state import V2State
     from rl_gym_actors.gym.v2.stepped import make_step_agent
 
+    try:  # test-only skew (chaos: Gym's clock off the trainer's), with --allow-faults only
+        clock = fault_clock(bool(getattr(args, "allow_faults", False)), os.environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     participant = V2Participant(
         make_step_agent(args.agent),
         lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
         restart_only=args.restart_only,
         state=None if args.state_dir is None else V2State(args.state_dir),
+        clock=clock,
     )
     return GymServer(
         participant,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rl_gym_actors.testing.chaos.common import FULL, QUICK, ChaosRow, Sizes, gym_counts
@@ -46,6 +47,7 @@ from rl_gym_actors.testing.chaos.ray_faults import (
 
 __all__ = [
     "FULL",
+    "NOT_ON_V2",
     "OWN_PROCESS",
     "QUICK",
     "SCENARIOS",
@@ -103,7 +105,26 @@ SCENARIOS: dict[str, Callable[[Sizes, Path], ChaosRow]] = {
     "clock_ahead_12s": lambda sizes, tmp: clock_skew(sizes, tmp, 12.0),
     "clock_behind_60s": lambda sizes, tmp: clock_skew(sizes, tmp, -60.0),
 }
-OWN_PROCESS = {"node_loss"}  # makes its own Ray cluster
+# issue 18: the scenarios that apply to Gym v2, run against ``gym serve --protocol v2`` as well
+# (named ``v2_<name>``); the others, and why not
+NOT_ON_V2 = {
+    "gym_state_lost": "the agent-checkpoint store epoch (GymStateLost) and held receipts; v2 "
+    "has no receipts, and its state dir keeps kept replies and marks only",
+    "ack_crash_restore": "v2 has no ACK (the crash falls between a checkpoint's ACKs and commit)",
+}
+
+
+def _on_v2(scenario: Callable[[Sizes, Path], ChaosRow]) -> Callable[[Sizes, Path], ChaosRow]:
+    def run_on_v2(sizes: Sizes, tmp: Path) -> ChaosRow:
+        row = scenario(replace(sizes, protocol="v2"), tmp)
+        row.scenario = f"v2: {row.scenario}"
+        return row
+
+    return run_on_v2
+
+
+SCENARIOS.update({f"v2_{n}": _on_v2(f) for n, f in list(SCENARIOS.items()) if n not in NOT_ON_V2})
+OWN_PROCESS = {"node_loss", "v2_node_loss"}  # makes its own Ray cluster
 
 
 def run(name: str, sizes: Sizes = QUICK, tmp: Path | None = None) -> ChaosRow:

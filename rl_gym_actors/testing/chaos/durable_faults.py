@@ -21,10 +21,11 @@ from rl_gym_actors.testing.chaos.common import (
     _twice,
     _wait,
     gym_counts,
+    process_server,
 )
 from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.driver import DriverProcess
-from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
+from rl_gym_actors.testing.gym_process import GymServerThread
 
 
 def gym_state_lost(sizes: Sizes, tmp: Path) -> ChaosRow:
@@ -82,7 +83,8 @@ def partition_heals(sizes: Sizes, tmp: Path, lease_s: float = 0.0) -> ChaosRow:
         "Gym accepting and the next checkpoint committed within 15 s of the heal, no person",
     )
     policy = TryPolicy(rollout_s=60.0, receipt_s=2.0, max_tries=1, control_s=2.0)
-    server = GymServerProcess(token="chaos", args=["--checkpoint-lease-s", str(lease_s)]).start()
+    lease = ["--checkpoint-lease-s", str(lease_s)]
+    server = process_server(sizes, token="chaos", args=lease).start()
     pid = server.pid
     assert pid is not None  # started
     try:
@@ -178,7 +180,7 @@ def clock_skew(sizes: Sizes, tmp: Path, offset_s: float) -> ChaosRow:
         "checkpoints commit as with no skew; every row sealed; nothing left on Gym",
     )
     policy = TryPolicy(rollout_s=10.0, receipt_s=2.0, max_tries=2, control_s=5.0)
-    server = GymServerProcess(token="chaos", clock_offset_s=offset_s).start()
+    server = process_server(sizes, token="chaos", clock_offset_s=offset_s).start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             batch = _in_background(orch.run_batch, _rows("cs", sizes, sleep_s=0.5))

@@ -19,10 +19,12 @@ from rl_gym_actors.testing.chaos.common import (
     _rows,
     _running,
     _wait,
+    agent_runs,
     gym_counts,
+    process_server,
+    thread_server,
 )
 from rl_gym_actors.testing.driver import DriverProcess
-from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 
 
 def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
@@ -33,7 +35,7 @@ def gym_restart(sizes: Sizes, tmp: Path) -> ChaosRow:
         "Gym 0 running / 0 un-ACKed",
     )
     policy = TryPolicy(rollout_s=5.0, receipt_s=2.0, max_tries=3, control_s=5.0)
-    server = GymServerProcess(token="chaos", state_dir=tmp / "state").start()
+    server = process_server(sizes, token="chaos", state_dir=tmp / "state").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             batch = _in_background(orch.run_batch, _rows("gr", sizes))
@@ -68,7 +70,7 @@ def gym_dead(sizes: Sizes, tmp: Path) -> ChaosRow:
     )
     policy = TryPolicy(rollout_s=5.0, receipt_s=2.0, max_tries=3, control_s=5.0)
     bound = policy.rollout_s * policy.max_tries + policy.control_s
-    server = GymServerProcess(token="chaos").start()
+    server = process_server(sizes, token="chaos").start()
     try:
         with _orchestrator(server.endpoint, Sizes(pool=2, per_actor=2), policy) as orch:
             server.kill()
@@ -113,7 +115,7 @@ def gym_frozen(sizes: Sizes, tmp: Path) -> ChaosRow:
         "after SIGCONT the next checkpoint commits",
     )
     policy = TryPolicy(rollout_s=2.0, receipt_s=1.0, max_tries=1, control_s=2.0)
-    server = GymServerProcess(token="chaos").start()
+    server = process_server(sizes, token="chaos").start()
     pid = server.pid
     assert pid is not None  # started
     try:
@@ -156,7 +158,7 @@ def two_runs(sizes: Sizes, tmp: Path) -> ChaosRow:
     address = ray.get_runtime_context().gcs_address
     ack = ["--ack", "on_seal"] if "ack" in _Policy.model_fields else []
     go = tmp / "go"
-    server = GymServerThread(token="chaos").start()
+    server = thread_server(sizes, token="chaos").start()
     assert server.url is not None  # started
     try:
         drivers = [
@@ -200,7 +202,7 @@ def two_runs(sizes: Sizes, tmp: Path) -> ChaosRow:
             for d in drivers:
                 d.kill()
         row.gym_running, row.gym_unacked = gym_counts(server.endpoint)
-        runs = server.participant.snapshot()["agent_starts"]
+        runs = agent_runs(server)
     finally:
         server.stop()
     row.rows = sum(b["rows"] for b in batches)

@@ -21,9 +21,11 @@ from rl_gym_actors.testing.chaos.common import (
     _running,
     _state,
     _wait,
+    agent_runs,
+    process_server,
+    thread_server,
 )
 from rl_gym_actors.testing.driver import DriverProcess
-from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
 
 
 def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
@@ -36,7 +38,7 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
         "the checkpoint commits",
     )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=5.0)
-    server = GymServerThread(token="chaos").start()
+    server = thread_server(sizes, token="chaos").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             batch = _in_background(
@@ -67,7 +69,7 @@ def _ledger_kill(sizes: Sizes, tmp: Path, mid_checkpoint: bool) -> ChaosRow:
             row.extra.update(
                 next_batch_sealed=sum(o.status == "sealed" for o in again),
                 invariant_ok=snap.invariant_ok,
-                agent_runs=server.participant.snapshot()["agent_starts"],
+                agent_runs=agent_runs(server),
             )
     finally:
         server.stop()
@@ -104,7 +106,7 @@ def rollout_actor_killed(sizes: Sizes, tmp: Path) -> ChaosRow:
         "checkpoint settles what it left and commits",
     )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=5.0)
-    server = GymServerThread(token="chaos").start()
+    server = thread_server(sizes, token="chaos").start()
     try:
         with _orchestrator(server.endpoint, sizes, policy) as orch:
             victim = orch.snapshot().pool.actors[0]
@@ -143,7 +145,7 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
     )
     policy = TryPolicy(rollout_s=20.0, receipt_s=2.0, max_tries=2, control_s=3.0)
     args = ["--checkpoint-lease-s", str(lease_s)] if use_lease else []
-    server = GymServerProcess(token="chaos", args=args).start()
+    server = process_server(sizes, token="chaos", args=args).start()
     assert server.url is not None and server.token is not None  # started, with its token
     try:
         driver = DriverProcess(
@@ -217,7 +219,7 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
     workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     cluster.wait_for_nodes()
-    server = GymServerProcess(token="chaos").start()
+    server = process_server(sizes, token="chaos").start()
     policy = TryPolicy(rollout_s=5.0, receipt_s=2.0, max_tries=1, control_s=5.0)
     try:
         from rl_gym_actors.orchestrator import Orchestrator
