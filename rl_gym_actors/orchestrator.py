@@ -406,7 +406,6 @@ class Orchestrator:
                 ray.kill(ledger.handle, no_restart=True)
                 raise
             self._ledger = ledger
-            self._chunks.on_reports = ledger.hand_on
             self._runner = RowRunner(
                 pool, self._chunks, self._ledger, self._unacked, self.endpoints
             )

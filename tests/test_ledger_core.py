@@ -171,52 +171,6 @@ def test_an_outbox_that_merges_waiting_reports_gives_the_same_book(reports, batc
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(reports_st, max_size=30), st.integers(1, 7), st.data())
-def test_reports_taken_back_and_sent_give_the_same_book(reports, batch_size, data):
-    """A finished rollout takes its waiting reports out of the outbox to ride back with its
-    outcome (``take``), while batches are in flight: what was sent plus what was taken folds to
-    the same book, nothing is both sent and taken, and a taken report was never in flight."""
-    import asyncio
-
-    from rl_gym_actors.actors.reports import ReportOutbox
-
-    sent: list[AttemptReport] = []
-    taken: list[AttemptReport] = []
-    in_flight: list[AttemptReport] = []
-
-    async def go() -> None:
-        gate = asyncio.Event()
-
-        async def send(batch: list[AttemptReport]) -> None:
-            in_flight.extend(batch)
-            await gate.wait()
-            sent.extend(batch)
-
-        outbox = ReportOutbox(send, batch_size=batch_size, interval_s=3600)
-        flushing = None
-        for i, r in enumerate(reports):
-            outbox.add(r)
-            if flushing is None and data.draw(st.booleans(), label=f"start a flush at {i}"):
-                flushing = asyncio.ensure_future(outbox.flush())
-                await asyncio.sleep(0)
-            if data.draw(st.booleans(), label=f"take {r.rollout_id} at {i}"):
-                mine = outbox.take(r.rollout_id)
-                assert all(t.rollout_id == r.rollout_id for t in mine)
-                assert not any(t is f for t in mine for f in in_flight)
-                taken.extend(mine)
-        gate.set()
-        if flushing is not None:
-            await flushing
-        await outbox.flush()
-        assert outbox.pending == 0 and outbox.taken == len(taken)
-        outbox.close()
-
-    asyncio.run(go())
-    assert len(sent) + len(taken) <= len(reports)
-    assert_same_book(reports, sent + taken)
-
-
-@settings(max_examples=150, deadline=None)
 @given(st.lists(reports_st, max_size=30))
 def test_book_matches_the_declarative_reference(reports):
     book, ref = book_of(reports), reference(reports)

@@ -335,34 +335,3 @@ async def test_the_receipt_sent_with_the_run_answer_saves_the_fetch(gym, ctl, ag
     assert (snap.receipts_with_run, snap.receipts_fetched) == (2, 0)
     await assert_nothing_left(ctl)
     await w.close()
-
-
-async def test_a_finished_rollout_brings_its_waiting_reports_back_with_its_outcome(gym, agent):
-    """run_and_report: the reports of a rollout that ends before its actor's next flush ride
-    back with the outcome (the orchestrator hands them on), and none of them reaches the ledger
-    from the actor; a rollout still running keeps its own reports in the outbox."""
-    sink = Sink()
-    w = RolloutWorker(
-        "w-test",
-        [gym.endpoint],
-        PATIENT,
-        LedgerConfig(flush_interval_s=3600),
-        send=sink,
-        slots=2,
-    )
-    from rl_gym_actors.actors.messages import RolloutTask
-
-    slow = asyncio.ensure_future(w.run(RolloutTask({"sleep_s": 30}, "rR-slow")))
-    await until(lambda: agent.starts.get(("rR-slow", 0)) == 1, timeout_s=5)
-    reply = await w.run_and_report(RolloutTask({"reward": 0.5}, "rR-fast"))
-    assert reply.outcome.status == "sealed"
-    assert reply.reports and {r.rollout_id for r in reply.reports} == {"rR-fast"}
-    last = reply.reports[-1]
-    assert (last.state, last.released) == (AttemptState.ACKED, True)
-    snap = await w.snapshot()
-    assert (snap.reports_returned, snap.reports_pending) == (len(reply.reports), 1)
-    await w.abandon("rR-slow")
-    assert (await slow).status == "abandoned"
-    await w.flush_reports()
-    assert sink.reports and {r.rollout_id for r in sink.reports} == {"rR-slow"}
-    await w.close()

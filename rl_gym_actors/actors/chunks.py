@@ -4,28 +4,23 @@ The orchestrator leases a slot per row as before and awaits :meth:`ChunkSender.r
 row's outcome. Rows leased on the same actor within one turn of the loop leave as one
 ``run_chunk`` call of :class:`~rl_gym_actors.actors.messages.RolloutTask` s, a Ray streaming
 generator that hands back a :class:`~rl_gym_actors.actors.messages.ChunkResult` per row as soon
-as its rollout ends (bunched when several end together); a lone row goes as a plain
-``run_and_report`` call, which costs less than a stream of one. A failure of the call itself (the
-actor died) fails each of its rows that had not ended with that error, exactly as a call per row
+as its rollout ends (bunched when several end together); a lone row goes as a plain ``run``
+call, which costs less than a stream of one (its result awaited through
+:class:`~rl_gym_actors.actors.completions.Completions`). A failure of the call itself (the actor
+died) fails each of its rows that had not ended with that error, exactly as a call per row
 would; a row whose waiter was cancelled is skipped when its outcome arrives.
-
-Each ended rollout brings back its attempt reports that had not yet left its actor for the
-ledger; they go to ``on_reports`` (the orchestrator's ledger client, which sends them on in
-batches), also for a row whose waiter was cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray.exceptions import RayTaskError
 
 from rl_gym_actors.actors.completions import Completions
-from rl_gym_actors.actors.messages import ChunkResult, RolloutTask, RunReply
-from rl_gym_actors.core.attempt_reports import AttemptReport
+from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
 from rl_gym_actors.errors import PoolClosed
 from rl_gym_actors.outcome import Outcome
 
@@ -38,8 +33,6 @@ class ChunkSender:
     """Collects rows per actor during one loop turn and sends them as one streaming call."""
 
     def __init__(self) -> None:
-        # where the reports that come back with outcomes go (set once the ledger is up)
-        self.on_reports: Callable[[Sequence[AttemptReport]], None] | None = None
         self._pending: dict[int, tuple[Any, list[_Entry]]] = {}
         self._scheduled = False
         self._completions = Completions()  # lone calls' results, fewer loop wake-ups
@@ -73,26 +66,19 @@ class ChunkSender:
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
-    def _hand_on(self, reports: Sequence[AttemptReport]) -> None:
-        if reports and self.on_reports is not None:
-            self.on_reports(reports)
-
     async def _send(self, handle: Any, entries: list[_Entry]) -> None:
         futures = [fut for _, fut in entries]
         try:
             if len(entries) == 1:
                 # a chunk of one is a plain call: a stream of one item costs more than its reply
-                ref = handle.run_and_report.remote(entries[0][0])
-                reply: RunReply = await self._completions.wait(ref)
-                self._hand_on(reply.reports)
+                outcome = await self._completions.wait(handle.run.remote(entries[0][0]))
                 if not futures[0].done():
-                    futures[0].set_result(reply.outcome)
+                    futures[0].set_result(outcome)
                 return
             stream = handle.run_chunk.remote([task for task, _ in entries])
             async for ref in stream:
                 results: list[ChunkResult] = await ref
                 for result in results:
-                    self._hand_on(result.reports)
                     fut = futures[result.position]
                     if fut.done():
                         continue

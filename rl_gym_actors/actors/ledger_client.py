@@ -16,52 +16,22 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.checkpoint_abort import AbortReport
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
-from rl_gym_actors.actors.reports import ReportOutbox
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
-from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.errors import LedgerLost, RlGymError
 from rl_gym_actors.outcome import Outcome
 
 LEDGER_RESTARTS = 16  # Ray restarts a dead ledger this often (then LedgerLost)
-# reports that came back with outcomes go on in batches of up to this many or after this long:
-# every call that reads the book delivers them first, so nothing waits on this interval
-FORWARD_BATCH = 1_000
-FORWARD_INTERVAL_S = 0.25
 
 
 class LedgerClient:
-    """Typed calls to one orchestrator's ledger actor (``handle``), and the attempt reports that
-    came back with outcomes (:meth:`hand_on`), sent on in batches (at least ``config``'s, up to
-    :data:`FORWARD_BATCH` or :data:`FORWARD_INTERVAL_S`). Every call that reads the book or
-    gates a checkpoint first delivers those: an outcome the trainer has is in the book before
-    the ledger answers."""
+    """Typed calls to one orchestrator's ledger actor (``handle``)."""
 
-    def __init__(
-        self, handle: ActorHandle, orchestrator_id: str, config: LedgerConfig | None = None
-    ) -> None:
+    def __init__(self, handle: ActorHandle, orchestrator_id: str) -> None:
         self.handle = handle
         self.orchestrator_id = orchestrator_id
-        cfg = config or LedgerConfig()
-        self._outbox = ReportOutbox(
-            self._send_reports,
-            batch_size=max(cfg.batch_size, FORWARD_BATCH),
-            interval_s=max(cfg.flush_interval_s, FORWARD_INTERVAL_S),
-        )
-
-    def hand_on(self, reports: Sequence[AttemptReport]) -> None:
-        """Reports a rollout actor returned with an outcome: sent to the ledger in batches."""
-        for report in reports:
-            self._outbox.add(report)
-
-    async def _send_reports(self, batch: list[AttemptReport]) -> None:
-        await self.handle.report.remote(batch)
-
-    async def flush_reports(self, *, timeout_s: float) -> int:
-        """Deliver every report handed on so far."""
-        return await self._call("report", self._outbox.flush, timeout_s)
 
     @classmethod
     async def start(
@@ -91,11 +61,10 @@ class LedgerClient:
         except BaseException:
             ray.kill(handle, no_restart=True)
             raise
-        return cls(handle, orchestrator_id, config)
+        return cls(handle, orchestrator_id)
 
     async def close(self) -> None:
         """Ask the ledger to close (best effort, 2 s), then kill it for good."""
-        self._outbox.close()
         try:
             await asyncio.wait_for(self.handle.close.remote(), 2.0)
         except Exception:  # closing is best effort; the kill below is not
@@ -113,7 +82,6 @@ class LedgerClient:
         timeout_s: float,
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
     ) -> CheckpointReport:
-        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
@@ -132,7 +100,6 @@ class LedgerClient:
         *,
         timeout_s: float,
     ) -> RestoreReport:
-        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "restore_v2",
             lambda: self.handle.restore_v2.remote(
@@ -151,11 +118,9 @@ class LedgerClient:
         )
 
     async def snapshot(self, *, timeout_s: float) -> LedgerSnapshot:
-        await self.flush_reports(timeout_s=timeout_s)
         return await self._call("snapshot", lambda: self.handle.snapshot.remote(), timeout_s)
 
     async def current_attempt(self, rollout_id: str, *, timeout_s: float) -> int | None:
-        await self.flush_reports(timeout_s=timeout_s)
         return await self._call(
             "current_attempt", lambda: self.handle.current_attempt.remote(rollout_id), timeout_s
         )

@@ -1,11 +1,8 @@
 """What crosses Ray between the orchestrator and a rollout actor, as typed messages.
 
-A row goes out as a :class:`RolloutTask` (``RolloutActor.run_and_report`` takes one,
-``run_chunk`` a list); a lone one comes back as a :class:`RunReply`, each rollout of a chunk as a
-:class:`ChunkResult` that names the task's position in the chunk and holds its outcome or the
-error it raised. Both carry the rollout's attempt reports that had not yet left for the ledger:
-the orchestrator hands them on (one Ray call fewer per rollout for the actor). Frozen, slotted,
-picklable.
+A row goes out as a :class:`RolloutTask` (``RolloutActor.run`` takes one, ``run_chunk`` a list);
+each rollout of a chunk comes back as a :class:`ChunkResult` that names the task's position in
+the chunk and holds its outcome or the error it raised. Frozen, slotted, picklable.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl_gym_actors.core.attempt_reports import AttemptReport
 from rl_gym_actors.outcome import Outcome
 
 
@@ -38,13 +34,3 @@ class ChunkResult:
     position: int
     outcome: Outcome | None = None
     error: BaseException | None = None
-    reports: tuple[AttemptReport, ...] = ()  # its reports not yet sent to the ledger
-
-
-@dataclass(frozen=True, slots=True)
-class RunReply:
-    """How one rollout ended (:meth:`RolloutActor.run_and_report`): its outcome, and its attempt
-    reports not yet sent to the ledger, for the orchestrator to hand on."""
-
-    outcome: Outcome
-    reports: tuple[AttemptReport, ...] = ()

@@ -37,7 +37,6 @@ class ReportOutbox:
         self._timer: asyncio.Task | None = None
         self._failing = False
         self.sent = 0
-        self.taken = 0  # handed back by take() instead of sent
         self.dropped = 0
 
     @property
@@ -104,26 +103,6 @@ class ReportOutbox:
                 delivered += len(batch)
                 self.sent += len(batch)
         return delivered
-
-    def take(self, rollout_id: str) -> list[AttemptReport]:
-        """Remove and return the reports of ``rollout_id`` still waiting (not in flight): its
-        caller delivers them another way (a finished rollout's ride back with its outcome). The
-        ledger's fold is a join, so they may reach it in any order with those already sent."""
-        start = self._in_flight
-        mine = [r for r in self._pending[start:] if r.rollout_id == rollout_id]
-        if not mine:
-            return []
-        rest = [r for r in self._pending[start:] if r.rollout_id != rollout_id]
-        self._pending[start:] = rest
-        for report in mine:
-            self._waiting.pop((report.rollout_id, report.attempt_index), None)
-        for i, report in enumerate(rest, start=self._seq0 + start):
-            self._waiting[(report.rollout_id, report.attempt_index)] = i
-        self.taken += len(mine)
-        if not self._pending and self._timer is not None and not self._timer.done():
-            self._timer.cancel()  # nothing left to send: no wake-up for an empty flush
-            self._timer = None
-        return mine
 
     def _drop_first(self, n: int) -> None:
         for report in self._pending[:n]:

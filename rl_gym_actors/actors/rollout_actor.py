@@ -30,7 +30,7 @@ import ray
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.gym_calls import GymCalls, LiveRollout
-from rl_gym_actors.actors.messages import ChunkResult, RolloutTask, RunReply
+from rl_gym_actors.actors.messages import ChunkResult, RolloutTask
 from rl_gym_actors.actors.reports import ReportOutbox, Send
 from rl_gym_actors.actors.rollout_counters import RolloutActorSnapshot, RolloutCounters
 from rl_gym_actors.actors.runtime import watch_driver
@@ -169,13 +169,6 @@ class RolloutWorker:
             )
             await live.notify()
 
-    async def run_and_report(self, task: RolloutTask) -> RunReply:
-        """:meth:`run`, and the rollout's reports that had not yet left for the ledger, taken out
-        of the outbox: the caller hands them on (a rollout that ends within the flush interval
-        then costs its actor no call to the ledger)."""
-        outcome = await self.run(task)
-        return RunReply(outcome, tuple(self._outbox.take(task.rollout_id)))
-
     async def run_chunk(self, tasks: Sequence[RolloutTask]) -> AsyncIterator[list[ChunkResult]]:
         """Several rollouts in one call. Yields a :class:`ChunkResult` per task (its position,
         its outcome or the exception it raised) as they end, bunching those that ended together
@@ -192,8 +185,7 @@ class RolloutWorker:
             elif done.exception() is not None:
                 ended.append(ChunkResult(pos, error=done.exception()))
             else:
-                taken = tuple(self._outbox.take(tasks[pos].rollout_id))
-                ended.append(ChunkResult(pos, outcome=done.result(), reports=taken))
+                ended.append(ChunkResult(pos, outcome=done.result()))
             wake.set()
 
         for pos, task in enumerate(tasks):
@@ -279,7 +271,6 @@ class RolloutWorker:
             slots=self._slots,
             in_flight=len(self._live),
             reports_sent=self._outbox.sent,
-            reports_returned=self._outbox.taken,
             reports_pending=self._outbox.pending,
             **self._counts,
         )

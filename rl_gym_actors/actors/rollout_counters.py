@@ -36,5 +36,4 @@ class RolloutActorSnapshot(RolloutCounters):
     name: str
     slots: int
     reports_sent: int = 0
-    reports_returned: int = 0  # handed back with their outcome, for the orchestrator to send
     reports_pending: int = 0
