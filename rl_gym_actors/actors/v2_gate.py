@@ -12,8 +12,9 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    died with it; read before the flush, so a run a live owner starts meanwhile is never taken);
    and so are the kept replies ((ext), our server's ``GET .../kept``) of this run's attempts the
    book does not know after the flush (a run that finished for a dead driver or an owner that
-   died before reporting it): no trainer would ever forget them (``orphans_acked`` counts them,
-   as the agent-checkpoint gate's orphan ACKs);
+   died before reporting it), and those it has as running whose owner, asked to adopt, is gone
+   or does not hold them (an owner on a lost node may still count as live): no trainer would
+   ever forget them (``orphans_acked`` counts them, as the agent-checkpoint gate's orphan ACKs);
 3. one v2 checkpoint over every v2 server: prepare stage by stage, the lease renewed while it is
    open, commit scoped to the attempts live owners hold (less every restart a server reports),
    resume whatever happened (a resume that fails goes on in the background, by the ledger's
@@ -36,14 +37,16 @@ v2 has no ACK: a sealed reply is released by ``forget`` after a committed checkp
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 
-from rl_gym_actors.actors.gate_endpoint import Owners, endpoint_dir
+from rl_gym_actors.actors.gate_endpoint import OwnerAnswer, Owners, endpoint_dir
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_book import AttemptBook, AttemptView
+from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.checkpoint_report import EndpointCheckpoint
 from rl_gym_actors.errors import RlGymError
 from rl_gym_actors.gym.v2 import coordinate
@@ -120,7 +123,7 @@ class V2Gate:
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
     ) -> list[EndpointCheckpoint]:
         seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
-        kept = [await self._kept_unknown(part, deadline_ts) for part in self._parts]
+        kept = [await self._kept_unsettled(part, deadline_ts) for part in self._parts]
         if any(seen) or any(kept):  # every run a live owner started before is reported now
             await self._owners.flush(min(deadline_ts, self._clock() + self._control_s))
         live = self._owners.live()
@@ -248,10 +251,10 @@ class V2Gate:
         """The book holds no attempt of the rollout (so forgetting it drops nothing it needs)."""
         return self._book.current_attempt(rollout_id) is None
 
-    async def _kept_unknown(self, part: Participant, deadline_ts: float) -> list[tuple[str, int]]:
+    async def _kept_unsettled(self, part: Participant, deadline_ts: float) -> list[tuple[str, int]]:
         """(ext) The kept replies ``part`` lists that are this run's and that the book does not
-        know (read before the owners' flush, so the flush reports every run a live owner
-        started before it); none from a server that keeps no reply (a real Gym)."""
+        know or has as running (read before the owners' flush, so the flush reports every run a
+        live owner started before it); none from a server that keeps no reply (a real Gym)."""
         try:
             answer = await part.client.kept(
                 deadline_ts=min(deadline_ts, self._clock() + self._control_s)
@@ -266,7 +269,7 @@ class V2Gate:
             (e.rollout_id, e.attempt)
             for e in found
             if (self._own is None or self._own(e.rollout_id))
-            and self._book.attempt(e.rollout_id, e.attempt) is None
+            and _unsettled(self._book.attempt(e.rollout_id, e.attempt))
         ]
 
     async def _retire_orphans(
@@ -278,9 +281,32 @@ class V2Gate:
         candidates: list[tuple[str, int]],
     ) -> list[tuple[str, int]]:
         """Retire the kept replies of runs no owner reported, even after the flush (a dead
-        driver's, or a dead owner's that never reported it): as the agent-checkpoint gate ACKs
-        orphans, so that nothing stays kept for ever. The retired ones."""
-        orphans = [key for key in candidates if self._book.attempt(*key) is None]
+        driver's, or a dead owner's that never reported it), and of runs the book has as running
+        whose owner, asked to adopt, is gone or does not hold it (an owner on a lost node that
+        still counts as live): as the agent-checkpoint gate ACKs orphans, so that nothing stays
+        kept for ever. The retired ones."""
+        live = self._owners.live()
+        orphans: list[tuple[str, int]] = []
+        ask: list[tuple[tuple[str, int], str]] = []
+        for key in candidates:
+            view = self._book.attempt(*key)
+            if view is None:
+                orphans.append(key)
+            elif view.state is AttemptState.RUNNING:
+                owner = self._book.claimant(key[0], key[1], endpoint.url, live)
+                if owner is None:
+                    orphans.append(key)
+                else:
+                    ask.append((key, owner))
+        by = min(deadline_ts, self._clock() + self._control_s)
+        answers = await asyncio.gather(
+            *(self._owners.adopt(owner, rid, att, by) for (rid, att), owner in ask)
+        )
+        orphans += [
+            key
+            for (key, _), answer in zip(ask, answers, strict=True)
+            if answer in (OwnerAnswer.REFUSED, OwnerAnswer.GONE)
+        ]
         if not orphans:
             return []
         episodes = [EpisodeId(rollout_id=rid, attempt=att) for rid, att in orphans]
@@ -297,6 +323,9 @@ class V2Gate:
             )
             return []
         logger.info("%s: retired %d kept replies no owner claims", part.name, len(orphans))
+        for rid, att in orphans:
+            if self._book.attempt(rid, att) is not None:  # the book follows: tombstoned
+                self._book.record_retired(endpoint.url, rid, att)
         return orphans
 
     async def _running_on_server(
@@ -336,3 +365,8 @@ class V2Gate:
             self._book.record_forgotten(chunk)
             done += len(chunk)
         return done
+
+
+def _unsettled(view: AttemptView | None) -> bool:
+    """An attempt the book does not know, or has as running (its owner may be gone)."""
+    return view is None or view.state is AttemptState.RUNNING
