@@ -31,7 +31,14 @@ from typing import Any
 
 from rl_gym_actors.actors.park_watch import ParkWatch, poll_interval
 from rl_gym_actors.core import rollout as core
-from rl_gym_actors.errors import CheckpointConflict, InvalidRequest, NotCompleted, StaleAttempt
+from rl_gym_actors.errors import (
+    CheckpointConflict,
+    EndpointDown,
+    GymUnavailable,
+    InvalidRequest,
+    NotCompleted,
+    StaleAttempt,
+)
 from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.fence import RETIRE_PHASES
@@ -279,7 +286,8 @@ class GymCalls:
 
     async def _kept_reply(self, live: LiveRollout, v2: _V2, att: int, deadline: float) -> None:
         """(ext) The attempt's kept reply, fetched as a receipt is: each try bounded by the
-        policy's ``receipt_s`` and tried again (it starts nothing) until the step's deadline."""
+        policy's ``receipt_s`` and tried again (it starts nothing) until the step's deadline,
+        also after a try that got no answer (a Gym restarting); a dead endpoint fails at once."""
         rid, per_try = live.machine.rollout_id, live.machine.policy.receipt_s
         while True:
             try_deadline = min(deadline, self.clock() + per_try)
@@ -288,10 +296,15 @@ class GymCalls:
                     live.row, rollout_id=rid, attempt=att, deadline_ts=try_deadline
                 )
                 return
-            except TimeoutError:  # ours or the client's DeadlineExceeded
+            except EndpointDown:
+                raise
+            except (TimeoutError, GymUnavailable) as exc:  # no answer within this try
                 if try_deadline >= deadline:
                     raise
-                logger.info("%s: kept-reply fetch of try %d timed out; again", rid, att)
+                logger.info(
+                    "%s: kept-reply fetch of try %d got no answer (%r); again", rid, att, exc
+                )
+                await asyncio.sleep(max(0.0, min(0.2, try_deadline - self.clock())))
 
     async def _retire(self, client: Any, rid: str, att: int, deadline: float) -> Any:
         """Retire under this actor's id; while a checkpoint holds the server (a real Gym then
