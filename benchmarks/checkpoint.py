@@ -22,6 +22,7 @@ no row here; see fault_storm.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -140,6 +141,17 @@ def _leave(kind: str, endpoints: Sequence[GymEndpoint], n: int, prefix: str, gat
     asyncio.run(fill(endpoints, n, prefix))
 
 
+def _state_lost_seen(gate: Gate, cid: str, tmp: Path) -> None:
+    """After ``fleet.restart()`` every server has a new store epoch: the gate's next checkpoint
+    says GymStateLost (what a Gym restarted without its state is) and remembers the new epoch
+    (a gate that had not met the servers yet just commits). That checkpoint runs here, untimed,
+    so the timed one is not it."""
+    from rl_gym_actors.errors import GymStateLost
+
+    with contextlib.suppress(GymStateLost):
+        gate.checkpoint(cid, str(tmp / cid))
+
+
 def _check_clean(endpoints: Sequence[GymEndpoint], what: str) -> None:
     counts = asyncio.run(gym_counts(endpoints))
     left = {u: c for u, c in counts.items() if c["running"] or c["completed_unacknowledged"]}
@@ -171,6 +183,8 @@ def body(result: Result, args: Any) -> None:
                     ours, base, report = [], [], None
                     if n:
                         fleet.restart()  # fresh, empty servers for each configuration
+                        for tag, g in gates.items():
+                            _state_lost_seen(g, f"bench-fresh-{counter}-{tag}", tmp)
                     for _ in range(trials):
                         for policy in ("ours", "direct"):
                             counter += 1
