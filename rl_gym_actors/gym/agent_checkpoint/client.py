@@ -292,19 +292,7 @@ class GymClient(BulkCalls):
         checkpoint_id_arg(checkpoint_id)
 
         async def attempt(try_deadline: float) -> StatusReport | None:
-            body = build_request(
-                PhaseRequest,
-                checkpoint_id=checkpoint_id,
-                deadline_ts=self.wire_deadline(try_deadline),
-            )
-            answer = await self._send(
-                "POST",
-                CONTROL_PREFIX + "/prepare",
-                control=True,
-                waits=True,  # the server holds prepare until ready or its deadline
-                data=encode(body.model_dump(mode="json")),
-                deadline_ts=try_deadline,
-            )
+            answer = await self._send_prepare(checkpoint_id, try_deadline)
             if answer.status == 409:
                 incomplete = prepare_incomplete(answer)
                 if incomplete is not None:

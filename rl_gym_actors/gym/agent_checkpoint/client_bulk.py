@@ -47,6 +47,23 @@ def _loads(raw: bytes) -> Any:
 class BulkCalls(GymTransport):
     """Listings and wire-form ACKs (see the module docstring)."""
 
+    async def _send_prepare(
+        self, checkpoint_id: str, try_deadline: float, *, params: Mapping[str, str] | None = None
+    ) -> Any:
+        """One ``POST .../prepare`` try (the server holds it until ready or its deadline)."""
+        body = build_request(
+            PhaseRequest, checkpoint_id=checkpoint_id, deadline_ts=self.wire_deadline(try_deadline)
+        )
+        return await self._send(
+            "POST",
+            CONTROL_PREFIX + "/prepare",
+            control=True,
+            waits=True,
+            data=encode(body.model_dump(mode="json")),
+            params=params,
+            deadline_ts=try_deadline,
+        )
+
     # GymClient's own, used here
     offers: Callable[..., Awaitable[bool]]
     status: Callable[..., Awaitable[StatusReport]]
@@ -84,19 +101,10 @@ class BulkCalls(GymTransport):
         checkpoint_id_arg(checkpoint_id)
 
         async def attempt(try_deadline: float) -> GymListing:
-            body = build_request(
-                PhaseRequest,
-                checkpoint_id=checkpoint_id,
-                deadline_ts=self.wire_deadline(try_deadline),
-            )
-            answer = await self._send(
-                "POST",
-                CONTROL_PREFIX + "/prepare",
-                control=True,
-                waits=True,  # the server holds prepare until ready or its deadline
-                data=encode(body.model_dump(mode="json")),
+            answer = await self._send_prepare(
+                checkpoint_id,
+                try_deadline,
                 params={COMPACT_PARAM[0]: KEYS_LISTING} if keys_only else _PARAMS,
-                deadline_ts=try_deadline,
             )
             if 200 <= answer.status < 300:
                 return GymListing.of(self._report(json_of(answer), answer.url))
