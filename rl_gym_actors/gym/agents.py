@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.gym.transport import KEEPALIVE_S
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ModelLineage
 
 Agent = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -117,7 +118,7 @@ class HttpAgent:
     async def __call__(self, row: dict[str, Any]) -> Any:
         if self._session is None:  # created in the serving loop, on first use
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.limit),
+                connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=KEEPALIVE_S),
                 timeout=aiohttp.ClientTimeout(total=None),
             )
         body = (

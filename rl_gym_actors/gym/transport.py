@@ -54,6 +54,11 @@ def _restore(cls: type[GymTransport], endpoint: GymEndpoint, options: dict[str, 
     return cls(endpoint, **options)
 
 
+# how long an idle pooled connection is reused: below common servers' idle timeouts (uvicorn's
+# default is 5 s), so that a POST, never retried, rarely meets a connection the server closed
+KEEPALIVE_S = 2.0
+
+
 class GymTransport:
     """HTTP to one Gym server; one per process or actor, shared by its coroutines.
 
@@ -76,7 +81,7 @@ class GymTransport:
         limit: int = 100,
         control_limit: int = 16,
         retry: RetryPolicy = DEFAULT_RETRY,
-        keepalive_s: float = 2.0,
+        keepalive_s: float = KEEPALIVE_S,
         clock: Clock = time.time,
         down_after: int = _health.THRESHOLD,
         down_span_s: float = _health.SPAN_S,

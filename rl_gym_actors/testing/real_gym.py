@@ -46,6 +46,7 @@ from aiohttp import web
 
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.gym.answers import RETIRED_RUN_BODY
+from rl_gym_actors.gym.transport import KEEPALIVE_S
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
@@ -144,7 +145,10 @@ class RealGymStandIn(LoopThread):
         return GymEndpoint(url=self.url, token=self.token)
 
     async def _main(self, ready: threading.Event) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None),
+        ) as session:
             app = web.Application(client_max_size=64 << 20)
 
             async def forward(request: web.Request) -> web.StreamResponse:
