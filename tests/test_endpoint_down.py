@@ -46,6 +46,25 @@ async def test_a_client_marks_a_dead_endpoint_down_and_a_probe_brings_it_back():
         server.stop()
 
 
+async def test_until_up_waits_for_a_down_endpoint_until_it_answers_or_the_time_is_up():
+    server = GymServerThread(token="test-token").start()
+    try:
+        async with GymClient(server.endpoint, down_span_s=0.3, probe_every_s=0.05) as client:
+            assert await client.until_up(time.time()) and client.failing_since is None  # up
+            server.kill()
+            with pytest.raises((ConnectionLost, EndpointDown)):
+                await client.status("c", deadline_ts=soon(1.0))
+            assert client.health.down and client.failing_since is not None
+            start = time.monotonic()
+            assert not await client.until_up(time.time() + 0.3)  # still dead: at its time
+            assert 0.25 <= time.monotonic() - start < 0.3 + scaled(1.0)
+            server.restart()
+            assert await client.until_up(soon())  # the probe got an answer
+            assert not client.health.down and client.failing_since is None
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.slow

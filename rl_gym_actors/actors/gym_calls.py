@@ -17,6 +17,12 @@ retired with v2's ``retire`` (refused, stopped, freed).
 checkpoint is open) waits and resends without spending a try, as on the agent-checkpoint one. A
 ``/run`` on a v2 server does not count the time the server held a checkpoint open (its episode
 parked) against ``rollout_s`` (:mod:`.park_watch`), as Gym does not count it against its own.
+
+A Gym restart (both protocols): a step that got no answer at all (refused, or not sent because
+the endpoint is marked down) waits for the endpoint to answer again and is sent again, within
+its deadline and within ``control_s`` of the first call in a row that got none
+(:meth:`GymCalls._ride_out`); a ``/run`` that meets the down mark waits the same way before it
+is sent. A Gym away for longer than ``control_s`` is taken for dead: nothing waits for it.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rl_gym_actors.actors.park_watch import ParkWatch, poll_interval
 from rl_gym_actors.core import rollout as core
@@ -51,6 +57,11 @@ logger = logging.getLogger(__name__)
 
 DEADLINE_GRACE_S = 0.5  # our own timeout trails the client's deadline by this much
 PARKED_MAX_S = 86_400.0  # a backstop on a /run's HTTP exchange; its deadline is watched here
+RESEND_PAUSE_S = 0.1  # a step that got no answer is sent again this long after Gym is up
+# the failures of a call that got no answer at all (refused, or not sent: the endpoint is down)
+_NO_ANSWER = frozenset({FailureKind.LOST, FailureKind.ENDPOINT_DOWN})
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -118,8 +129,7 @@ class GymCalls:
 
     async def perform(self, live: LiveRollout, step: core.Effect) -> core.Event:
         """Perform one waiting effect; every outcome comes back as an event, never raised."""
-        m, client, clock = live.machine, live.client, self.clock
-        rid = m.rollout_id
+        clock = self.clock
         if isinstance(step, core.WaitUntil):
             await asyncio.sleep(max(0.0, step.wake_ts - clock()))
             return core.Woke(clock())
@@ -140,36 +150,75 @@ class GymCalls:
         deadline = step.deadline_ts
         try:
             async with asyncio.timeout(max(0.0, deadline - clock()) + DEADLINE_GRACE_S):
-                v2 = await self._v2_of(live, deadline)
-                if v2 is not None and not isinstance(step, core.Replay):
-                    return await self._perform_v2(live, step, v2, deadline)
-                if isinstance(step, core.FetchReceipt):
-                    receipt = await self._receipt(live, step, deadline)
-                    if receipt is None:
-                        self._counts["receipts_deferred"] += 1
-                        return core.ReceiptDeferred(clock())
-                    return self._receipt_event(live, receipt, step.attempt_index)
-                if isinstance(step, core.Retire):
-                    answer = await self._retire(client, rid, step.attempt_index, deadline)
-                    return core.RetireAnswered(clock(), answer)
-                if isinstance(step, core.Replay):
-                    result = await client.replay(
-                        live.row,
-                        rollout_id=rid,
-                        attempt_index=step.attempt_index,
-                        deadline_ts=deadline,
-                    )
-                    self._keep_receipt(live, step.attempt_index, result)
-                    return core.ReplayReplied(clock(), result.reply)
-                await client.acknowledge(step.receipt, deadline_ts=deadline)  # an Ack
-                return core.AckAnswered(clock())
+                return await self._ride_out(live, deadline, lambda: self._step(live, step))
         except Exception as exc:
             return core.StepFailed(clock(), failure_kind(exc), _detail(exc))
+
+    async def _step(
+        self, live: LiveRollout, step: core.FetchReceipt | core.Retire | core.Replay | core.Ack
+    ) -> core.Event:
+        """One go at a control step by its deadline; raises what its call raised."""
+        client, clock, rid = live.client, self.clock, live.machine.rollout_id
+        deadline = step.deadline_ts
+        v2 = await self._v2_of(live, deadline)
+        if v2 is not None and not isinstance(step, core.Replay):
+            return await self._perform_v2(live, step, v2, deadline)
+        if isinstance(step, core.FetchReceipt):
+            receipt = await self._receipt(live, step, deadline)
+            if receipt is None:
+                self._counts["receipts_deferred"] += 1
+                return core.ReceiptDeferred(clock())
+            return self._receipt_event(live, receipt, step.attempt_index)
+        if isinstance(step, core.Retire):
+            answer = await self._retire(client, rid, step.attempt_index, deadline)
+            return core.RetireAnswered(clock(), answer)
+        if isinstance(step, core.Replay):
+            result = await client.replay(
+                live.row, rollout_id=rid, attempt_index=step.attempt_index, deadline_ts=deadline
+            )
+            self._keep_receipt(live, step.attempt_index, result)
+            return core.ReplayReplied(clock(), result.reply)
+        await client.acknowledge(step.receipt, deadline_ts=deadline)  # an Ack
+        return core.AckAnswered(clock())
+
+    async def _ride_out(
+        self, live: LiveRollout, deadline: float, go: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``go()``, and again while Gym gives no answer at all (refused, or marked down: a
+        restart) once the endpoint is up again, until ``deadline`` (the step's; a repeat is
+        sent only while a try still fits). Every step it sends is idempotent. A Gym that has
+        given no answer for ``control_s`` since the first failure in a row is taken for dead:
+        nothing waits for it any more, and its calls fail at once, naming the cause."""
+        policy = live.machine.policy
+        last_send = deadline - (policy.retry.min_try_s + policy.retry.reply_margin_s)
+        while True:
+            try:
+                return await go()
+            except GymUnavailable as exc:
+                if failure_kind(exc) not in _NO_ANSWER or not await self._wait_up(live, last_send):
+                    raise
+                logger.info("%s: %r; Gym answers again: sent again", live.machine.rollout_id, exc)
+
+    async def _wait_up(self, live: LiveRollout, until_ts: float) -> bool:
+        """Wait, by ``until_ts`` and within the outage's grace (``control_s`` from the first
+        failure in a row), for the endpoint to be up again, and a short pause after; True when
+        a call may be sent again now."""
+        client, policy = live.client, live.machine.policy
+        since = client.failing_since
+        if since is not None:
+            until_ts = min(until_ts, since + policy.control_s)
+        if self.clock() >= until_ts or not await client.until_up(until_ts):
+            return False
+        self._counts["outage_waits"] += 1
+        await asyncio.sleep(max(0.0, min(RESEND_PAUSE_S, until_ts - self.clock())))
+        return self.clock() < until_ts
 
     async def _run(self, live: LiveRollout, step: core.StartRun) -> Any:
         """``/run`` by ``step.deadline_ts``; on a v2 server, that deadline moves out by the time
         the server was seen holding a checkpoint open since the call started
         (:mod:`.park_watch`). TimeoutError when it passes."""
+        if live.client.health.down:  # a restart, maybe: wait for it rather than fail unsent
+            await self._wait_up(live, step.deadline_ts)
         clock, started = self.clock, self.clock()
         run = asyncio.ensure_future(
             live.client.run(

@@ -28,6 +28,7 @@ class RolloutCounters(BaseModel):
     receipts_deferred: int = 0  # sealed on the reply's digest; the checkpoint gate's listing
     v2_kept_replies_found: int = 0  # Gym v2: lost replies found kept on our server (adopted)
     deadlines_paused: int = 0  # Gym v2: /runs whose deadline a checkpoint's parked time moved
+    outage_waits: int = 0  # steps and /runs that waited out a Gym giving no answer (a restart)
 
 
 class RolloutActorSnapshot(RolloutCounters):

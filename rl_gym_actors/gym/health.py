@@ -24,6 +24,8 @@ SPAN_S = 2.0  # ... over at least this long mark an endpoint down
 PROBE_EVERY_S = 0.5  # a down endpoint is probed this often
 PROBE_TIMEOUT_S = 1.0  # and a probe that gets no answer within this counts as still down
 TRIAL_EVERY_S = 1.0  # a down endpoint lets one call through this often
+UP_POLL_S = 0.05  # a caller waiting for a down endpoint to come back looks this often
+WAITED_PROBE_EVERY_S = 0.1  # and while someone waits, the endpoint is probed this often
 
 
 class EndpointHealth:

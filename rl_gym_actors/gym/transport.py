@@ -12,7 +12,9 @@ Dead and frozen servers (see :mod:`rl_gym_actors.gym.health`): calls that get no
 (refused, or a quick control call that times out) count against the endpoint; after a few in a
 row it is marked down and every call raises ``EndpointDown`` at once, carrying the last cause,
 until a background probe (a GET on a connection of its own; any HTTP status is an answer) gets an
-answer again.
+answer again. Whoever would rather wait for that than fail (a step that rides out a restart)
+waits with :meth:`~GymTransport.until_up`; :attr:`~GymTransport.failing_since` says how long
+the endpoint has given no answer.
 
 Connection pools: ``/run`` calls hold a connection for as long as the agent works, so the
 control plane has its own small pool and a retire or ACK never queues behind long runs.
@@ -259,6 +261,29 @@ class GymTransport:
         return answer
 
     # ------------------------------------------------------------ health
+
+    @property
+    def failing_since(self) -> float | None:
+        """When calls to this endpoint began to get no answer (the first of the current
+        failures in a row, on this client's clock); None while the last call got one."""
+        return self.health.first_failure_ts if self.health.failures else None
+
+    async def until_up(self, until_ts: float) -> bool:
+        """Wait until the endpoint is no longer marked down (a probe got an answer) or
+        ``until_ts`` passes. True when it is up (at once when it was not down); False at
+        ``until_ts``, or once the client is closed. While someone waits, the endpoint is
+        probed every ``WAITED_PROBE_EVERY_S`` (by one waiter at a time), not every
+        ``probe_every_s``: a restarted server is seen within a tenth of a second."""
+        while self.health.down and not self._closed:
+            left = until_ts - self._clock()
+            if left <= 0:
+                return False
+            self._ensure_probe()
+            if self._clock() - self._probed_at >= _health.WAITED_PROBE_EVERY_S:
+                await self._probe_now(left)
+            else:
+                await asyncio.sleep(min(_health.UP_POLL_S, left))
+        return not self._closed
 
     def _failed(self, exc: BaseException) -> None:
         if self.health.failed(exc):
