@@ -40,10 +40,14 @@ class Fleet:
         with ThreadPoolExecutor(len(self.servers)) as pool:
             list(pool.map(lambda s: s.stop(), self.servers))
 
-    def restart(self) -> None:
-        """Fresh servers (memory store: empty after a restart), on the same ports."""
-        self.stop()
-        self.start()
+    def restart(self, count: int | None = None) -> None:
+        """Fresh servers (memory store: empty after a restart), on the same ports: all of
+        them, or the first ``count``."""
+        servers = self.servers[: len(self.servers) if count is None else count]
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda s: s.stop(), servers))
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda s: s.start(), servers))
 
     @property
     def endpoints(self) -> list[GymEndpoint]:

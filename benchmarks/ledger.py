@@ -23,7 +23,7 @@ from common import Result, bench_main, progress, ratio, run_trials
 QUICK = dict(
     reporters=8,
     rollouts=2_000,
-    baseline_rollouts=200,
+    baseline_rollouts=100,  # one call per report: ~6 s a trial at ~400 reports/s
     batch_sizes=[1, 10, 100, 1000],
     trials=2,
     snapshot_attempts=100_000,

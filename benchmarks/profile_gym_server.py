@@ -65,8 +65,9 @@ def summarize(collapsed: Path, top: int) -> str:
     return "\n".join(lines)
 
 
-def profile_load(pid: int, load: Callable[[], Any], out: Path) -> Any:
-    """Run ``load()`` while py-spy samples process ``pid`` into ``out`` (collapsed stacks)."""
+def profile_load(pid: int, load: Callable[[], Any], out: Path, *, gil: bool = False) -> Any:
+    """Run ``load()`` while py-spy samples process ``pid`` into ``out`` (collapsed stacks);
+    ``gil``: only the thread holding the GIL (the Python work, without threads that wait)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     spy = subprocess.Popen(
         [
@@ -81,6 +82,7 @@ def profile_load(pid: int, load: Callable[[], Any], out: Path) -> Any:
             "--output",
             str(out),
             "--nonblocking",
+            *(["--gil"] if gil else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -102,6 +104,9 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None, help="keep py-spy's collapsed stacks here")
+    ap.add_argument(
+        "--gil", action="store_true", help="sample only the thread holding the GIL (CPU in Python)"
+    )
     args = ap.parse_args()
     state_dir = tempfile.mkdtemp(prefix="gym-profile-") if args.state_dir else None
     raw = Path(args.out or tempfile.mktemp(prefix="gym-profile-", suffix=".txt"))
@@ -112,6 +117,7 @@ def main() -> int:
             server.pid,
             lambda: asyncio.run(cycles(server.url, args.cycles, args.concurrency, "prof")),
             raw,
+            gil=args.gil,
         )
     finally:
         server.stop()

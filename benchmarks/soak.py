@@ -33,7 +33,11 @@ from common import MB, Result, bench_main, progress
 from rl_gym_actors.config import TryPolicy
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
-QUICK = dict(rollouts=20_000, batch=1_000, checkpoint_every=2_000, actors=4, per_actor=64)
+# quick (`make bench`): the counts (checkpoints, un-ACKed, counted twice, agent runs twice) over
+# the same faults; its memory slopes are shown unjudged: a run this short still climbs (the
+# 20,000 rollouts quick mode once ran read 53 B/rollout for the ledger, 128 per rollout actor and
+# 298 for the Gym server over their second half; the full 200,000 read 7.5, 16 and 36.7)
+QUICK = dict(rollouts=10_000, batch=500, checkpoint_every=1_000, actors=4, per_actor=64)
 FULL = dict(rollouts=200_000, batch=2_000, checkpoint_every=5_000, actors=4, per_actor=128)
 FAULTY_EVERY = 20  # one row in 20 is faulty: 5 %
 PATHS = ("deadline", "receipt", "drop", "agent_fail")
@@ -246,9 +250,13 @@ def body(result: Result, args: Any) -> None:
         ledger_pruned=snap.ledger.pruned,
         known_rollouts_kept=snap.known_rollouts,
         invariant_ok=snap.ledger.invariant_ok,
-        # per process: the rollout actors' sum divided over the actors
-        held=all(
-            v is not None and v < GOAL_BYTES for v in per_process(growth, p["actors"]).values()
+        memory_judged=not args.quick,
+        # per process: the rollout actors' sum divided over the actors (quick: the counts only)
+        held=(
+            args.quick
+            or all(
+                v is not None and v < GOAL_BYTES for v in per_process(growth, p["actors"]).values()
+            )
         )
         and failed_checkpoints == 0
         and counted_twice == 0
@@ -295,7 +303,17 @@ def body(result: Result, args: Any) -> None:
             "bytes / rollout per process",
             "under the goal",
         ],
-        [[k, growth[k], each[k], each[k] is not None and each[k] < GOAL_BYTES] for k in PROCESSES],
+        [
+            [
+                k,
+                growth[k],
+                each[k],
+                "not judged (quick)"
+                if args.quick
+                else each[k] is not None and each[k] < GOAL_BYTES,
+            ]
+            for k in PROCESSES
+        ],
     )
     ex = result.extra
     result.notes += [
@@ -325,10 +343,18 @@ def say(res: dict) -> str:
         )
         for k, v in g.items()
     )
+    judged = ex.get("memory_judged", True)
+    verdict = ("held" if ex.get("held") else "NOT held") if judged else "not judged in quick mode"
     return (
         f"Over {ex.get('rollouts', 0):,} rollouts (5 % faulty), memory growth in the second "
-        f"half, bytes per rollout: {parts} (goal < {GOAL_BYTES}: "
-        f"{'held' if ex.get('held') else 'NOT held'}); {ex.get('checkpoints_committed')} "
+        f"half, bytes per rollout: {parts} (goal < {GOAL_BYTES}: {verdict}"
+        + (
+            ""
+            if judged
+            else ": a run this short still climbs; the full run's 200,000 rollouts are the "
+            "verdict" + ("" if ex.get("held") else "; and a count below is wrong")
+        )
+        + f"); {ex.get('checkpoints_committed')} "
         f"checkpoints committed, {ex.get('checkpoints_failed')} failed, un-ACKed at the end "
         f"{ex.get('unacked_at_end')}, counted twice {ex.get('counted_twice')}."
     )

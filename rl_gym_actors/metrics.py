@@ -34,6 +34,7 @@ METRICS_PATH = "/metrics"
 OTHER_ROUTE = "other"
 RETIRE_ROUTE = f"{CONTROL_PREFIX}/retire"
 RETIRE_BATCH_ROUTE = f"{CONTROL_PREFIX}/retire-batch"  # (ext): one answer per key
+_REPLAYED = REPLAYED_HEADER.lower().encode()
 
 # Seconds; fits HTTP control calls (milliseconds) and agent runs (seconds to minutes).
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -158,6 +159,7 @@ class GymServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._latency: dict[tuple[str, str, int], Any] = {}  # labels() per series, once
 
     def observe(
         self,
@@ -170,7 +172,11 @@ class GymServerMetrics:
         body: bytes | None = None,
     ) -> None:
         """One HTTP answer: its latency, and what it says (replayed run, tombstoning retire)."""
-        self.latency.labels(route=route, method=method, status=str(status)).observe(seconds)
+        series = self._latency.get((route, method, status))
+        if series is None:
+            series = self.latency.labels(route=route, method=method, status=str(status))
+            self._latency[(route, method, status)] = series
+        series.observe(seconds)
         if status != 200:
             return
         if route == "/run" and replayed:
@@ -230,7 +236,9 @@ class MetricsMiddleware:
             await self._exposition(scope, receive, send)
             return
         # only a retire's answers are read (whether it tombstoned); every other body streams past
-        keep_body = scope.get("path", "") in (RETIRE_ROUTE, RETIRE_BATCH_ROUTE)
+        path = scope.get("path", "")
+        keep_body = path in (RETIRE_ROUTE, RETIRE_BATCH_ROUTE)
+        is_run = path == "/run"  # only a /run answer says whether it was replayed
         started = self._clock()
         status = 500
         replayed = False
@@ -240,8 +248,8 @@ class MetricsMiddleware:
             nonlocal status, replayed
             if message.get("type") == "http.response.start":
                 status = int(message.get("status", 500))
-                replayed = any(
-                    k.lower() == REPLAYED_HEADER.encode() and v.strip() == b"1"
+                replayed = is_run and any(
+                    k.lower() == _REPLAYED and v.strip() == b"1"
                     for k, v in message.get("headers") or []
                 )
             elif keep_body and message.get("type") == "http.response.body":

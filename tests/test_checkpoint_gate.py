@@ -133,16 +133,19 @@ async def test_forgotten_running_attempts_are_retired_and_the_checkpoint_commits
         await until(all_running, what="every run to start")
 
         ledger = make_ledger(ray_session, [endpoint])
+        await ledger.snapshot.remote()  # the actor is up: the clock below times the checkpoint
         start = time.monotonic()
         report = await ledger.checkpoint.remote("ckpt-slow", str(tmp_path), 20.0)
         elapsed = time.monotonic() - start
 
         assert report.retired == 3 and report.orphans_acked == 0
-        assert elapsed < 5.0 < LONG_S, elapsed  # prepare never waited on the agent
+        # prepare never waited on the agent: it committed well before any run could finish (how
+        # fast it commits on a quiet machine is benchmarks/checkpoint.py's figure, not a test's)
+        assert elapsed < LONG_S / 2, elapsed
         assert manifest(str(tmp_path))
         for run in runs:  # their callers learn they were retired
             with pytest.raises(StaleAttempt):
-                await asyncio.wait_for(run, 5.0)
+                await asyncio.wait_for(run, scaled(5.0))
         assert (await ledger.snapshot.remote()).endpoints[endpoint.url].tombstoned == 3
         ray_session.kill(ledger)
 
@@ -251,7 +254,7 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
             await ledger.checkpoint.remote("ckpt-late", str(tmp_path / "late"), deadline_s)
         elapsed = time.monotonic() - start
 
-        assert 1.0 <= elapsed < deadline_s + 2.5, elapsed  # it waited, then gave up in time
+        assert 1.0 <= elapsed < deadline_s + scaled(2.5), elapsed  # waited, then gave up in time
         err = info.value
         assert err.checkpoint_id == "ckpt-late"
         blocked = err.blockers[endpoint.label]

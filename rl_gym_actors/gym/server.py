@@ -267,6 +267,7 @@ class GymServer:
             log_level=log_level.lower(),
             access_log=False,
             lifespan="off",
+            proxy_headers=False,  # nothing here reads the client's address or scheme
             http=http_protocol(http),
             loop="asyncio",
             # annotated int, but uvicorn only hands it to asyncio.wait_for, which takes a float

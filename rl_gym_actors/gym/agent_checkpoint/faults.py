@@ -30,6 +30,7 @@ from typing import Any
 
 from rl_gym_actors.errors import GymError
 from rl_gym_actors.gym.agent_checkpoint.routes import query_key, run_key
+from rl_gym_actors.gym.asgi import query_params
 from rl_gym_actors.gym.web import JSON, Extension, reject_constant
 from rl_gym_actors.protocol import (
     CONTROL_PREFIX,
@@ -176,10 +177,8 @@ class FaultMiddleware:
     async def _delay_receipt(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Hold a key's first receipt request for its planned delay, or until its caller hangs
         up (a caller that gave up gets nothing, and a stopping server waits on nothing)."""
-        from starlette.requests import Request
-
         try:
-            key = query_key(Request(scope))
+            key = query_key(query_params(scope))
         except GymError:
             return await self.app(scope, receive, send)  # the route answers 422
         delay = self.injector.receipt_delay(key)

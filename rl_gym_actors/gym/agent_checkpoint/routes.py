@@ -20,7 +20,7 @@ participant's rejections (a prepare 409 also carries the full status as ``report
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -34,13 +34,16 @@ from rl_gym_actors.gym.agent_checkpoint.participant import (
     RunAnswer,
     StoreUnavailable,
 )
+from rl_gym_actors.gym.asgi import Answer, HotRoute, Scope, mount, query_params
 from rl_gym_actors.gym.web import (
     DEFAULT_MAX_BODY_BYTES,
     Extension,
     add_extensions,
     bearer_auth,
+    dumped,
     install_error_handlers,
     json_response,
+    new_app,
     parse,
     read_body,
     reject_constant,
@@ -133,8 +136,8 @@ def run_key(row: Any) -> ExecutionKey:
     return (rollout_id, attempt)
 
 
-def query_key(request: Request) -> ExecutionKey:
-    q = request.query_params
+def query_key(q: Mapping[str, str]) -> ExecutionKey:
+    """The key a receipt request names in its query (``asgi.query_params``)."""
     rollout_id, attempt = q.get("rollout_id"), q.get("attempt_index", "")
     if not is_valid_rollout_id(rollout_id):
         raise InvalidRequest(f"rollout_id: invalid {rollout_id!r}", status=422)
@@ -157,6 +160,14 @@ def listing_of(request: Request) -> str | None:
     if listing not in (None, *LISTINGS):
         raise InvalidRequest(f"listing: one of {LISTINGS}; got {listing!r}", status=422)
     return listing
+
+
+def unnested(raw: bytes) -> bytes:
+    """``raw``, unless it nests too deep: refused before parsing (never a RecursionError,
+    never a run)."""
+    if too_deep(raw):
+        raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels", status=422)
+    return raw
 
 
 def run_headers(answer: RunAnswer) -> dict[str, str]:
@@ -214,11 +225,8 @@ def create_app(
     outermost); ``run_route=False`` leaves ``/run`` to the caller (``--protocol both``, where
     the v2 participant admits each run in front of this one)."""
     auth = bearer_auth(token)
-    app = FastAPI(title="rl_gym_actors Gym server", docs_url=None, redoc_url=None, openapi_url=None)
+    app = new_app("rl_gym_actors Gym server")
     app.state.participant = participant
-    if metrics:
-        app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
-    add_extensions(app, extensions)
     install_error_handlers(app)
 
     @app.exception_handler(PrepareIncomplete)
@@ -229,23 +237,63 @@ def create_app(
         return json_response(f'{{"error":{error},"report":{report}}}'.encode(), exc.status or 409)
 
     async def body(request: Request) -> bytes:
-        raw = await read_body(request, max_body_bytes)
-        if too_deep(raw):  # refused before parsing: never a RecursionError, never a run
-            raise InvalidRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels", status=422)
-        return raw
+        return unnested(await read_body(request, max_body_bytes))
 
-    # ------------------------------------------------------------ data plane
+    # ------------------------------------------------------------ hot routes (plain ASGI)
 
-    async def run(request: Request) -> Response:
+    async def run(scope: Scope, raw: bytes) -> Answer:
         try:
-            row = json.loads(await body(request), parse_constant=reject_constant)
+            row = json.loads(unnested(raw), parse_constant=reject_constant)
         except ValueError as exc:
             raise InvalidRequest(f"body is not JSON: {exc}", status=422) from exc
         answer = await participant.run(run_key(row), row)
-        return json_response(answer.reply, headers=run_headers(answer))
+        return answer.reply, run_headers(answer)
 
+    async def receipt(scope: Scope, raw: bytes) -> Answer:
+        """(ext) ``{"state", "completion_receipt"}`` for a completed or ACKed key."""
+        answer = await participant.receipt(query_key(query_params(scope)))
+        return dumped(answer), None
+
+    async def completion_receipt(scope: Scope, raw: bytes) -> Answer:
+        """The bare receipt, as a real Gym's later participant answers it and NeMo RL's
+        checkpoint client (PR #4093) validates it; a key with no receipt to give is 409
+        ``completed_execution_acknowledgement_error`` (the real participant's code)."""
+        key = query_key(query_params(scope))
+        try:
+            answer = await participant.receipt(key)
+        except GymRejected as exc:
+            raise AckRejected(
+                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt ({exc.code})",
+                status=409,
+            ) from None
+        if answer.completion_receipt is None:
+            raise AckRejected(
+                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt", status=409
+            )
+        return dumped(answer.completion_receipt), None
+
+    async def acknowledge(scope: Scope, raw: bytes) -> Answer:
+        receipt = parse(CompletionReceipt, unnested(raw))
+        return dumped(await participant.acknowledge(receipt)), None
+
+    secret = token.encode()
+    hot = [
+        HotRoute("GET", CONTROL_PREFIX + "/receipt", receipt, secret, max_body_bytes),
+        HotRoute(
+            "GET",
+            CONTROL_PREFIX + "/completion-receipt",
+            completion_receipt,
+            secret,
+            max_body_bytes,
+        ),
+        HotRoute("POST", CONTROL_PREFIX + "/acknowledge", acknowledge, secret, max_body_bytes),
+    ]
     if run_route:
-        app.add_api_route("/run", run, methods=["POST"])
+        hot.insert(0, HotRoute("POST", "/run", run, None, max_body_bytes))
+    mount(app, hot)  # the first middleware: inside the metrics and the extensions
+    if metrics:
+        app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
+    add_extensions(app, extensions)
 
     @app.get(READY_PATH)
     async def ready(request: Request) -> Response:
@@ -278,30 +326,6 @@ def create_app(
             *(name for extension in extensions for name in extension.features),
         ]
 
-    @app.get(CONTROL_PREFIX + "/receipt", dependencies=guarded)
-    async def receipt(request: Request) -> Response:
-        """(ext) ``{"state", "completion_receipt"}`` for a completed or ACKed key."""
-        return json_response(await participant.receipt(query_key(request)))
-
-    @app.get(CONTROL_PREFIX + "/completion-receipt", dependencies=guarded)
-    async def completion_receipt(request: Request) -> Response:
-        """The bare receipt, as a real Gym's later participant answers it and NeMo RL's
-        checkpoint client (PR #4093) validates it; a key with no receipt to give is 409
-        ``completed_execution_acknowledgement_error`` (the real participant's code)."""
-        key = query_key(request)
-        try:
-            answer = await participant.receipt(key)
-        except GymRejected as exc:
-            raise AckRejected(
-                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt ({exc.code})",
-                status=409,
-            ) from None
-        if answer.completion_receipt is None:
-            raise AckRejected(
-                f"rollout {key[0]!r} attempt {key[1]} has no completed result receipt", status=409
-            )
-        return json_response(answer.completion_receipt)
-
     @app.get(CONTROL_PREFIX + "/status", dependencies=guarded)
     async def status(request: Request) -> Response:
         checkpoint_id = request.query_params.get("checkpoint_id")
@@ -327,11 +351,6 @@ def create_app(
                 "store_epoch": participant.store_epoch,
             }
         )
-
-    @app.post(CONTROL_PREFIX + "/acknowledge", dependencies=guarded)
-    async def acknowledge(request: Request) -> Response:
-        receipt = parse(CompletionReceipt, await body(request))
-        return json_response(await participant.acknowledge(receipt))
 
     @app.post(CONTROL_PREFIX + "/acknowledge-completed", dependencies=guarded)
     async def acknowledge_completed(request: Request) -> Response:

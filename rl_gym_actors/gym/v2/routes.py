@@ -44,6 +44,7 @@ from rl_gym_actors.gym.web import (
     bearer_auth,
     install_error_handlers,
     json_response,
+    new_app,
     parse,
     read_body,
     reject_constant,
@@ -149,9 +150,7 @@ def create_app(
 ) -> FastAPI:
     """The v2 participant's app (the :class:`~rl_gym_actors.gym.server.AppFactory` of
     ``--protocol v2``)."""
-    app = FastAPI(
-        title="rl_gym_actors Gym v2 server", docs_url=None, redoc_url=None, openapi_url=None
-    )
+    app = new_app("rl_gym_actors Gym v2 server")
     app.state.participant = participant
     add_extensions(app, extensions)
     install_error_handlers(app)
