@@ -20,6 +20,7 @@ actors and Ray's own daemons; ours the driver, the rollout actors, the ledger an
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -64,6 +65,9 @@ def _floor_actor() -> Any:
             if self._client is None:
                 [self._client] = make_clients([self._endpoint], 1)
             return await direct_rollout(self._client, row, rollout_id)
+
+        async def pid(self) -> int:
+            return os.getpid()
 
     return FloorActor
 
@@ -160,6 +164,20 @@ def body(result: Result, args: Any) -> None:
             for a in floor:
                 ray.kill(a)
             common.stop_ray()
+    report(result, n, c, p["trials"], times, stats)
+
+
+def report(
+    result: Result,
+    n: int,
+    c: int,
+    trials: int,
+    times: dict[str, list[float]],
+    stats: dict[str, list[Any]],
+) -> None:
+    """The rows, table and headline from each way's trial times and ProcessSampler stats (this
+    script's run, or throughput.py's quick run, which measures the same three ways)."""
+    ways = ("direct", "Ray floor", "ours")
     direct_rate = n / statistics.median(times["direct"])
     rows = []
     for way in ways:
@@ -183,7 +201,7 @@ def body(result: Result, args: Any) -> None:
         )
     result.rows = rows
     result.add_table(
-        f"{n} rollouts at concurrency {c}, instant agents, median of {p['trials']} interleaved "
+        f"{n} rollouts at concurrency {c}, instant agents, median of {trials} interleaved "
         f"trials (load average {common.os.getloadavg()[0]:.1f} at the end); CPU per rollout over "
         "the processes each way uses, the Gym server apart (the median trial's, by process kind):",
         ["way", "rollouts/s", "vs direct", "CPU ms / rollout", "CPU ms by process kind"],

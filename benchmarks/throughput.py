@@ -18,6 +18,7 @@ ACK per rollout, no Ray) with C in flight. Trials alternate direct and orchestra
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -39,6 +40,10 @@ QUICK = dict(
     big_trials=3,
     big_from=10**9,
     lane_rollouts=8,
+    # one_per_actor.py's three ways, measured here: its 1 per actor pool at instant agents is
+    # this run's, so the Ray floor joins those trials and results/one_per_actor.json is written
+    # from them (one_per_actor.py alone: 400 rows; its full mode: 2,000, 5 trials)
+    floor=True,
 )
 FULL = dict(
     sizes=[1000, 10_000],
@@ -125,6 +130,77 @@ def _orch_lanes(orch: Any, prefix: str, lanes: int, per_lane: int, agent_ms: int
     return asyncio.run(go())
 
 
+class Floor:
+    """one_per_actor.py's Ray floor inside this run: ``c`` bare async actors, each playing the
+    direct loop's rollout for one row per call; their trials, and the one_per_actor result
+    built from them with this run's direct and ours trials of the same rows."""
+
+    def __init__(self, endpoint: Any, c: int) -> None:
+        import ray
+        from one_per_actor import _floor_actor
+
+        self.actors = [_floor_actor().remote(endpoint) for _ in range(c)]
+        self.pids: list[int] = ray.get([a.pid.remote() for a in self.actors])
+        self.result = Result(
+            name="one_per_actor",
+            title="One rollout per actor: ours, Ray's floor, the direct loop",
+            mode="quick",
+        )
+        self.t0 = time.perf_counter()
+        self.seconds: list[float] = []
+        self.stats: list[Any] = []
+
+    def batch(self, rows: list[dict[str, Any]]) -> float:
+        from one_per_actor import _floor_batch
+
+        return _floor_batch(self.actors, rows)
+
+    def trial(self, rows: list[dict[str, Any]], exclude: list[int]) -> None:
+        with common.ProcessSampler(exclude=exclude) as s:
+            self.seconds.append(self.batch(rows))
+        self.stats.append(s.stats)
+
+    def write(
+        self,
+        n: int,
+        c: int,
+        trials: int,
+        d_s: list[float],
+        d_stats: list[Any],
+        o_s: list[float],
+        o_stats: list[Any],
+    ) -> None:
+        import one_per_actor
+
+        res = self.result
+        res.params.update(rows=n, trials=trials, concurrency=c, measured_in="throughput.py")
+        one_per_actor.report(
+            res,
+            n,
+            c,
+            trials,
+            {"direct": d_s, "Ray floor": self.seconds, "ours": o_s},
+            {"direct": d_stats, "Ray floor": self.stats, "ours": o_stats},
+        )
+        res.notes.append(
+            "Measured inside `throughput.py --quick` (`make bench`): its 1 per actor pool at "
+            "instant agents, trials interleaved direct, Ray floor, ours, each way's CPU read as "
+            "one_per_actor.py reads it. Alone: `benchmarks/one_per_actor.py --quick` (400 "
+            "rows), full mode 2,000 rows and 5 trials."
+        )
+        res.elapsed_s = round(time.perf_counter() - self.t0, 1)
+        res.load_end = list(os.getloadavg())
+        res.write()
+        progress(f"one_per_actor: {res.extra['headline']}")
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
 def _measure_config(
     result: Result, p: dict, fleet: Fleet, label: str, pool_size: int, per_actor: int, ids: Counter
 ) -> list[dict[str, Any]]:
@@ -149,10 +225,16 @@ def _measure_config(
     mem = common.worker_memory("worker:RolloutActor", exclude=exclude)
     progress(f"{label}: pool of {pool_size} x {per_actor} up in {start_s:.1f}s")
     rows_out = []
+    floor: Floor | None = None
     try:
         for agent_ms in p["agent_ms"]:
+            if p.get("floor") and per_actor == 1 and agent_ms == 0 and len(p["sizes"]) == 1:
+                floor = Floor(eps[0], c)
+                exclude = fleet.pids + floor.pids  # idle floor actors: not in ours' figures
             # warm-up of both paths (connections, code paths), not timed
             _direct(eps, _rows(ids.next("wd"), c * 2, agent_ms), c)
+            if floor is not None:
+                floor.batch(_rows(ids.next("wf"), c * 2, agent_ms))
             _orch_batch(orch, _rows(ids.next("wo"), c * 2, agent_ms))
             for n in p["sizes"]:
                 trials = p["big_trials"] if n >= p["big_from"] else p["trials"]
@@ -164,13 +246,18 @@ def _measure_config(
                     d_s.append(d.seconds)
                     d_stats.append(s.stats)
                     g1 = common.process_cpu_s(gym_pid) or 0.0
+                    if floor is not None:  # between direct and ours, as one_per_actor.py runs
+                        floor.trial(_rows(ids.next("f"), n, agent_ms), fleet.pids)
+                    g1f = common.process_cpu_s(gym_pid) or 0.0
                     with common.ProcessSampler(exclude=exclude) as s:
                         o_s.append(_orch_batch(orch, _rows(ids.next("o"), n, agent_ms)))
                     o_stats.append(s.stats)
                     g2 = common.process_cpu_s(gym_pid) or 0.0
                     d_gym.append(g1 - g0)
-                    o_gym.append(g2 - g1)
+                    o_gym.append(g2 - g1f)
                     _settle(orch, ids)
+                if floor is not None:
+                    floor.write(n, c, trials, d_s, d_stats, o_s, o_stats)
                 # latency lanes (one-row batches back to back) vs the direct loop's latencies
                 lat_o = _orch_lanes(orch, ids.next("l"), c, p["lane_rollouts"], agent_ms)
                 lat_d = _direct(
@@ -222,7 +309,12 @@ def _measure_config(
                     f"direct {row['direct_per_s']:.0f}/s (x{row['ratio']:.2f}), added p50 "
                     f"{row['added_p50_ms']:.1f} ms"
                 )
+            if floor is not None:  # its block done: the floor actors go
+                floor.close()
+                floor = None
     finally:
+        if floor is not None:
+            floor.close()
         orch.close()
     result.extra.setdefault("pools", {})[label] = {
         "actors": pool_size,
