@@ -34,7 +34,7 @@ from soak import slope
 # quick (`make bench`): a smoke run of the same load, too short for the verdict (the RSS still
 # climbs early in a run: the 50,000 rollouts quick mode once ran read 250 B/rollout over their
 # second half where the full 200,000 read 18.6), so quick mode reports its slope unjudged
-QUICK = dict(rollouts=20_000, checkpoint_every=1_000, concurrency=16)
+QUICK = dict(rollouts=10_000, checkpoint_every=500, concurrency=16)
 FULL = dict(rollouts=200_000, checkpoint_every=5_000, concurrency=16)
 GOAL_BYTES = 50
 ODD_EVERY = 20  # one row in 20 takes one of the PATHS, in turn
