@@ -247,10 +247,11 @@ def _kind(pid: int, root: int, cmd: str) -> str:
         return "worker:" + (name or "?")
     if "default_worker.py" in cmd:
         return "worker:?"
-    if any(
+    exe = os.path.basename(cmd.split(" ", 1)[0])
+    if exe in ("raylet", "gcs_server") or any(
         s in cmd
         for s in (
-            "raylet",
+            "/raylet ",
             "gcs_server",
             "ray/dashboard",
             "log_monitor",
@@ -328,6 +329,7 @@ class ProcStats:
     cpu_s_workers: float = 0.0
     cpu_s_ray_system: float = 0.0
     samples: int = 0
+    sampler_cpu_s: float = 0.0  # the sampler thread's own CPU (left out of the driver's)
     by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def kind(self, prefix: str) -> dict[str, float]:
@@ -393,15 +395,20 @@ class ProcessSampler:
             s.peak_workers, sum(v for k, v in count.items() if group(k) == "worker")
         )
 
+    def _timed_sample(self) -> None:
+        t0 = time.thread_time()
+        self._sample()
+        self.stats.sampler_cpu_s += time.thread_time() - t0
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
+            self._timed_sample()
 
     def start(self) -> ProcessSampler:
         for p in process_tree(exclude=self.exclude):
             self._base[(p.pid, p.start)] = p.cpu_s
         self._t0 = time.perf_counter()
-        self._sample()
+        self._timed_sample()
         self._thread = threading.Thread(target=self._loop, name="proc-sampler", daemon=True)
         self._thread.start()
         return self
@@ -410,12 +417,14 @@ class ProcessSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+        self._timed_sample()
         s = self.stats
         s.wall_s = time.perf_counter() - self._t0
         cpu: dict[str, float] = {}
         for key, (kind, last) in self._last.items():
             cpu[kind] = cpu.get(kind, 0.0) + max(0.0, last - self._base.get(key, 0.0))
+        if "driver" in cpu:  # the sampler's own scans of the process table are not the driver's
+            cpu["driver"] = max(0.0, cpu["driver"] - s.sampler_cpu_s)
         for kind, v in cpu.items():
             s.by_kind.setdefault(kind, {"peak_rss_mb": 0.0, "peak_count": 0, "cpu_s": 0.0})
             s.by_kind[kind]["cpu_s"] = v

@@ -126,8 +126,8 @@ def parse_collapsed(path: Path) -> dict[str, Any]:
             continue
         k = int(count)
         raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))] or [stack]
-        if any("subprocess.py" in f for f in raw):
-            continue  # this script's own wait on py-spy, not the library
+        if any("subprocess.py" in f or "_timed_sample" in f for f in raw):
+            continue  # this script's own wait on py-spy or CPU sampler, not the library
         frames = [_frame(f) for f in raw]
         n += k
         own[frames[-1]] += k

@@ -4,6 +4,8 @@ Concurrency 16, instant agents, one Gym server (subprocess). Three ways to run t
 trials interleaved:
 
 - direct: the direct asyncio loop (``/run``, receipt, ACK per rollout; no Ray);
+- Ray no-op: the Ray floor's 16 actors, a method that returns at once, one call per row, 16
+  lanes in the driver: Ray's cost of one actor call with no work in it;
 - Ray floor: 16 bare async Ray actors, each running the direct loop's rollout for one row per
   call (the same HTTP, one actor call per rollout, no ledger, no reports, no state machine),
   16 lanes in the driver: what any one-actor-per-rollout design pays to Ray;
@@ -12,7 +14,10 @@ trials interleaved:
 Per way: rollouts/s, the ratio to the direct loop, CPU ms per rollout over the processes that
 way uses (the Gym server apart): the direct loop its driver; the Ray floor the driver, its
 actors and Ray's own daemons; ours the driver, the rollout actors, the ledger and Ray's daemons
-(the other way's idle actors are left out; their idle share of Ray's daemons is not).
+(the other way's idle actors are left out; their idle share of Ray's daemons is not). "Of
+which idle": the same processes' CPU with nothing running (Ray's threads in every process,
+timers), per second, times the trial's seconds, per rollout: what the processes cost by being
+there rather than by the calls.
 
     .venv/bin/python benchmarks/one_per_actor.py [--quick]
 """
@@ -30,13 +35,14 @@ from common import Result, bench_main, progress, ratio
 from direct import direct_batch, direct_rollout, make_clients
 from fleet import Fleet
 
-QUICK = dict(rows=400, trials=3, concurrency=16)
-FULL = dict(rows=2000, trials=5, concurrency=16)
+QUICK = dict(rows=400, trials=3, concurrency=16, idle_s=2.0)
+FULL = dict(rows=2000, trials=5, concurrency=16, idle_s=5.0)
 
 
 # the process kinds (common.process_tree) each way's CPU is summed over
 KINDS = {
     "direct": ("driver",),
+    "Ray no-op": ("driver", "ray_system", "worker:?", "worker:FloorActor"),
     "Ray floor": ("driver", "ray_system", "worker:?", "worker:FloorActor"),
     "ours": ("driver", "ray_system", "worker:?", "worker:RolloutActor", "worker:LedgerActor"),
 }
@@ -69,10 +75,14 @@ def _floor_actor() -> Any:
         async def pid(self) -> int:
             return os.getpid()
 
+        async def noop(self, row: dict[str, Any], rollout_id: str) -> str:
+            """The same call doing nothing: Ray's own cost of one call."""
+            return rollout_id
+
     return FloorActor
 
 
-def _floor_batch(actors: list[Any], rows: list[dict[str, Any]]) -> float:
+def _floor_batch(actors: list[Any], rows: list[dict[str, Any]], *, noop: bool = False) -> float:
     async def go() -> float:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         for r in rows:
@@ -81,7 +91,8 @@ def _floor_batch(actors: list[Any], rows: list[dict[str, Any]]) -> float:
         async def lane(actor: Any) -> None:
             while not queue.empty():
                 row = queue.get_nowait()
-                await actor.rollout.remote(row, row["_ng_rollout_id"])
+                method = actor.noop if noop else actor.rollout
+                await method.remote(row, row["_ng_rollout_id"])
 
         t0 = time.perf_counter()
         await asyncio.gather(*(lane(a) for a in actors))
@@ -124,7 +135,7 @@ def body(result: Result, args: Any) -> None:
     n, c = p["rows"], p["concurrency"]
     ray = common.start_ray(num_cpus=2)
     seq = iter(range(10**9))
-    ways = ("direct", "Ray floor", "ours")
+    ways = ("direct", "Ray no-op", "Ray floor", "ours")
     times: dict[str, list[float]] = {w: [] for w in ways}
     stats: dict[str, list[Any]] = {w: [] for w in ways}
     with Fleet(1) as fleet:
@@ -141,12 +152,15 @@ def body(result: Result, args: Any) -> None:
         try:
             run = {
                 "direct": lambda rows: _direct(eps, rows, c),
+                "Ray no-op": lambda rows: _floor_batch(floor, rows, noop=True),
                 "Ray floor": lambda rows: _floor_batch(floor, rows),
                 "ours": lambda rows: _ours(orch, rows),
             }
             for way in ways:  # warm-up: connections, code paths
                 run[way](_rows(f"w{next(seq)}", 2 * c))
             orch.checkpoint(f"one-ck{next(seq)}", f"/tmp/rlga-bench-one/{next(seq)}")
+            with common.ProcessSampler(exclude=fleet.pids) as idle:
+                time.sleep(p["idle_s"])
             for trial in range(p["trials"]):
                 for way in ways:
                     with common.ProcessSampler(exclude=fleet.pids) as s:
@@ -164,7 +178,7 @@ def body(result: Result, args: Any) -> None:
             for a in floor:
                 ray.kill(a)
             common.stop_ray()
-    report(result, n, c, p["trials"], times, stats)
+    report(result, n, c, p["trials"], times, stats, idle=idle.stats)
 
 
 def report(
@@ -174,10 +188,13 @@ def report(
     trials: int,
     times: dict[str, list[float]],
     stats: dict[str, list[Any]],
+    *,
+    idle: Any = None,
 ) -> None:
     """The rows, table and headline from each way's trial times and ProcessSampler stats (this
-    script's run, or throughput.py's quick run, which measures the same three ways)."""
-    ways = ("direct", "Ray floor", "ours")
+    script's run, or throughput.py's quick run, which measures direct, Ray floor and ours);
+    ``idle``: the processes' stats with nothing running (for "of which idle")."""
+    ways = [w for w in KINDS if w in times]
     direct_rate = n / statistics.median(times["direct"])
     rows = []
     for way in ways:
@@ -187,6 +204,7 @@ def report(
             k: round(v["cpu_s"] / n * 1e3, 3) for k, v in st.by_kind.items() if k in KINDS[way]
         }
         cpu_ms = [_cpu_s(way, s) / n * 1e3 for s in stats[way]]
+        idle_per_s = _cpu_s(way, idle) / idle.wall_s if idle is not None else None
         rows.append(
             {
                 "way": way,
@@ -195,6 +213,8 @@ def report(
                 "ratio": ratio(n / med, direct_rate),
                 "cpu_ms_per_rollout": statistics.median(cpu_ms),
                 "cpu_ms_trials": [round(x, 3) for x in cpu_ms],
+                "idle_cores": None if idle_per_s is None else round(idle_per_s, 3),
+                "idle_ms_per_rollout": None if idle_per_s is None else idle_per_s * med / n * 1e3,
                 "cpu_ms_by_kind": kinds,
                 "seconds_trials": times[way],
             }
@@ -204,23 +224,34 @@ def report(
         f"{n} rollouts at concurrency {c}, instant agents, median of {trials} interleaved "
         f"trials (load average {common.os.getloadavg()[0]:.1f} at the end); CPU per rollout over "
         "the processes each way uses, the Gym server apart (the median trial's, by process kind):",
-        ["way", "rollouts/s", "vs direct", "CPU ms / rollout", "CPU ms by process kind"],
+        [
+            "way",
+            "rollouts/s",
+            "vs direct",
+            "CPU ms / rollout",
+            "of which idle",
+            "CPU ms by process kind",
+        ],
         [
             [
                 r["way"],
                 r["per_s"],
                 r["ratio"],
                 r["cpu_ms_per_rollout"],
+                r["idle_ms_per_rollout"],
                 ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_ms_by_kind"].items())),
             ]
             for r in rows
         ],
     )
-    ours, fl = rows[2], rows[1]
+    by = {r["way"]: r for r in rows}
+    ours, fl, nop = by["ours"], by["Ray floor"], by.get("Ray no-op")
+    nop_s = f"a Ray no-op call {nop['cpu_ms_per_rollout']:.2f} ms; " if nop else ""
     result.extra["headline"] = (
         f"1 per actor: {ours['per_s']:.0f} rollouts/s = {ours['ratio']:.2f}x direct, "
         f"{ours['cpu_ms_per_rollout']:.2f} ms CPU/rollout; Ray's floor {fl['ratio']:.2f}x, "
-        f"{fl['cpu_ms_per_rollout']:.2f} ms; direct {rows[0]['cpu_ms_per_rollout']:.2f} ms"
+        f"{fl['cpu_ms_per_rollout']:.2f} ms; {nop_s}"
+        f"direct {by['direct']['cpu_ms_per_rollout']:.2f} ms"
     )
 
 

@@ -63,6 +63,13 @@ STANDALONE = {"scale", "chaos"}
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
 QUICK_INSIDE = {"one_per_actor": "throughput"}
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
+# results of a benchmark's part run alone, shown in its section when present
+PART_RESULTS = {
+    "scale": [
+        ("scale_throughput", "Rollouts/s by raylets alone (`scale.py --quick --phases`)"),
+        ("profile_scale", "Where the CPU goes with 4 raylets (`profile_scale.py --quick`)"),
+    ]
+}
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 # chaos quick (16 faults, more with v2's) ran past 600 s at load 30: its own, longer bound
 QUICK_TIMEOUT_S = {"chaos": 2400}
@@ -383,8 +390,20 @@ def say_one_per_actor(res: dict) -> str:
         f"{d['cpu_ms_per_rollout']:.2f} ms). Ray's floor, bare async actors that do nothing but "
         f"the direct loop's HTTP for one row per call, runs {f['ratio']:.2f}x the direct loop at "
         f"{f['cpu_ms_per_rollout']:.2f} ms: what any one-actor-per-rollout design pays to Ray "
-        f"(an actor call per rollout into a process that wakes for it alone). Where the rest "
-        f"goes: `hotpath_profile.py --per-actor 1` ([profile](results/hotpath_profile_one.md))."
+        f"(an actor call per rollout into a process that wakes for it alone).{_noop(rows)} "
+        f"Where the rest goes: `hotpath_profile.py --per-actor 1` "
+        f"([profile](results/hotpath_profile_one.md))."
+    )
+
+
+def _noop(rows: dict) -> str:
+    n = rows.get("Ray no-op")
+    if n is None:
+        return ""
+    return (
+        f" A call that does nothing on the same 16 bare actors costs {n['cpu_ms_per_rollout']:.2f}"
+        f" ms of CPU ({n['idle_ms_per_rollout']:.2f} ms of it the idle cost of the processes "
+        f"being there): Ray's own share of the floor, with no HTTP in it."
     )
 
 
@@ -816,6 +835,10 @@ def write_report(
                 plots,
                 f"### {'Full' if quick else 'Quick'} mode",
             )
+        for stem, heading in PART_RESULTS.get(name, ()):
+            part = _load(stem)
+            if part is not None:
+                lines += _section(part, stem, plots, f"### {heading}")
     path = BENCH_DIR / "RESULTS.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

@@ -8,9 +8,11 @@ servers (``rl-gym-actors gym serve --state-dir``, durable, one subprocess each);
 orchestrator spreads rows over all of them.
 
 1. Throughput as nodes go 1, 2, 4 (nodes are added to the running cluster; each node brings
-   its own actors, so rollouts in flight grow with the nodes), with 100 ms agents: rollouts/s,
-   CPU per rollout over every process (driver, raylets, workers, Gym servers), cores busy.
-   Baseline: 1 node, same run.
+   its own actors, so rollouts in flight grow with the nodes): the same rows, 100 ms agents,
+   at every size, for 4 and for 16 rollouts per actor (a node's slots below the two cores'
+   bound, and above it); rollouts/s, CPU per rollout over every process (driver, ledger,
+   rollout actors, Ray's GCS/raylets/agents, Gym servers) by part, cores busy (CPU seconds /
+   wall / cores) running and idle. Baseline: 1 node, same rollouts per actor, same run.
 2. Checkpoint latency with finished, un-ACKed attempts left over the 16 servers (1k, 10k, 100k;
    100k are written into the servers' state dirs through the server's own store while they
    are stopped, the others through ``/run``) and with running attempts whose owners are gone
@@ -21,16 +23,17 @@ orchestrator spreads rows over all of them.
    happened to the rows, and the recovery time (kill to the next checkpoint committed).
 
     .venv/bin/python benchmarks/scale.py [--quick [--big]] [--phases checkpoint loss]
+    .venv/bin/python benchmarks/scale.py --quick --phases    # throughput alone: scale_throughput.*
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,12 +51,15 @@ from fleet import gym_counts, leave_finished, leave_running
 
 from rl_gym_actors.config import GymEndpoint
 
-QUICK = dict(  # under 3 minutes on a quiet machine: 1 and 4 raylets, the goals' sizes but 100k
+QUICK = dict(  # under 3 minutes on a quiet machine: the goals' sizes but 100k
     # (--big adds it: about a minute more, most of it seeding the state dirs)
-    nodes=[1, 4],
+    nodes=[1, 2, 4],
     actors_per_node=2,
-    per_actor=16,
-    waves=3,
+    # rollouts per actor: 4 (a node's 8 slots ask ~0.4 of the two cores: room to scale) and
+    # 16 (a node's 32 slots ask more than the two cores give: the cores' ceiling at 1 node)
+    per_actor=[4, 16],
+    rows=320,  # the same rows at every cluster size
+    idle_s=1.0,
     trials=1,
     unacked=[1000, 10_000],
     running=[10_000],
@@ -63,8 +69,9 @@ QUICK = dict(  # under 3 minutes on a quiet machine: 1 and 4 raylets, the goals'
 FULL = dict(
     nodes=[1, 2, 4],
     actors_per_node=2,
-    per_actor=16,
-    waves=10,
+    per_actor=[4, 16],
+    rows=1280,
+    idle_s=2.0,
     trials=3,
     unacked=[1000, 10_000, 100_000],
     running=[1000, 10_000],
@@ -277,65 +284,121 @@ def _clean(fleet: DurableFleet, what: str) -> None:
         raise RuntimeError(f"{what}: attempts left on Gym: {left}")
 
 
+def _cpu_parts(st: Any, gym_cpu_s: float) -> dict[str, float]:
+    """CPU seconds by part of the cluster: the driver, the ledger actor, the rollout actors,
+    Ray's own processes (GCS, raylets, their agents, idle workers) and the Gym servers."""
+    parts = {
+        "driver": st.kind("driver")["cpu_s"],
+        "ledger": st.kind("worker:LedgerActor")["cpu_s"],
+        "rollout_actors": st.kind("worker:RolloutActor")["cpu_s"],
+        "gym": gym_cpu_s,
+    }
+    parts["ray"] = max(0.0, st.cpu_s_total - sum(parts.values()) + gym_cpu_s)
+    return parts
+
+
+def _sampled(
+    fleet: DurableFleet, work: Any, exclude: Sequence[int] = ()
+) -> tuple[Any, float, dict[str, float]]:
+    """``work()``'s result, its wall seconds and CPU seconds by part (:func:`_cpu_parts`):
+    every process of the cluster (this one's process tree but ``exclude``; the Gym hosts read
+    apart)."""
+    gym0 = sum(common.process_cpu_s(pid) or 0.0 for pid in fleet.pids)
+    with common.ProcessSampler(exclude=[*fleet.pids, *exclude]) as s:
+        t0 = time.perf_counter()
+        out = work()
+        wall = time.perf_counter() - t0
+    gym = sum(common.process_cpu_s(pid) or 0.0 for pid in fleet.pids) - gym0
+    return out, wall, _cpu_parts(s.stats, gym)
+
+
 def throughput(
     ray: Any, cluster: Any, fleet: DurableFleet, p: dict, tmp: Path, nodes_up: list[Any]
 ) -> tuple[list[dict[str, Any]], Any]:
+    """The same rows (``p["rows"]``, 100 ms agents) at each cluster size, for each
+    ``rollouts_per_actor`` of ``p["per_actor"]``: each node brings ``actors_per_node`` actors
+    with that many rollouts each; the cluster's cores busy while idle (its raylets alone) and
+    while the rows run."""
     rows_out: list[dict[str, Any]] = []
     orch = None
     for n_nodes in p["nodes"]:
         while len(nodes_up) < n_nodes:
             nodes_up.append(_add_node(cluster, p, len(nodes_up)))
         cluster.wait_for_nodes()
-        if orch is not None:
-            orch.close()
-        actors = n_nodes * p["actors_per_node"]
-        orch = _orchestrator(fleet, actors, p["per_actor"], f"n{n_nodes}")
-        placement = _placement(ray, orch)
-        in_flight = actors * p["per_actor"]
-        n = in_flight * p["waves"]
-        outs = orch.run_batch(_rows(f"{orch.run_id}-w{n_nodes}", in_flight))  # warm-up
-        secs, stats = [], []
-        for t in range(p["trials"]):
-            load = os.getloadavg()[0]
-            with common.ProcessSampler() as s:
-                t0 = time.perf_counter()
-                outs = orch.run_batch(_rows(f"{orch.run_id}-t{n_nodes}-{t}", n))
-                secs.append(time.perf_counter() - t0)
-            stats.append((s.stats, load))
-            bad = [o for o in outs if o.status != "sealed"]
-            if bad:
-                raise RuntimeError(f"{len(bad)} rollouts not sealed, e.g. {bad[0]!r}")
-            _checkpoint(orch, f"tp{n_nodes}-{t}", tmp)  # ACKs the sealed results, not timed
-        med = statistics.median(secs)
-        st, load = stats[secs.index(sorted(secs)[len(secs) // 2])]
-        gym_cpu = st.kind("other")["cpu_s"]
-        row = {
-            "nodes": n_nodes,
-            "actors": actors,
-            "rollouts_per_actor": p["per_actor"],
-            "in_flight": in_flight,
-            "rollouts": n,
-            "seconds": med,
-            "seconds_trials": secs,
-            "per_s": n / med,
-            "ideal_per_s": in_flight / AGENT_S,
-            "cpu_ms_per_rollout": st.cpu_s_total / n * 1e3,
-            "gym_cpu_ms_per_rollout": gym_cpu / n * 1e3,
-            "ray_cpu_ms_per_rollout": (st.cpu_s_total - gym_cpu) / n * 1e3,
-            "cores_busy": st.cpu_s_total / med,
-            "load_1min": load,
-            "placement": placement,
-        }
-        rows_out.append(row)
-        progress(
-            f"{n_nodes} node(s), {actors} actors x {p['per_actor']}: {row['per_s']:.0f}/s, "
-            f"{row['cpu_ms_per_rollout']:.2f} ms CPU/rollout, {row['cores_busy']:.2f} cores "
-            f"busy, load {load:.1f}, placement {placement}"
-        )
-    base = rows_out[0]["per_s"]
+        for per_actor in p["per_actor"]:
+            if orch is not None:
+                orch.close()
+            orch = _orchestrator(
+                fleet, n_nodes * p["actors_per_node"], per_actor, f"n{n_nodes}x{per_actor}"
+            )
+            rows_out.append(_throughput_row(ray, orch, fleet, p, tmp, n_nodes, per_actor))
     for r in rows_out:
-        r["vs_1_node"] = ratio(r["per_s"], base)
+        base = next(b for b in rows_out if b["rollouts_per_actor"] == r["rollouts_per_actor"])
+        r["vs_1_node"] = ratio(r["per_s"], base["per_s"])
     return rows_out, orch
+
+
+def _throughput_row(
+    ray: Any, orch: Any, fleet: DurableFleet, p: dict, tmp: Path, n_nodes: int, per_actor: int
+) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
+    n = p["rows"]
+    actors = n_nodes * p["actors_per_node"]
+    tag = f"{orch.run_id}-{n_nodes}x{per_actor}"
+    placement = _placement(ray, orch)
+    in_flight = actors * per_actor
+    orch.run_batch(_rows(f"{tag}-w", in_flight))  # warm-up
+    _checkpoint(orch, f"tpw{n_nodes}x{per_actor}", tmp)
+    _, idle_wall, idle = _sampled(fleet, functools.partial(time.sleep, p["idle_s"]))
+    secs, parts_t, loads = [], [], []
+    for t in range(p["trials"]):
+        loads.append(os.getloadavg()[0])
+        batch = _rows(f"{tag}-t{t}", n)
+        outs, wall, parts = _sampled(fleet, functools.partial(orch.run_batch, batch))
+        secs.append(wall)
+        parts_t.append(parts)
+        bad = [o for o in outs if o.status != "sealed"]
+        if bad:
+            raise RuntimeError(f"{len(bad)} rollouts not sealed, e.g. {bad[0]!r}")
+        _checkpoint(orch, f"tp{n_nodes}x{per_actor}-{t}", tmp)  # ACKs the results, not timed
+    mid = secs.index(sorted(secs)[len(secs) // 2])
+    med, parts, load = secs[mid], parts_t[mid], loads[mid]
+    cpu_s = sum(parts.values())
+    row = {
+        "nodes": n_nodes,
+        "actors": actors,
+        "rollouts_per_actor": per_actor,
+        "in_flight": in_flight,
+        "rollouts": n,
+        "seconds": med,
+        "seconds_trials": secs,
+        "per_s": n / med,
+        "ideal_per_s": in_flight / AGENT_S,
+        "cpu_ms_per_rollout": cpu_s / n * 1e3,
+        "cpu_ms_by_part": {k: round(v / n * 1e3, 3) for k, v in parts.items()},
+        "gym_cpu_ms_per_rollout": parts["gym"] / n * 1e3,
+        # the machine's share this cluster used: CPU seconds / wall / cores (1.0: all cores)
+        "cores_busy": cpu_s / med / cores,
+        # the driver, the ledger or one rollout actor: one process, so 1.0 would bound it
+        "busiest_process_core": max(
+            parts["driver"], parts["ledger"], parts["rollout_actors"] / actors
+        )
+        / med,
+        "idle_cores_busy": sum(idle.values()) / idle_wall / cores,
+        "idle_by_part": {k: round(v / idle_wall, 3) for k, v in idle.items()},
+        # the rate all the cores could give at this CPU per rollout (nothing else running)
+        "cores_bound_per_s": cores / (cpu_s / n),
+        "load_1min": load,
+        "placement": placement,
+    }
+    progress(
+        f"{n_nodes} node(s), {actors} actors x {per_actor}: {row['per_s']:.0f}/s "
+        f"({n} rows, ideal {row['ideal_per_s']:.0f}/s, the cores' bound "
+        f"{row['cores_bound_per_s']:.0f}/s), {row['cpu_ms_per_rollout']:.2f} ms CPU/rollout "
+        f"{row['cpu_ms_by_part']}, cores busy {row['cores_busy']:.2f} (idle "
+        f"{row['idle_cores_busy']:.2f}), load {load:.1f}, placement {placement}"
+    )
+    return row
 
 
 def checkpoints(orch: Any, fleet: DurableFleet, p: dict, tmp: Path) -> list[dict[str, Any]]:
@@ -499,7 +562,7 @@ def _add_node(cluster: Any, p: dict, i: int) -> Any:
     )
 
 
-def _started(start: Any, tries: int = 3) -> Any:
+def _started(start: Any, tries: int = 5) -> Any:
     """A node started, tried again when Ray gives up on it (its raylet must register within
     30 s, which a loaded machine misses); a failed try's processes (this process's own
     children) are killed first."""
@@ -526,6 +589,9 @@ def body(result: Result, args: Any) -> None:
     from ray.cluster_utils import Cluster
 
     p = dict(QUICK if args.quick else FULL)
+    for key in ("nodes", "actors_per_node", "per_actor", "rows"):
+        if getattr(args, key) is not None:
+            p[key] = getattr(args, key)
     if args.big and 100_000 not in p["unacked"]:  # the goal's size in quick mode too
         p["unacked"] = [*p["unacked"], 100_000]
     result.params.update(p, servers=SERVERS, agent_s=AGENT_S, health=HEALTH)
@@ -555,7 +621,8 @@ def body(result: Result, args: Any) -> None:
             result.notes.append(f"Checkpoint phase stopped: {type(exc).__name__}: {exc}"[:500])
             progress(f"checkpoint phase stopped: {exc!r}")
         try:
-            loss = node_loss(ray, cluster, orch, fleet, p, tmp, nodes_up)
+            if "loss" in args.phases:
+                loss = node_loss(ray, cluster, orch, fleet, p, tmp, nodes_up)
         except Exception as exc:
             progress(traceback.format_exc())
             result.notes.append(f"Node-loss phase stopped: {type(exc).__name__}: {exc}"[:500])
@@ -576,37 +643,55 @@ def body(result: Result, args: Any) -> None:
 
 def report(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> None:
     result.add_table(
-        f"Rollouts/s as raylets are added ({AGENT_S * 1e3:.0f} ms agents; each node brings its "
-        f"actors, rows spread over {SERVERS} durable Gym servers; CPU over every process, Gym "
-        "servers included; median of the trials):",
+        f"Rollouts/s as raylets are added: the same {tp[0]['rollouts']} rows ("
+        f"{AGENT_S * 1e3:.0f} ms agents) at every size; each node brings its actors; rows "
+        f"spread over {SERVERS} durable Gym servers. CPU over every process of the cluster "
+        "(driver, ledger, rollout actors, Ray's GCS/raylets/agents/idle workers, Gym servers); "
+        "cores busy = CPU seconds / wall / cores (1.0: both cores), idle = the same cluster with "
+        "nothing running; the cores' bound = cores / CPU per rollout:",
         [
             "nodes",
             "actors x rollouts each",
-            "rows",
             "rollouts/s",
             "vs 1 node",
-            "ideal /s",
+            "ideal /s (slots / 100 ms)",
+            "the cores' bound /s",
             "CPU ms/rollout",
-            "of which Gym",
+            "driver / ledger / actors / Ray / Gym",
             "cores busy",
+            "idle",
+            "busiest process (cores)",
             "load (1 min)",
         ],
         [
             [
                 r["nodes"],
                 f"{r['actors']} x {r['rollouts_per_actor']}",
-                r["rollouts"],
                 r["per_s"],
                 r["vs_1_node"],
                 r["ideal_per_s"],
+                r["cores_bound_per_s"],
                 r["cpu_ms_per_rollout"],
-                r["gym_cpu_ms_per_rollout"],
+                " / ".join(
+                    f"{r['cpu_ms_by_part'][k]:.2f}"
+                    for k in ("driver", "ledger", "rollout_actors", "ray", "gym")
+                ),
                 r["cores_busy"],
+                r["idle_cores_busy"],
+                r["busiest_process_core"],
                 r["load_1min"],
             ]
             for r in tp
         ],
     )
+    if ck:
+        _checkpoint_table(result, ck)
+    if loss:
+        _loss_table(result, loss)
+    _headline(result, tp, ck, loss)
+
+
+def _checkpoint_table(result: Result, ck: list[dict]) -> None:
     result.add_table(
         f"Checkpoint, from checkpoint() to committed on all {SERVERS} servers, with attempts "
         "left behind (one trial each; every checkpoint verified clean on every server after). "
@@ -639,9 +724,6 @@ def report(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> None:
             for r in ck
         ],
     )
-    if loss:
-        _loss_table(result, loss)
-    _headline(result, tp, ck, loss)
 
 
 def _loss_table(result: Result, loss: dict) -> None:
@@ -680,11 +762,63 @@ def _loss_table(result: Result, loss: dict) -> None:
 
 
 def _headline(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> None:
+    if tp:
+        _throughput_notes(result, tp)
+    if ck:
+        _checkpoint_notes(result)
+    if loss:
+        result.notes.append(
+            f"Ray health checks: {HEALTH['health_check_period_ms']} ms x "
+            f"{HEALTH['health_check_failure_threshold']} (Ray's default 3,000 ms x 5): the "
+            "recovery time is mostly Ray declaring the node dead."
+        )
+    parts = []
+    for per in sorted({r["rollouts_per_actor"] for r in tp}):
+        four = max((r for r in tp if r["rollouts_per_actor"] == per), key=lambda r: r["nodes"])
+        parts.append(
+            f"{four['nodes']} raylets x {four['actors'] // four['nodes']} actors x {per}: "
+            f"{four['per_s']:.0f} rollouts/s, {four['vs_1_node']:.2f}x 1 raylet "
+            f"({four['cores_busy']:.2f} of the cores busy)"
+        )
+    big = {(r["kind"], r["attempts"]): r for r in ck}
+    for kind, n in (("finished", 100_000), ("running", 10_000)):
+        r = big.get((kind, n))
+        if r:
+            parts.append(
+                f"{n:,} {kind} over {SERVERS} servers committed in {r['ours_s']:.2f} s "
+                f"({r['ratio']:.2f}x the minimum)"
+            )
+    if loss:
+        parts.append(f"a node lost mid-batch recovered in {loss['recovery_s']:.1f} s")
+    result.extra["headline"] = "; ".join(parts)
+
+
+def _throughput_notes(result: Result, tp: list[dict]) -> None:
+    busiest = max(r["busiest_process_core"] for r in tp)
+    for per in sorted({r["rollouts_per_actor"] for r in tp}):
+        one = next(r for r in tp if r["rollouts_per_actor"] == per)
+        bound = "its slots" if one["ideal_per_s"] < one["cores_bound_per_s"] else "the cores"
+        result.notes.append(
+            f"{per} rollouts per actor: 1 raylet offers {one['in_flight']} slots, "
+            f"{one['ideal_per_s']:.0f}/s at 100 ms, against the cores' "
+            f"{one['cores_bound_per_s']:.0f}/s at its {one['cpu_ms_per_rollout']:.1f} ms CPU per "
+            f"rollout: {bound} bound 1 raylet. More raylets add slots, not cores: a ratio "
+            "above 1 needs 1 raylet's slots below the cores' bound."
+        )
     result.notes.append(
-        f"Ray health checks: {HEALTH['health_check_period_ms']} ms x "
-        f"{HEALTH['health_check_failure_threshold']} (Ray's default 3,000 ms x 5): the recovery "
-        "time is mostly Ray declaring the node dead."
+        f"No single process bounds it: the busiest (driver, ledger or one rollout actor) used "
+        f"{busiest:.2f} of a core. Cores busy below 1.0 with the load average above the 2 cores "
+        "is the share of the machine the other processes left this cluster: the rates and "
+        "ratios then move with the load between rows (each row's load is beside it)."
     )
+    result.notes.append(
+        "Where the CPU goes with 4 raylets x 2 actors x 16 (py-spy on the driver, the ledger, a "
+        "rollout actor and a Gym host): [profile_scale.md](results/profile_scale.md) "
+        "(`benchmarks/profile_scale.py --quick`)."
+    )
+
+
+def _checkpoint_notes(result: Result) -> None:
     result.notes.append(
         "Finished attempts of the seeded size are written into each server's state dir with the "
         "server's own store and reply encoding while it is stopped (filling them through /run "
@@ -705,22 +839,6 @@ def _headline(result: Result, tp: list[dict], ck: list[dict], loss: dict) -> Non
         "asks for the keys only) and the gate ACKs 2,000 receipts a call, four calls at once per "
         "server; the minimum does the same with the client alone (one listing)."
     )
-    four = max(tp, key=lambda r: r["nodes"])
-    big = {(r["kind"], r["attempts"]): r for r in ck}
-    parts = [
-        f"{four['nodes']} raylets: {four['per_s']:.0f} rollouts/s, {four['vs_1_node']:.2f}x "
-        f"1 raylet ({four['cores_busy']:.2f} cores busy)"
-    ]
-    for kind, n in (("finished", 100_000), ("running", 10_000)):
-        r = big.get((kind, n))
-        if r:
-            parts.append(
-                f"{n:,} {kind} over {SERVERS} servers committed in {r['ours_s']:.2f} s "
-                f"({r['ratio']:.2f}x the minimum)"
-            )
-    if loss:
-        parts.append(f"a node lost mid-batch recovered in {loss['recovery_s']:.1f} s")
-    result.extra["headline"] = "; ".join(parts)
 
 
 def plot(res: dict, path: Path) -> bool:
@@ -736,15 +854,19 @@ def plot(res: dict, path: Path) -> bool:
         return False
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     if tp:
-        xs = [r["nodes"] for r in tp]
-        a1.bar([str(x) for x in xs], [r["per_s"] for r in tp], color="C0", label="rollouts/s")
-        a1.plot([str(x) for x in xs], [r["ideal_per_s"] for r in tp], "k:", label="ideal")
-        a1.set_xlabel("raylets")
-        a1.set_ylabel(f"rollouts / s ({AGENT_S * 1e3:.0f} ms agents)")
         twin = a1.twinx()
-        twin.plot([str(x) for x in xs], [r["cores_busy"] for r in tp], "o-", color="C3")
-        twin.set_ylabel("cores busy", color="C3")
-        twin.set_ylim(0, max(2.2, max(r["cores_busy"] for r in tp) * 1.1))
+        for j, per in enumerate(sorted({r.get("rollouts_per_actor", 0) for r in tp})):
+            rs = [r for r in tp if r.get("rollouts_per_actor", 0) == per]
+            xs = [r["nodes"] for r in rs]
+            a1.plot(xs, [r["per_s"] for r in rs], "o-", color=f"C{j}", label=f"x {per}: /s")
+            a1.plot(xs, [r["ideal_per_s"] for r in rs], ":", color=f"C{j}", label="ideal")
+            twin.plot(xs, [r["cores_busy"] for r in rs], "s--", color=f"C{j}", alpha=0.5)
+        a1.set_yscale("log")
+        a1.set_xticks(sorted({r["nodes"] for r in tp}))
+        a1.set_xlabel("raylets (each with 2 actors x rollouts each)")
+        a1.set_ylabel(f"rollouts / s ({AGENT_S * 1e3:.0f} ms agents)")
+        twin.set_ylabel("cores busy (dashed; 1.0 = both cores)")
+        twin.set_ylim(0, 1.1)
         a1.legend(fontsize=7, loc="upper left")
         a1.set_title("Throughput by raylets")
     for j, kind in enumerate(("finished", "running")):
@@ -778,10 +900,23 @@ def _args(parser: Any) -> None:
         default=["checkpoint", "loss"],
         help="after the throughput phase (always run: it builds the cluster)",
     )
+    parser.add_argument("--nodes", type=int, nargs="+", help="cluster sizes (default 1 2 4)")
+    parser.add_argument("--actors-per-node", type=int, help="rollout actors a node brings (2)")
+    parser.add_argument("--per-actor", type=int, nargs="+", help="rollouts_per_actor (4 16)")
+    parser.add_argument("--rows", type=int, help="rows at every cluster size (quick 384)")
 
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # the throughput phase alone (``--phases`` with none after it) writes results of its own,
+    # results/scale_throughput.*, leaving the checkpoint and node-loss figures of scale.* as
+    # they are
+    alone = "--phases" in sys.argv and not {"checkpoint", "loss"} & set(sys.argv)
     bench_main(
-        "scale", "At scale: raylets, 16 Gym servers, checkpoints of 100k", body, extra_args=_args
+        "scale_throughput" if alone else "scale",
+        "At scale: rollouts/s by raylets"
+        if alone
+        else "At scale: raylets, 16 Gym servers, checkpoints of 100k",
+        body,
+        extra_args=_args,
     )
