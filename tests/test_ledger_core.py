@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot, merge_reports
+from rl_gym_actors.core.attempt_book import AttemptBook, GateAck, LedgerSnapshot, merge_reports
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
 from rl_gym_actors.core.prepare_plan import PrepareAction, orphan_step, plan_endpoint
 from rl_gym_actors.protocol import AttemptInfo, CompletionReceipt, StatusReport
@@ -435,6 +435,29 @@ def test_a_committed_checkpoint_prunes_settled_rollouts_and_keeps_the_counters()
     book.record_gate_acked(ep, "sealed", 0)
     book.record_checkpoint("c3", committed=True)
     assert book.snapshot().attempts == 2 and book.snapshot().endpoints[ep].acked == 3
+
+
+def test_the_gate_acks_by_the_thousand_count_as_one_by_one():
+    ep = EPS[0]
+    reports = [
+        AttemptReport("r", 0, ep, AttemptState.ACKED, "o-a"),
+        AttemptReport("s", 0, ep, AttemptState.SEALED, "o-a", result_digest="d" * 64),
+        AttemptReport("t", 0, ep, AttemptState.RUNNING, "o-a"),
+    ]
+    keys = [("r", 0), ("s", 0), ("t", 0), ("t", 1), *((f"never-{i}", 0) for i in range(5))]
+    one, many = book_of(reports), book_of(reports)
+    kinds = [one.record_gate_acked(ep, rid, att) for rid, att in keys]
+    assert (
+        many.record_gate_acks(ep, keys)
+        == (
+            kinds.count(GateAck.ORPHAN),
+            kinds.count(GateAck.SEALED),
+        )
+        == (7, 1)
+    )
+    assert many.snapshot() == one.snapshot() and many.snapshot().invariant_ok
+    assert many.sealed_digest("s", 0) is None  # ACKed: no longer checked against a receipt
+    assert many.record_gate_acks(ep, []) == (0, 0)
 
 
 def test_the_gate_counts_only_orphans_the_book_did_not_know_as_acked():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 RESUME_SLACK_S = 0.4  # a failed checkpoint still resumes every endpoint within this slack
 FIRST_SLICE_S = 0.5  # the prepare that closes admission while unknown runs are deferred
 _COMPLETED_STATE = ExecutionState.COMPLETED.value
+_RID, _ATT = operator.attrgetter("rollout_id"), operator.attrgetter("attempt_index")
 
 
 class CheckpointGate:
@@ -477,15 +479,15 @@ def _only_held(status: GymListing, held: list[Step]) -> bool:
     """Whether a not-ready endpoint waits only for results the gate is about to release: nothing
     runs, nothing is parked without a boundary, and every completed un-ACKed attempt it lists
     (it lists them all) is one of ``held``."""
-    completed = {
-        key for key, info in gym_attempts(status).items() if info.state == _COMPLETED_STATE
-    }
-    return (
-        status.running == 0
-        and status.parked_without_boundary == 0
-        and status.completed_unacknowledged == len(completed)
-        and completed <= {s.key for s in held}
-    )
+    if status.running or status.parked_without_boundary:
+        return False
+    attempts = gym_attempts(status)
+    completed = [key for key, info in attempts.items() if info[0] == _COMPLETED_STATE]
+    if status.completed_unacknowledged != len(completed):
+        return False
+    # (by the thousand: keys from the named tuples' fields, not a property per step)
+    held_keys = set(zip(map(_RID, held), map(_ATT, held), strict=True))
+    return held_keys.issuperset(completed)
 
 
 def _flush_budget(left: float) -> float:

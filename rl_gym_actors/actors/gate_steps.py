@@ -19,13 +19,13 @@ import logging
 
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.gate_endpoint import EndpointTally, OwnerAnswer, Owners
-from rl_gym_actors.core.attempt_book import AttemptBook, GateAck
+from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, orphan_step
 from rl_gym_actors.errors import AckRejected, GymError, GymUnavailable, InvalidRequest, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.listing import AnyReceipt, receipt_digest, receipt_key, receipt_wire
-from rl_gym_actors.protocol import RetireAnswer
+from rl_gym_actors.protocol import ExecutionKey, RetireAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,10 @@ class StepPerformer:
     ) -> None:
         tally, client = self.tally, self.client
         url = tally.endpoint.url
-        receipts: list[AnyReceipt] = [s.receipt for s in steps if s.receipt is not None]
+        # by key: each receipt as the listing gave it (JSON text from our server: never decoded)
+        by_key: dict[ExecutionKey, AnyReceipt] = {
+            (s.rollout_id, s.attempt_index): s.receipt for s in steps if s.receipt is not None
+        }
 
         async def fetch(step: Step) -> None:
             async with limit:
@@ -154,11 +157,10 @@ class StepPerformer:
             if answer.state != "completed":  # ACKed meanwhile (by its owner)
                 self._book.record(url, step.rollout_id, step.attempt_index, AttemptState.ACKED)
             elif answer.completion_receipt is not None:  # (a completed key always has one)
-                receipts.append(answer.completion_receipt)
+                by_key[step.key] = answer.completion_receipt
 
         await asyncio.gather(*(fetch(s) for s in steps if s.receipt is None))
-        by_key = {receipt_key(r): r for r in receipts}
-        unique = [r for r in by_key.values() if self._matches_seal(r)]
+        unique = [(k, r) for k, r in by_key.items() if self._matches_seal(k, r)]
         in_flight = asyncio.Semaphore(ACKS_IN_FLIGHT)
         await asyncio.gather(
             *(
@@ -169,7 +171,7 @@ class StepPerformer:
 
     async def _ack_chunk(
         self,
-        chunk: list[AnyReceipt],
+        chunk: list[tuple[ExecutionKey, AnyReceipt]],
         deadline_ts: float,
         limit: asyncio.Semaphore,
         in_flight: asyncio.Semaphore,
@@ -180,14 +182,13 @@ class StepPerformer:
         url = tally.endpoint.url
         try:
             async with in_flight:
-                await client.acknowledge_wire(
-                    [receipt_wire(r) for r in chunk], deadline_ts=deadline_ts
+                acked = await client.acknowledge_wire(
+                    [r for _, r in chunk], keys=[k for k, _ in chunk], deadline_ts=deadline_ts
                 )
-            acked = [receipt_key(r) for r in chunk]
         except AckRejected:
-            one = (self._ack_one(client, r, deadline_ts, limit) for r in chunk)
+            one = (self._ack_one(client, r, deadline_ts, limit) for _, r in chunk)
             oks = await asyncio.gather(*one)
-            acked = [receipt_key(r) for r, ok in zip(chunk, oks, strict=True) if ok]
+            acked = [k for (k, _), ok in zip(chunk, oks, strict=True) if ok]
         except InvalidRequest as exc:
             if exc.status != 413 or len(chunk) < 2:
                 logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
@@ -202,19 +203,26 @@ class StepPerformer:
             logger.debug("acknowledge-completed on %s: %r", tally.endpoint.label, exc)
             return
         # an owner may have ACKed one since the status was read: the book does not count it
-        kinds = [self._book.record_gate_acked(url, rid, att) for rid, att in acked]
-        counted = kinds.count(GateAck.ORPHAN)
-        tally.orphans_acked += counted
-        tally.sealed_acked += kinds.count(GateAck.SEALED)
-        metrics.ORPHANS_ACKED.inc(counted, tags={"endpoint": url})
+        orphans, sealed = self._book.record_gate_acks(url, acked)
+        tally.orphans_acked += orphans
+        tally.sealed_acked += sealed
+        metrics.ORPHANS_ACKED.inc(orphans, tags={"endpoint": url})
 
-    def _matches_seal(self, receipt: AnyReceipt) -> bool:
+    def _matches_seal(self, key: ExecutionKey, receipt: AnyReceipt) -> bool:
         """A receipt for a result a rollout sealed must prove the reply it sealed (its receipt
         may have been deferred to this listing: a server without a per-key receipt). One that
-        does not is never ACKed: it stays on Gym, a blocker the checkpoint fails on."""
-        key, digest = receipt_key(receipt), receipt_digest(receipt)
+        does not is never ACKed: it stays on Gym, a blocker the checkpoint fails on. (Only
+        such a receipt is decoded.)"""
         sealed = self._book.sealed_digest(*key)
-        if sealed is None or sealed == digest:
+        if sealed is None:
+            return True
+        try:
+            digest = receipt_digest(receipt)
+            if receipt_key(receipt) != key:
+                raise ValueError(f"the receipt is of {receipt_key(receipt)}")
+        except (ValueError, KeyError, TypeError) as exc:
+            digest = f"unreadable: {exc}"
+        if sealed == digest:
             return True
         self.tally.receipt_mismatches += 1
         logger.error(

@@ -33,8 +33,11 @@ async def vanished_results(
 ) -> list[tuple[str, int]]:
     """The sealed, un-ACKed results of the book that the endpoint no longer holds."""
     url = client.endpoint.url
-    listed = {key for key, info in gym_attempts(status).items() if info.state == _COMPLETED}
-    candidates = [key for key in book.sealed_unacked(url) if key not in listed]
+    sealed = book.sealed_unacked(url)
+    if not sealed:  # (the listing is read only when the book holds results there)
+        return []
+    attempts = gym_attempts(status)
+    candidates = [key for key in sealed if key not in attempts or attempts[key].state != _COMPLETED]
     if not candidates:
         return []
     limit = asyncio.Semaphore(CONCURRENCY)

@@ -6,8 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from rl_gym_actors.core.attempt_book import merge_reports
-from rl_gym_actors.core.attempt_reports import AttemptReport
+from rl_gym_actors.core.attempt_reports import AttemptReport, merge_reports
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +20,7 @@ class ReportOutbox:
     waiting, whichever comes first. One batch is in flight at a time, so batches leave in order;
     :meth:`flush` returns once everything added before it has been delivered. A report of an
     attempt that already has one waiting (not yet in flight) is merged into it
-    (:func:`~rl_gym_actors.core.attempt_book.merge_reports`): the ledger folds the same, from one
+    (:func:`~rl_gym_actors.core.attempt_reports.merge_reports`): the ledger folds the same, from one
     report instead of several."""
 
     def __init__(self, send: Send, *, batch_size: int, interval_s: float) -> None:

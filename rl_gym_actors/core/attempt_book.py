@@ -24,35 +24,13 @@ memory stays one checkpoint interval deep.
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.core.attempt_reports import AttemptReport, AttemptState
-
-
-def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | None:
-    """One report whose fold equals folding ``first`` and then ``then`` (in either order: the
-    fold is a join), or None when they are not of the same attempt, endpoint and owner. Lets an
-    owner send one report where it has several of one attempt still waiting."""
-    if (first.rollout_id, first.attempt_index, first.endpoint, first.owner) != (
-        then.rollout_id,
-        then.attempt_index,
-        then.endpoint,
-        then.owner,
-    ):
-        return None
-    state = then.state if then.state.rank >= first.state.rank else first.state
-    return replace(
-        then,
-        state=state,
-        adopted=first.adopted or then.adopted,
-        released=first.released or then.released,
-        reward=then.reward if then.reward is not None else first.reward,
-        result_digest=then.result_digest if then.result_digest is not None else first.result_digest,
-    )
-
+from rl_gym_actors.core.attempt_reports import merge_reports as merge_reports  # (it was here)
 
 _BUCKET = {
     AttemptState.RUNNING: "running",
@@ -247,11 +225,7 @@ class AttemptBook:
         attempt = self._attempts.get((rollout_id, attempt_index))
         self._digests.pop((rollout_id, attempt_index), None)
         if attempt is None and rollout_id not in self._rollouts:
-            # a rollout the book never heard of (an orphan by the thousand): counted, not kept;
-            # a committed checkpoint would prune it at once (see prune)
-            self.orphans_acked += 1
-            self._counts_for(endpoint).add(AttemptState.ACKED, False, +1)
-            return GateAck.ORPHAN
+            return self._unknown_acked(endpoint, 1)
         if attempt is not None and attempt.state is AttemptState.ACKED:
             kind = GateAck.KNOWN
         elif attempt is not None and attempt.state is AttemptState.SEALED:
@@ -262,6 +236,24 @@ class AttemptBook:
             self.orphans_acked += 1
         self.record(endpoint, rollout_id, attempt_index, AttemptState.ACKED)
         return kind
+
+    def record_gate_acks(self, endpoint: str, keys: list[tuple[str, int]]) -> tuple[int, int]:
+        """:meth:`record_gate_acked` of each key, those of rollouts the book never heard of
+        counted at once (by the thousand); how many were orphans, and how many sealed."""
+        known = [k for k in keys if k in self._attempts or k[0] in self._rollouts]
+        if len(known) < len(keys):
+            self._unknown_acked(endpoint, len(keys) - len(known))
+        kinds = [self.record_gate_acked(endpoint, rid, att) for rid, att in known]
+        return len(keys) - len(known) + kinds.count(GateAck.ORPHAN), kinds.count(GateAck.SEALED)
+
+    def _unknown_acked(self, endpoint: str, n: int) -> GateAck:
+        # rollouts the book never heard of (orphans by the thousand): counted, not kept; a
+        # committed checkpoint would prune them at once (see prune)
+        self.orphans_acked += n
+        counts = self._counts_for(endpoint)
+        counts.dispatched += n
+        counts.acked += n
+        return GateAck.ORPHAN
 
     def record_checkpoint(self, checkpoint_id: str, committed: bool) -> None:
         """Count a checkpoint; a committed one also prunes the book."""

@@ -15,7 +15,7 @@ tombstoned first is never ACKed after.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -116,3 +116,25 @@ class AttemptLog:
         if state is None:
             return None
         return self.report(attempt_index, state, adopted=adopted, released=True)
+
+
+def merge_reports(first: AttemptReport, then: AttemptReport) -> AttemptReport | None:
+    """One report whose fold equals folding ``first`` and then ``then`` (in either order: the
+    fold is a join), or None when they are not of the same attempt, endpoint and owner. Lets an
+    owner send one report where it has several of one attempt still waiting."""
+    if (first.rollout_id, first.attempt_index, first.endpoint, first.owner) != (
+        then.rollout_id,
+        then.attempt_index,
+        then.endpoint,
+        then.owner,
+    ):
+        return None
+    state = then.state if then.state.rank >= first.state.rank else first.state
+    return replace(
+        then,
+        state=state,
+        adopted=first.adopted or then.adopted,
+        released=first.released or then.released,
+        reward=then.reward if then.reward is not None else first.reward,
+        result_digest=then.result_digest if then.result_digest is not None else first.result_digest,
+    )

@@ -66,7 +66,8 @@ class Step(NamedTuple):
         return (self.rollout_id, self.attempt_index)
 
 
-_ORPHAN = PrepareAction.ORPHAN_ACK
+_ORPHAN, _ADOPT = PrepareAction.ORPHAN_ACK, PrepareAction.ADOPT
+_WAIT, _RETIRE = PrepareAction.WAIT, PrepareAction.RETIRE
 
 
 def gym_attempts(status: StatusReport | GymListing) -> dict[tuple[str, int], Listed]:
@@ -86,37 +87,32 @@ def plan_endpoint(
     """The steps for every running, parked or completed-un-ACKed attempt ``status`` lists, in a
     stable order (by key). Attempts that are ACKed or tombstoned on Gym need nothing."""
     steps: list[Step] = []
-    for key, info in sorted(gym_attempts(status).items()):
-        rid, att = key
-        if info.state not in _RUNNING and info.state != _COMPLETED:
+    add, new = steps.append, tuple.__new__
+    current = book.current_attempt
+    # (by the thousand: locals, the listed pair unpacked, steps made with tuple.__new__ without
+    # the named tuple's Python __new__)
+    for (rid, att), (state, receipt) in sorted(gym_attempts(status).items()):
+        if state == _COMPLETED:
+            completed = True
+        elif state in _RUNNING:
+            completed = False
+        else:
             continue
-        if book.current_attempt(rid) is None:  # a rollout the book never heard of
+        if current(rid) is None:  # a rollout the book never heard of
             if own is not None and not own(rid):
-                steps.append(Step(PrepareAction.WAIT, rid, att, known=False, foreign=True))
+                add(new(Step, (_WAIT, rid, att, None, None, False, True)))
                 continue
             owner, known = None, False
         else:
             owner = book.claimant(rid, att, endpoint, live_owners)
             known = book.knows(rid, att)
-        if info.state == _COMPLETED:
-            if owner is not None:
-                steps.append(
-                    Step(
-                        PrepareAction.ADOPT,
-                        rid,
-                        att,
-                        owner=owner,
-                        receipt=info.completion_receipt,
-                        known=known,
-                    )
-                )
-            else:  # (by the thousand: tuple.__new__, without the named tuple's Python __new__)
-                orphan = (_ORPHAN, rid, att, None, info.completion_receipt, known, False)
-                steps.append(tuple.__new__(Step, orphan))
+        if completed:
+            action = _ORPHAN if owner is None else _ADOPT
+            add(new(Step, (action, rid, att, owner, receipt, known, False)))
         elif owner is not None or (not known and not retire_unknown):
-            steps.append(Step(PrepareAction.WAIT, rid, att, owner=owner, known=known))
+            add(new(Step, (_WAIT, rid, att, owner, None, known, False)))
         else:
-            steps.append(Step(PrepareAction.RETIRE, rid, att, known=known))
+            add(new(Step, (_RETIRE, rid, att, None, None, known, False)))
     return steps
 
 

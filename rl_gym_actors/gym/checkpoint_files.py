@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ RECORDS_NAME = "gym-participant-records.jsonl"
 CONTINUATIONS_NAME = "continuations.jsonl"  # the continuation roots (real Gym's file name)
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rl_gym_actors/gym-participant-checkpoint/1"
+_KEY = operator.attrgetter("rollout_id", "attempt_index")
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -50,10 +52,14 @@ def _checkpoint_line(e: Execution) -> bytes:
         e.attempt_index,
         receipt,
         e.generation,
-    ) + b'"rollout_id":%s,"state":%s}' % (
-        json.dumps(e.rollout_id).encode("ascii"),
-        json.dumps(e.state.value).encode("ascii"),
+    ) + b'"rollout_id":%s,"state":"%s"}' % (
+        _json_string(e.rollout_id).encode("ascii"),
+        e.state.value.encode("ascii"),  # (lowercase letters and underscores)
     )
+
+
+# json.dumps of a str, without its per-call set-up (C, where the interpreter has it)
+_json_string = json.encoder.encode_basestring_ascii
 
 
 def instance_dir(checkpoint_dir: Path, name: str | None) -> Path:
@@ -79,7 +85,7 @@ def write_checkpoint(
     root = Path(checkpoint_dir)
     directory = instance_dir(root, name)
     directory.mkdir(parents=True, exist_ok=True)
-    lines = [_checkpoint_line(e) for e in sorted(executions, key=lambda e: e.key)]
+    lines = [_checkpoint_line(e) for e in sorted(executions, key=_KEY)]
     records = b"".join(line + b"\n" for line in lines)
     write_file_atomically(directory / RECORDS_NAME, records)
     continuations = b""

@@ -79,12 +79,38 @@ async def test_one_call_answers_every_key_as_retire_would_in_order(wire):
         pytest.param({**batch("r1"), "checkpoint_id": "bad id"}, id="bad-checkpoint-id"),
         pytest.param({"executions": [{"rollout_id": "r1", "attempt_index": 0}]}, id="no-ids"),
         pytest.param(batch(("r1", -1)), id="negative-attempt"),
+        pytest.param(batch(("r1", True)), id="bool-attempt"),
+        pytest.param(batch(("r1", 2**63)), id="attempt-past-64-bits"),
+        pytest.param(batch("r1\n"), id="id-with-a-newline"),
+        pytest.param(batch("r" * 257), id="id-too-long"),
+        pytest.param(
+            {**batch(), "executions": [{"rollout_id": "r1", "attempt_index": 0, "x": 1}]},
+            id="key-with-another-field",
+        ),
+        pytest.param({**batch("r1"), "deadline_ts": "soon"}, id="deadline-not-a-number"),
     ],
 )
 async def test_bad_bodies_are_a_named_422_and_change_nothing(wire, body):
     got = await wire.request("POST", PATH, body=body)
     assert (got.status, got.code) == (422, "invalid_request"), got.raw
     assert (await wire.run("r1")).status == 200  # r1 was not tombstoned
+
+
+async def test_a_body_the_hand_checks_leave_to_the_model_is_answered_alike(wire):
+    """An integer deadline is not what the checks by the thousand take (a float), so the
+    model reads that body: the answer is the same, byte for byte."""
+    body = {**batch("rX", ("rY", 2)), "deadline_ts": int(soon(10))}
+    by_model = await wire.request("POST", PATH, body=body)
+    by_hand = await wire.request("POST", PATH, body={**body, "deadline_ts": float(soon(10))})
+    assert by_model.status == by_hand.status == 200, by_model.raw
+    assert by_model.raw == by_hand.raw
+    assert by_hand.json["retired"][1] == {
+        "retired": False,
+        "tombstoned": True,
+        "completed_unacknowledged": False,
+        "rollout_id": "rY",
+        "attempt_index": 2,
+    }
 
 
 async def test_the_token_guards_it(wire):

@@ -88,6 +88,21 @@ async def test_a_row_at_the_limit_runs(wire, agent):
 
 async def test_a_control_body_nested_too_deep_is_refused(wire):
     raw = ('{"checkpoint_id": "c1", "deadline_ts": 1e12, "x": ' + _nested(980) + "}").encode()
-    for path in ("/prepare", "/resume", "/acknowledge", "/retire"):
+    paths = ("/prepare", "/resume", "/acknowledge", "/retire", "/acknowledge-completed")
+    for path in (*paths, "/retire-batch"):
         answer = await wire.request("POST", CONTROL_PREFIX + path, data=raw)
         assert (answer.status, answer.code) == (422, "invalid_request"), (path, answer.raw)
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 980, 200_000])
+async def test_a_batch_ack_nested_too_deep_is_refused_by_name(wire, depth):
+    """The batch ACK (and retire-batch) parse before their depth check (receipts as issued need
+    none): a body too deep is still a 422 by name, even past Python's own recursion limit."""
+    receipt = await wire.complete("rDeep")
+    raw = ('{"executions": [' + json.dumps(receipt) + ", " + _nested(depth) + "]}").encode()
+    answer = await wire.request("POST", CONTROL_PREFIX + "/acknowledge-completed", data=raw)
+    assert (answer.status, answer.code) == (422, "invalid_request"), answer.raw[:200]
+    assert (await wire.status()).json["completed_unacknowledged"] == 1
+    raw = '{"checkpoint_id": "c1", "deadline_ts": 1e12, "executions": ' + _nested(depth) + "}"
+    answer = await wire.request("POST", CONTROL_PREFIX + "/retire-batch", data=raw.encode())
+    assert (answer.status, answer.code) == (422, "invalid_request"), answer.raw[:200]

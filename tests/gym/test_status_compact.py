@@ -12,10 +12,17 @@ import json
 
 import pytest
 
-from rl_gym_actors.errors import AckRejected, ProtocolViolation
+from rl_gym_actors.errors import AckRejected, ConfigError, ProtocolViolation
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.listing import COMPACT_FEATURE, GymListing, receipt_key, receipt_wire
-from rl_gym_actors.protocol import CONTROL_PREFIX, StatusReport
+from rl_gym_actors.listing import (
+    ACK_ENDS,
+    COMPACT_FEATURE,
+    TEXT_FEATURE,
+    GymListing,
+    receipt_key,
+    receipt_wire,
+)
+from rl_gym_actors.protocol import CONTROL_PREFIX, StatusReport, canonical_json
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import soon
 from rl_gym_actors.testing.real_gym import RealGymStandIn
@@ -77,6 +84,47 @@ async def test_compact_listing_names_what_the_full_status_names(wire):
     )
     got = await wire.request("GET", STATUS, params={"checkpoint_id": "c", "listing": "all"})
     assert (got.status, got.code) == (422, "invalid_request")
+    await wire.retire("rRun")
+    await slow
+
+
+async def test_the_text_listing_gives_each_receipt_as_issued_and_an_ack_sends_it_back(wire):
+    receipts, slow = await _mixed(wire)
+    assert TEXT_FEATURE in (await wire.capabilities()).json["features"]
+    params = {"checkpoint_id": "c"}
+    compact = (await wire.request("GET", STATUS, params={**params, "listing": "compact"})).json
+    text = (await wire.request("GET", STATUS, params={**params, "listing": "text"})).json
+    assert {k: v for k, v in text.items() if k != "attempts"} == {
+        k: v for k, v in compact.items() if k != "attempts"
+    }
+    cols = text["attempts"]
+    assert "completion_receipt" not in cols
+    assert cols["completion_receipt_text"] == [
+        *(canonical_json(r).decode() for r in receipts),
+        None,
+    ]
+    listing = GymListing.from_compact(text, text=True)
+    assert {k: (v.state, v.completion_receipt) for k, v in listing.attempts.items()} == {
+        ("rC0", 0): ("completed", cols["completion_receipt_text"][0]),
+        ("rC1", 0): ("completed", cols["completion_receipt_text"][1]),
+        ("rRun", 0): ("running", None),
+    }
+    path = CONTROL_PREFIX + "/acknowledge-completed"
+    # one receipt canonically the same but not byte for byte (the receipt-by-receipt path),
+    # one whose digest differs: nothing is ACKed, the error is named
+    spaced = cols["completion_receipt_text"][0].replace(",", ", ")
+    other = canonical_json({**receipts[1], "result_digest": "0" * 64}).decode()
+    for first in (spaced, cols["completion_receipt_text"][0]):
+        bad = await wire.request("POST", path, data=",".join((first, other)).join(ACK_ENDS))
+        assert (bad.status, bad.code) == (409, "completed_execution_acknowledgement_error")
+    assert (await wire.status()).json["completed_unacknowledged"] == 2
+    spliced = ",".join(cols["completion_receipt_text"][:2]).join(ACK_ENDS)
+    got = await wire.request("POST", path, data=spliced, params={"count": "1"})
+    assert (got.status, got.json) == (200, {"acknowledged_count": 2})
+    again = await wire.request("POST", path, data=",".join((spaced,)).join(ACK_ENDS))
+    assert again.status == 200 and again.json == {"acknowledged": [receipts[0]]}  # idempotent
+    st = (await wire.status()).json
+    assert (st["completed_unacknowledged"], st["acknowledged_completed"]) == (0, 3)
     await wire.retire("rRun")
     await slow
 
@@ -152,6 +200,10 @@ async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
                 k: v.state for k, v in b.attempts.items()
             }
             assert a.completed_unacknowledged == b.completed_unacknowledged == 3
+            assert all(isinstance(v.completion_receipt, str) for v in a.attempts.values())
+            assert {k: receipt_wire(v.completion_receipt) for k, v in a.attempts.items()} == {
+                k: receipt_wire(v.completion_receipt) for k, v in b.attempts.items()
+            }
             first = b.attempts[("rL0", 0)].completion_receipt
             assert await theirs.acknowledge_wire(  # the echo read where no count is offered
                 [receipt_wire(first)], deadline_ts=soon()
@@ -171,6 +223,8 @@ async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
                 )
             ready = await ours.prepare_listing("c1", deadline_ts=soon(2))
             assert ready.ready_to_commit and ready.attempts == {}
+            with pytest.raises(ConfigError):  # a key per receipt, each once
+                await ours.acknowledge_wire(receipts, keys=[("rL1", 0)], deadline_ts=soon())
             await ours.resume("c1", deadline_ts=soon())
 
 
@@ -201,12 +255,49 @@ async def test_the_client_reads_listings_from_ours_and_from_a_real_gym_alike():
     ],
 )
 def test_a_malformed_compact_listing_is_refused(columns):
+    if "completion_receipt" in columns:  # the same as JSON text
+        receipts = columns["completion_receipt"]
+        texts = {**columns, "completion_receipt_text": [r and json.dumps(r) for r in receipts]}
+        with pytest.raises(ValueError):
+            GymListing.from_compact({"attempts": texts}, text=True)
     with pytest.raises(ValueError):
         GymListing.from_compact({"attempts": columns})
     from rl_gym_actors.gym.agent_checkpoint.client_bulk import BulkCalls
 
     with pytest.raises(ProtocolViolation):
         BulkCalls._compact({"attempts": columns}, "http://x")
+
+
+def test_a_text_listing_reads_receipts_with_lineage_and_refuses_another_s():
+    from rl_gym_actors.protocol import CompletionReceipt
+
+    fields = dict(execution_generation=1, result_identity="i", result_digest="d" * 64)
+    plain = CompletionReceipt(rollout_id="a", attempt_index=2, **fields)
+    lineage = CompletionReceipt(
+        rollout_id="b",
+        attempt_index=0,
+        manifest_capture_key="b",
+        terminal_model_call_id="call-1",
+        **fields,
+    )
+    texts = [plain.canonical().decode(), lineage.canonical().decode(), None]
+    columns = {
+        "rollout_id": ["a", "b", "c"],
+        "attempt_index": [2, 0, 0],
+        "state": ["completed", "completed", "running"],
+        "completion_receipt_text": texts,
+    }
+    listing = GymListing.from_compact({"attempts": columns}, text=True)
+    assert [v.completion_receipt for v in listing.attempts.values()] == texts
+    assert receipt_key(texts[1]) == ("b", 0)
+    for bad in ({"attempt_index": [3, 0, 0]}, {"rollout_id": ["a", "bb", "c"]}):
+        with pytest.raises(ValueError, match="another's"):
+            GymListing.from_compact({"attempts": {**columns, **bad}}, text=True)
+    with pytest.raises(ValueError, match="wrong type"):  # an object where text belongs
+        GymListing.from_compact(
+            {"attempts": {**columns, "completion_receipt_text": [plain.wire(), None, None]}},
+            text=True,
+        )
 
 
 def test_a_listing_json_round_trips_through_one_loads():

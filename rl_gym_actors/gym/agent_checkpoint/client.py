@@ -62,6 +62,7 @@ from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     CAPABILITIES_PATH,
     CONTROL_PREFIX,
+    MAX_RETIRE_BATCH,
     REPLAYED_HEADER,
     ROLLOUT_ID_FIELD,
     AckAnswer,
@@ -77,8 +78,6 @@ from rl_gym_actors.protocol import (
     ResumeAnswer,
     RetireAnswer,
     RetireBatchAnswer,
-    RetireBatchRequest,
-    RetireKey,
     RetireKeyAnswer,
     RetireRequest,
     StatusReport,
@@ -246,19 +245,35 @@ class GymClient(BulkCalls):
         self, keys: Sequence[tuple[str, int]], *, checkpoint_id: str, deadline_ts: float
     ) -> list[RetireKeyAnswer]:
         """(ext) ``retire`` of many keys in one call, answered per key in the order sent; only
-        for a server that offers ``retire-batch`` (see :meth:`offers`)."""
+        for a server that offers ``retire-batch`` (see :meth:`offers`). The body is written by
+        hand (keys checked here, as its model would), the answer read by its model."""
+        checkpoint_id_arg(checkpoint_id)
         for rollout_id, attempt_index in keys:
             check_key(rollout_id, attempt_index)
-        answer = await self._phase_call(
-            RetireBatchAnswer,
-            RetireBatchRequest,
-            "/retire-batch",
-            deadline_ts,
-            RetryOn.IDEMPOTENT,
-            checkpoint_id=checkpoint_id,
-            executions=[RetireKey(rollout_id=r, attempt_index=i) for r, i in keys],
-        )
-        if [a.key for a in answer.retired] != [tuple(k) for k in keys]:
+        sent = [tuple(k) for k in keys]
+        if not 0 < len(sent) <= MAX_RETIRE_BATCH or len(set(sent)) != len(sent):
+            raise ConfigError(f"retire-batch: 1 to {MAX_RETIRE_BATCH} keys, each once")
+        executions = [{"rollout_id": r, "attempt_index": i} for r, i in sent]
+        check_deadline(deadline_ts)
+
+        async def attempt(try_deadline: float) -> RetireBatchAnswer:
+            body = {
+                "schema_version": 1,
+                "checkpoint_id": checkpoint_id,
+                "deadline_ts": self.wire_deadline(try_deadline),
+                "executions": executions,
+            }
+            answer = await self._send(
+                "POST",
+                CONTROL_PREFIX + "/retire-batch",
+                control=True,
+                data=encode(body),
+                deadline_ts=try_deadline,
+            )
+            return model_of(RetireBatchAnswer, answer)
+
+        answer = await self._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "retire-batch")
+        if [a.key for a in answer.retired] != sent:
             raise ProtocolViolation(f"{self.endpoint.label}: retire-batch answered other keys")
         return answer.retired
 

@@ -3,11 +3,12 @@
 - :meth:`BulkCalls.listing` and :meth:`BulkCalls.prepare_listing`: a status or a prepare as a
   :class:`~rl_gym_actors.listing.GymListing` (each active attempt once). A server that offers
   the (ext) ``status-compact`` feature is asked for the compact listing (columns, receipts as
-  JSON objects, parsed in one ``json.loads``); any other (a real Gym) answers the full status,
+  JSON objects, parsed in one ``json.loads``; where it offers ``status-receipt-text``, receipts
+  as the JSON text it issued, not even decoded); any other (a real Gym) answers the full status,
   read as :meth:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient.status` reads it.
-- :meth:`BulkCalls.acknowledge_wire`: ``acknowledge-completed`` with receipts as the JSON
-  objects a listing gave (sent back as they came; the server checks each against the one it
-  issued), its answer checked key by key without models.
+- :meth:`BulkCalls.acknowledge_wire`: ``acknowledge-completed`` with receipts as a listing gave
+  them (sent back as they came, JSON text spliced into the body; the server checks each against
+  the one it issued), its answer checked key by key without models.
 
 Mixed into :class:`~rl_gym_actors.gym.agent_checkpoint.client.GymClient`.
 """
@@ -26,10 +27,15 @@ from rl_gym_actors.gym.transport import GymTransport
 from rl_gym_actors.listing import (
     ACK_COUNT_FEATURE,
     ACK_COUNT_PARAM,
+    ACK_ENDS,
     COMPACT_FEATURE,
     COMPACT_PARAM,
     KEYS_LISTING,
+    TEXT_FEATURE,
+    TEXT_LISTING,
+    AnyReceipt,
     GymListing,
+    receipt_json,
     receipt_key,
 )
 from rl_gym_actors.protocol import CONTROL_PREFIX, PhaseRequest, StatusReport
@@ -74,7 +80,9 @@ class BulkCalls(GymTransport):
         if not await self.offers(COMPACT_FEATURE, deadline_ts=deadline_ts):
             return GymListing.of(await self.status(checkpoint_id, deadline_ts=deadline_ts))
         checkpoint_id_arg(checkpoint_id)
-        params = {"checkpoint_id": checkpoint_id, **_PARAMS}
+        text = await self.offers(TEXT_FEATURE, deadline_ts=deadline_ts)
+        listing = {COMPACT_PARAM[0]: TEXT_LISTING} if text else _PARAMS
+        params = {"checkpoint_id": checkpoint_id, **listing}
 
         async def attempt(try_deadline: float) -> GymListing:
             answer = await self._send(
@@ -86,7 +94,7 @@ class BulkCalls(GymTransport):
             )
             if not 200 <= answer.status < 300:
                 raise error_for_response(answer.status, answer.raw, url=answer.url)
-            return self._compact(json_of(answer), answer.url)
+            return self._compact(json_of(answer), answer.url, text=text)
 
         return await self._with_retry(attempt, RetryOn.IDEMPOTENT, deadline_ts, "status")
 
@@ -123,15 +131,24 @@ class BulkCalls(GymTransport):
         )
 
     async def acknowledge_wire(
-        self, receipts: Sequence[Mapping[str, Any]], *, deadline_ts: float
+        self,
+        receipts: Sequence[AnyReceipt],
+        *,
+        deadline_ts: float,
+        keys: Sequence[tuple[str, int]] | None = None,
     ) -> list[tuple[str, int]]:
-        """ACK a batch of receipts in wire form, all or nothing; the keys ACKed. Raises as
-        :meth:`GymClient.acknowledge_completed` does (``AckRejected`` for a stale receipt)."""
-        sent = [receipt_key(r) for r in receipts]
-        keys = set(sent)
-        if not keys or len(keys) != len(sent):
+        """ACK a batch of receipts as a listing gave them, all or nothing; the keys ACKed.
+        ``keys``: the receipts' keys where the caller knows them (a receipt's JSON text is then
+        not decoded: the server checks it). Raises as :meth:`GymClient.acknowledge_completed`
+        does (``AckRejected`` for a stale receipt)."""
+        sent = list(keys) if keys is not None else [receipt_key(r) for r in receipts]
+        unique = set(sent)
+        if not unique or len(unique) != len(sent) or len(sent) != len(receipts):
             raise ConfigError("acknowledge-completed: at least one receipt, keys unique")
-        data = encode({"schema_version": 1, "executions": list(receipts)})
+        try:  # the body as our server compares it whole with the receipts it issued
+            data = ",".join(map(receipt_json, receipts)).join(ACK_ENDS).encode()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"acknowledge-completed: a receipt is not JSON: {exc}") from exc
         # (ext) the count instead of every receipt sent back, where the server offers it
         count = await self.offers(ACK_COUNT_FEATURE, deadline_ts=deadline_ts)
 
@@ -148,14 +165,14 @@ class BulkCalls(GymTransport):
                 raise error_for_response(answer.status, answer.raw, url=answer.url)
             body = json_of(answer)
             if count:
-                if not isinstance(body, dict) or body.get("acknowledged_count") != len(keys):
+                if not isinstance(body, dict) or body.get("acknowledged_count") != len(sent):
                     raise ProtocolViolation(f"{answer.url}: acknowledge-completed: {body!r}")
                 return sent
             acked = body.get("acknowledged") if isinstance(body, dict) else None
             if not isinstance(acked, list) or not all(isinstance(r, dict) for r in acked):
                 raise ProtocolViolation(f"{answer.url}: acknowledge-completed answered {body!r}")
             got = {(r.get("rollout_id"), r.get("attempt_index")) for r in acked}
-            if not got <= keys:
+            if not got <= unique:
                 raise ProtocolViolation(
                     f"{self.endpoint.label}: acknowledge-completed answered keys it was not sent"
                 )
@@ -173,10 +190,10 @@ class BulkCalls(GymTransport):
             raise ProtocolViolation(f"{url}: answer is no StatusReport: {exc}") from exc
 
     @staticmethod
-    def _compact(body: Any, url: str, keys_only: bool = False) -> GymListing:
+    def _compact(body: Any, url: str, keys_only: bool = False, text: bool = False) -> GymListing:
         if not isinstance(body, dict):
             raise ProtocolViolation(f"{url}: a compact listing is no JSON object")
         try:
-            return GymListing.from_compact(body, keys_only=keys_only)
+            return GymListing.from_compact(body, keys_only=keys_only, text=text)
         except ValueError as exc:
             raise ProtocolViolation(f"{url}: not a compact listing: {exc}") from exc

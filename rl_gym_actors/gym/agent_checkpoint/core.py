@@ -293,19 +293,19 @@ class ParticipantCore:
                 self._put(replace(e, state=after, reply=None))
         return AckBatchAnswer(acknowledged=list(receipts))
 
-    def acknowledge_exact(self, pairs: Sequence[tuple[ExecutionKey, bytes]]) -> list[bytes] | None:
-        """Batch ACK's fast path: every key completed with exactly this stored canonical receipt:
-        ACKed, their receipts returned; else None, nothing changed (:meth:`acknowledge_batch`)."""
-        found = []
-        for key, canonical in pairs:
-            e = self._all.get(key)
-            if e is None or e.state is not S.COMPLETED or e.receipt != canonical:
-                return None
-            found.append(e)
-        for e in found:  # the checked path's transition, without dataclasses.replace
-            ack = next_state(e.key, e.state, Event.ACK)
+    def acknowledge_exact(
+        self, keys: Sequence[ExecutionKey], match: Callable[[list[bytes]], bool]
+    ) -> list[bytes] | None:
+        """Batch ACK's fast path: every key completed, and ``match`` true of their stored
+        receipts (in order): ACKed, those returned; else None, nothing changed."""
+        found = [e for e in map(self._all.get, keys) if e is not None and e.state is S.COMPLETED]
+        stored = [e.receipt for e in found if e.receipt is not None]
+        if not stored or len(stored) != len(keys) or not match(stored):
+            return None
+        ack = next_state(found[0].key, S.COMPLETED, Event.ACK)  # the checked path's transition
+        for e in found:
             self._put(Execution(e.rollout_id, e.attempt_index, ack, e.generation, None, e.receipt))
-        return [canonical for _, canonical in pairs]
+        return stored
 
     def retire(self, checkpoint_id: str | None, key: ExecutionKey) -> tuple[RetireAnswer, bool]:
         """The retire answer, and whether a running agent call must be cancelled."""

@@ -25,7 +25,12 @@ from rl_gym_actors.errors import (
     InvalidRequest,
     StaleAttempt,
 )
-from rl_gym_actors.gym.agent_checkpoint.bulk import acked_body, exact_receipts
+from rl_gym_actors.gym.agent_checkpoint.bulk import (
+    ACK_ENDS,
+    ack_body,
+    acked_body,
+    canonical_pairs,
+)
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agent_checkpoint.lease import LeaseTimer
 from rl_gym_actors.gym.agents import LineagedReply
@@ -272,10 +277,20 @@ class Participant:
 
     async def acknowledge_exact(self, raw: bytes) -> tuple[bytes, int] | None:
         """The batch ACK's fast path (:mod:`.bulk`): the answer and how many it ACKed, or None
-        for the checked path."""
+        for the checked path. A body of the stored receipts' bytes as our client splices them
+        is compared whole; any other is compared receipt by receipt, canonically."""
         self._admit()
-        pairs = exact_receipts(raw)
-        acked = None if pairs is None else self.core.acknowledge_exact(pairs)
+        parsed = ack_body(raw)
+        if parsed is None:
+            return None
+        keys, receipts = parsed
+        core = self.core
+        acked = core.acknowledge_exact(keys, lambda got: b",".join(got).join(ACK_ENDS) == raw)
+        if acked is None:
+            pairs = canonical_pairs(keys, receipts)
+            if pairs is None:
+                return None
+            acked = core.acknowledge_exact(keys, lambda got: got == [c for _, c in pairs])
         if acked is None:
             return None
         await self._durable()

@@ -27,7 +27,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from rl_gym_actors.errors import AckRejected, GymRejected, InvalidRequest
-from rl_gym_actors.gym.agent_checkpoint.bulk import status_body
+from rl_gym_actors.gym.agent_checkpoint.bulk import retire_batch_keys, retired_body, status_body
 from rl_gym_actors.gym.agent_checkpoint.core import PrepareIncomplete
 from rl_gym_actors.gym.agent_checkpoint.participant import (
     Participant,
@@ -54,6 +54,8 @@ from rl_gym_actors.listing import (
     COMPACT_FEATURE,
     COMPACT_PARAM,
     KEYS_LISTING,
+    TEXT_FEATURE,
+    TEXT_LISTING,
 )
 from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
@@ -72,9 +74,7 @@ from rl_gym_actors.protocol import (
     CompletionReceipt,
     ExecutionKey,
     PhaseRequest,
-    RetireBatchAnswer,
     RetireBatchRequest,
-    RetireKeyAnswer,
     RetireRequest,
     StatusReport,
     is_valid_attempt_index,
@@ -84,13 +84,14 @@ from rl_gym_actors.protocol import (
 )
 
 READY_PATH = "/ready"
-LISTINGS = (COMPACT_PARAM[1], KEYS_LISTING)
+LISTINGS = (COMPACT_PARAM[1], KEYS_LISTING, TEXT_LISTING)
 # what a server of ours does beyond its routes; "completed_result_acknowledgement" is the name
 # a real Gym and NeMo RL's checkpoint client use, the others are (ext). The routes it serves are
 # listed as features too, read from the app (route_features)
 FEATURES = (
     "completed_result_acknowledgement",
     COMPACT_FEATURE,
+    TEXT_FEATURE,
     ACK_COUNT_FEATURE,
     "run-replay",
     "replayed-header",
@@ -155,7 +156,7 @@ def query_key(q: Mapping[str, str]) -> ExecutionKey:
 
 def listing_of(request: Request) -> str | None:
     """The (ext) listing a status or prepare asks for: ``compact``, ``keys`` (compact without
-    the receipts) or None (the full shape)."""
+    the receipts), ``text`` (compact, the receipts as JSON text) or None (the full shape)."""
     listing = request.query_params.get(COMPACT_PARAM[0])
     if listing not in (None, *LISTINGS):
         raise InvalidRequest(f"listing: one of {LISTINGS}; got {listing!r}", status=422)
@@ -357,10 +358,12 @@ def create_app(
         answer = request.query_params.get(ACK_COUNT_PARAM[0])  # (ext) count=1: the count only
         if answer not in (None, ACK_COUNT_PARAM[1]):
             raise InvalidRequest(f"count: only {ACK_COUNT_PARAM[1]!r}; got {answer!r}", status=422)
-        raw = await body(request)
-        fast = await participant.acknowledge_exact(raw)  # receipts exactly as issued
+        raw = await read_body(request, max_body_bytes)
+        # receipts exactly as issued (its parse stops at a nesting too deep for Python: the
+        # checked path refuses any past MAX_JSON_DEPTH by name)
+        fast = await participant.acknowledge_exact(raw)
         if fast is None:
-            batch = parse(AckBatchRequest, raw)
+            batch = parse(AckBatchRequest, unnested(raw))
             acked = await participant.acknowledge_batch(batch.executions)
             fast = acked.model_dump_json(exclude_none=True).encode(), len(batch.executions)
         return json_response({"acknowledged_count": fast[1]} if answer else fast[0])
@@ -377,17 +380,17 @@ def create_app(
     @app.post(CONTROL_PREFIX + "/retire-batch", dependencies=guarded)
     async def retire_batch(request: Request) -> Response:
         """(ext) Many retires in one call, answered per key in the order sent."""
-        req = parse(RetireBatchRequest, await body(request))
-        keys = [(k.rollout_id, k.attempt_index) for k in req.executions]
-        answers = await participant.retire_batch(req.checkpoint_id, keys, req.deadline_ts)
-        return json_response(
-            RetireBatchAnswer(
-                retired=[
-                    RetireKeyAnswer(rollout_id=k[0], attempt_index=k[1], **a.model_dump())
-                    for k, a in zip(keys, answers, strict=True)
-                ]
-            )
-        )
+        raw = await read_body(request, max_body_bytes)
+        # by hand, by the thousand (its parse stops at a nesting too deep for Python); else the
+        # model, which names what is wrong
+        checked = retire_batch_keys(raw)
+        if checked is None:
+            req = parse(RetireBatchRequest, unnested(raw))
+            keys = [(k.rollout_id, k.attempt_index) for k in req.executions]
+            checked = req.checkpoint_id, req.deadline_ts, keys
+        cid, deadline_ts, keys = checked
+        answers = await participant.retire_batch(cid, keys, deadline_ts)
+        return json_response(retired_body(keys, answers))
 
     @app.post(CONTROL_PREFIX + "/prepare", dependencies=guarded)
     async def prepare(request: Request) -> Response:
