@@ -191,15 +191,14 @@ async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: st
     call, ACKS_IN_FLIGHT at once), retire-batch the running attempts, prepare, commit, resume."""
     from rl_gym_actors.actors.gate_steps import ACK_CHUNK, ACKS_IN_FLIGHT
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-    from rl_gym_actors.listing import receipt_wire
 
     async def one(i: int, ep: GymEndpoint) -> tuple[int, int]:
         deadline = time.time() + DEADLINE_S
         async with GymClient(ep, control_limit=32) as client:
             st = await client.listing(cid, deadline_ts=deadline)
-            receipts = [
-                receipt_wire(a.completion_receipt)
-                for a in st.attempts.values()
+            receipts = [  # as the listing gave them (JSON text from our server)
+                (k, a.completion_receipt)
+                for k, a in st.attempts.items()
                 if a.completion_receipt is not None
             ]
             running = [k for k, a in st.attempts.items() if a.state == "running"]
@@ -207,7 +206,9 @@ async def direct_checkpoint(endpoints: Sequence[GymEndpoint], cid: str, cdir: st
 
             async def ack(chunk: list) -> None:
                 async with acks:
-                    await client.acknowledge_wire(chunk, deadline_ts=deadline)
+                    await client.acknowledge_wire(
+                        [r for _, r in chunk], keys=[k for k, _ in chunk], deadline_ts=deadline
+                    )
 
             await asyncio.gather(
                 *(ack(receipts[k : k + ACK_CHUNK]) for k in range(0, len(receipts), ACK_CHUNK)),
