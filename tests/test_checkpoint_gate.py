@@ -248,17 +248,19 @@ async def test_the_deadline_path_fails_with_blockers_and_reopens_admission(ray_s
 
         await until(running, what="the run to start")
 
-        deadline_s = 1.5
+        deadline_s = scaled(1.5)  # a loaded machine still answers the prepare in time
         start = time.monotonic()
         with pytest.raises(CheckpointFailed) as info:
             await ledger.checkpoint.remote("ckpt-late", str(tmp_path / "late"), deadline_s)
         elapsed = time.monotonic() - start
 
-        assert 1.0 <= elapsed < deadline_s + scaled(2.5), elapsed  # waited, then gave up in time
+        # it waited, then gave up in time
+        assert deadline_s * 2 / 3 <= elapsed < deadline_s + scaled(2.5), elapsed
         err = info.value
         assert err.checkpoint_id == "ckpt-late"
         blocked = err.blockers[endpoint.label]
-        assert {"rollout_id": "rL", "attempt_index": 0, "state": "running"} in blocked["attempts"]
+        running = {"rollout_id": "rL", "attempt_index": 0, "state": "running"}
+        assert running in blocked.get("attempts", []), blocked
         assert blocked.get("resumed", True)
         assert await receipt_state(client, "rL") == "running"  # not retired: it is owned
         status = await client.status("probe-late", deadline_ts=soon())

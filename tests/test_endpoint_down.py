@@ -89,7 +89,8 @@ async def test_with_gym_dead_a_batch_and_a_checkpoint_end_in_bounds_naming_the_c
             start = time.monotonic()
             outcomes = await orch.arun_batch([{"reward": 1.0} for _ in range(60)])
             took = time.monotonic() - start
-            bound = POLICY.rollout_s * POLICY.max_tries + POLICY.control_s
+            # the policy's own bound, plus the Ray and HTTP overhead a loaded machine stretches
+            bound = POLICY.rollout_s * POLICY.max_tries + POLICY.control_s + scaled(1.0)
             assert took < bound, (took, bound)
             assert all(o.status == "failed" for o in outcomes)
             assert {o.failure for o in outcomes} <= {FailureKind.ENDPOINT_DOWN, FailureKind.LOST}

@@ -76,6 +76,8 @@ def test_early_close_abandons_the_rest_and_a_checkpoint_commits(orch, gym, agent
     assert (first.index, first.outcome.status) == (0, "sealed")
     # close-done finished on Gym (its receipt fetch is held); close-slow still runs
     wait_for(lambda: ("close-done", 0) in agent.finished, what="close-done to finish on Gym")
+    # and close-slow runs on Gym (on a loaded machine its /run can still be on its way)
+    wait_for(lambda: agent.starts[("close-slow", 0)] == 1, what="close-slow to start on Gym")
     it.close()
     wait_for(lambda: ("close-slow", 0) in agent.cancelled, what="the running try's retire")
     assert key_state(gym.endpoint, "close-slow", 0) == "tombstoned"

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from rl_gym_actors.testing.polling import scaled
+
 
 @pytest.fixture(scope="module")
 def loop(load_example):
@@ -61,7 +63,7 @@ def test_quick_run_learns_commits_every_checkpoint_and_counts_nothing_twice(loop
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -112,7 +114,7 @@ def test_via_nemo_rl_the_drop_in_driven_as_nemo_rl_does_counts_nothing_twice(loo
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=scaled(240),
         env=env,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
