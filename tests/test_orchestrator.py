@@ -21,7 +21,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.orchestrator import endpoint_index_for
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state_sync as key_state
-from rl_gym_actors.testing.polling import soon, wait_for
+from rl_gym_actors.testing.polling import scaled, soon, wait_for
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 pytestmark = pytest.mark.ray
@@ -66,7 +66,9 @@ def orch(variant, ray_session, gyms, protocol, tmp_path_factory):
     ]
     with Orchestrator(
         endpoints,
-        policy=POLICY,
+        # a try's /run bound stretched by the load (a loaded machine's instant agent can take a
+        # second to answer); receipt_s stays: the receipt-hold cases need their 2.5 s to pass it
+        policy=POLICY.model_copy(update={"rollout_s": scaled(POLICY.rollout_s)}),
         pool_size=2,
         rollouts_per_actor=per_actor,
         run_id=f"{protocol}-p{per_actor}",  # the rows' ids start with it: this run's
