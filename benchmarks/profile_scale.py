@@ -28,17 +28,14 @@ from typing import Any
 from common import RESULTS_DIR, Result, bench_main, progress
 from hotpath_profile import _find, _own_cpu, _py_spy, parse_collapsed
 from scale import (
-    HEALTH,
-    LOOPBACK,
     SERVERS,
-    SPARE_CPUS,
     DurableFleet,
     _add_node,
     _checkpoint,
     _orchestrator,
     _rows,
     _sampled,
-    _started,
+    start_head,
 )
 
 ACTORS_PER_NODE = 2
@@ -58,7 +55,6 @@ def _spy(spy: str, pid: int, out: Path) -> subprocess.Popen:
 
 def body(result: Result, args: Any) -> None:
     import ray
-    from ray.cluster_utils import Cluster
 
     spy = _py_spy()
     window_s = 10.0 if args.quick else 30.0
@@ -72,16 +68,7 @@ def body(result: Result, args: Any) -> None:
     )
     p = {"actors_per_node": ACTORS_PER_NODE}
     tmp = Path(tempfile.mkdtemp(prefix="rlga-prof-scale-"))
-    cluster = Cluster(initialize_head=False)
-    head = dict(
-        num_cpus=ACTORS_PER_NODE + SPARE_CPUS,
-        resources={"rlga_node0": 1},
-        include_dashboard=False,
-        _system_config=HEALTH,
-        **LOOPBACK,
-    )
-    nodes_up = [_started(lambda: cluster.add_node(**head))]
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    cluster, nodes_up = start_head(ACTORS_PER_NODE)
     fleet = DurableFleet(SERVERS, tmp / "gym").start()
     orch = None
     hosts = len(fleet.pids)

@@ -555,6 +555,25 @@ def node_loss(
     return row
 
 
+def start_head(actors_per_node: int) -> tuple[Any, list[Any]]:
+    """The cluster's head node (node 0: its actors' CPUs and a spare, no dashboard, Ray's
+    health checks at HEALTH) and this driver attached to it: the cluster and its nodes up."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=False)
+    head = dict(
+        num_cpus=actors_per_node + SPARE_CPUS,
+        resources={"rlga_node0": 1},
+        include_dashboard=False,
+        _system_config=HEALTH,
+        **LOOPBACK,
+    )
+    nodes_up = [_started(lambda: cluster.add_node(**head))]
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    return cluster, nodes_up
+
+
 def _add_node(cluster: Any, p: dict, i: int) -> Any:
     return _started(
         lambda: cluster.add_node(
@@ -587,7 +606,6 @@ def _started(start: Any, tries: int = 5) -> Any:
 
 def body(result: Result, args: Any) -> None:
     import ray
-    from ray.cluster_utils import Cluster
 
     p = dict(QUICK if args.quick else FULL)
     for key in ("nodes", "actors_per_node", "per_actor", "rows"):
@@ -598,16 +616,7 @@ def body(result: Result, args: Any) -> None:
     result.params.update(p, servers=SERVERS, agent_s=AGENT_S, health=HEALTH)
     tmp = Path(tempfile.mkdtemp(prefix="rlga-bench-scale-"))
     t0 = time.perf_counter()
-    cluster = Cluster(initialize_head=False)
-    head = dict(
-        num_cpus=p["actors_per_node"] + SPARE_CPUS,
-        resources={"rlga_node0": 1},
-        include_dashboard=False,
-        _system_config=HEALTH,
-        **LOOPBACK,
-    )
-    nodes_up = [_started(lambda: cluster.add_node(**head))]
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    cluster, nodes_up = start_head(p["actors_per_node"])
     fleet = DurableFleet(SERVERS, tmp / "gym").start()
     result.extra["start_s"] = round(time.perf_counter() - t0, 1)
     progress(f"head node and {SERVERS} durable Gym servers up in {result.extra['start_s']}s")
