@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -36,6 +35,7 @@ from scale import (
     _rows,
     _sampled,
     start_head,
+    stop_all,
 )
 
 ACTORS_PER_NODE = 2
@@ -54,7 +54,6 @@ def _spy(spy: str, pid: int, out: Path) -> subprocess.Popen:
 
 
 def body(result: Result, args: Any) -> None:
-    import ray
 
     spy = _py_spy()
     window_s = 10.0 if args.quick else 30.0
@@ -117,12 +116,7 @@ def body(result: Result, args: Any) -> None:
         stop.set()
         worker.join(timeout=300)
     finally:
-        if orch is not None:
-            orch.close()
-        fleet.stop()
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_all(orch, fleet, cluster, tmp)
     n = max(1, n)
     share = {"rollout actor": actors, "Gym host": hosts}
     procs = {}

@@ -574,6 +574,19 @@ def start_head(actors_per_node: int) -> tuple[Any, list[Any]]:
     return cluster, nodes_up
 
 
+def stop_all(orch: Any, fleet: Any, cluster: Any, tmp: Path) -> None:
+    """What :func:`start_head` and a run started, stopped: the orchestrator (when one was
+    made), the Gym servers, this driver's Ray, the cluster, and the run's files."""
+    import ray
+
+    if orch is not None:
+        orch.close()
+    fleet.stop()
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _add_node(cluster: Any, p: dict, i: int) -> Any:
     return _started(
         lambda: cluster.add_node(
@@ -638,12 +651,7 @@ def body(result: Result, args: Any) -> None:
             result.notes.append(f"Node-loss phase stopped: {type(exc).__name__}: {exc}"[:500])
             progress(f"node-loss phase stopped: {exc!r}")
     finally:
-        if orch is not None:
-            orch.close()
-        fleet.stop()
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_all(orch, fleet, cluster, tmp)
     result.rows = [{"part": "throughput", **r} for r in tp] + [
         {"part": "checkpoint", **r} for r in ck
     ]

@@ -7,7 +7,7 @@
                       pool_size=64, rollouts_per_actor=1) as orch:
         outcomes = orch.run_batch(rows)                 # one outcome per row, in row order
         for index, outcome in orch.stream(rows):        # each outcome as its rollout ends
-            ...
+            print(index, outcome.status, outcome.reward)
         report = orch.checkpoint("step-10", "/ckpt/step-10", deadline_s=120.0)
         print(orch.snapshot())
 
