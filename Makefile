@@ -5,6 +5,7 @@ PY ?= $(shell .ci/find-python 3.11 3.13 3.12)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
@@ -50,26 +51,27 @@ test-lowest:
 	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|hypothesis|numpy|psutil)=='
 	$(LOWEST)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests
 
-# quick mode of every benchmark, regenerating benchmarks/RESULTS.md (under 8 minutes when quiet)
-bench: $(STAMP)
+# the bench extra (matplotlib, py-spy), installed once per venv (again when pyproject.toml changes)
+$(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# quick mode of every benchmark, regenerating benchmarks/RESULTS.md (under 8 minutes when quiet)
+bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick
 
 # benchmarks/scale.py alone (N raylets, 16 durable Gym servers, big checkpoints; ~3 minutes
 # quick), kept out of `make bench` to hold that under 8 minutes; RESULTS.md regenerated
-bench-scale: $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
+bench-scale: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --only scale
 
 # benchmarks/chaos.py alone (one fault per row, sixteen faults: 5-10 minutes quick), kept out of
 # `make bench` for the same reason; RESULTS.md regenerated
-bench-chaos: $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
+bench-chaos: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --only chaos
 
 # the same, plus the "before" column: the benchmarks run again against commit e581378
-bench-compare: $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
+bench-compare: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:

@@ -141,8 +141,12 @@ def _leave(kind: str, endpoints: Sequence[GymEndpoint], n: int, prefix: str, gat
         if any(o.status != "sealed" or o.acked for o in outcomes):
             raise RuntimeError("sealed: a rollout did not end sealed and un-ACKed")
         return
-    fill = leave_finished if kind == "finished" else leave_running
-    asyncio.run(fill(endpoints, n, prefix))
+    if kind == "finished":
+        asyncio.run(leave_finished(endpoints, n, prefix))
+        return
+    reached = asyncio.run(leave_running(endpoints, n, prefix))
+    if reached < n:
+        raise RuntimeError(f"running: {reached} of {n} abandoned runs reached Gym")
 
 
 def _state_lost_seen(gate: Gate, cid: str, tmp: Path) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import common  # noqa: F401  (puts the repository on sys.path)
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import GymUnavailable
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess
 
@@ -108,37 +107,63 @@ async def leave_running(
     *,
     sleep_s: float = 3600.0,
     concurrency: int = 200,
-    wait_s: float = 0.3,
-) -> None:
-    """``n`` attempts still running on Gym whose caller went away (their owners are gone): each
-    ``/run`` is started and abandoned after ``wait_s``; Gym keeps running it."""
+    reach_s: float = 60.0,
+) -> int:
+    """``n`` attempts still running on Gym whose caller went away (their owners are gone),
+    spread round-robin over ``endpoints``. The ``/run`` calls go out in waves of ``concurrency``;
+    a wave is abandoned once the servers count its runs as running (Gym keeps running them), so
+    all ``n`` reach Gym on a loaded machine too, or after ``reach_s``. Returns how many of them
+    the servers count as running."""
+    clients = [GymClient(ep, limit=concurrency) for ep in endpoints]
+    base = await running_total(endpoints)
+    reached = 0
+    try:
+        for first in range(0, n, concurrency):
+            last = min(n, first + concurrency)
+            calls = [
+                asyncio.create_task(
+                    clients[i % len(clients)].run(
+                        {"sleep_s": sleep_s},
+                        rollout_id=f"{prefix}-{i}",
+                        attempt_index=0,
+                        deadline_ts=time.time() + reach_s,
+                    )
+                )
+                for i in range(first, last)
+            ]
+            end = time.monotonic() + reach_s
+            while (reached := await running_total(endpoints) - base) < last:
+                if time.monotonic() > end or all(c.done() for c in calls):
+                    break
+                await asyncio.sleep(0.05)
+            for c in calls:
+                c.cancel()  # the caller walks away; the run goes on
+            await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        for c in clients:
+            await c.close()
+    return reached
 
-    async def call(client: GymClient, rid: str) -> None:
-        try:
-            await client.run(
-                {"sleep_s": sleep_s},
-                rollout_id=rid,
-                attempt_index=0,
-                deadline_ts=time.time() + wait_s,
-            )
-        except GymUnavailable:
-            pass  # the deadline: the caller walks away, the run goes on
 
-    await _spread(endpoints, n, prefix, concurrency, call)
+async def running_total(endpoints: Sequence[GymEndpoint]) -> int:
+    """Attempts running on the servers, summed (the servers' truth)."""
+    return sum(c["running"] for c in (await gym_counts(endpoints)).values())
 
 
 async def gym_counts(
     endpoints: Sequence[GymEndpoint], checkpoint_id: str = "bench-probe"
 ) -> dict[str, dict[str, Any]]:
-    """Each server's status counts (the server's truth), by URL."""
-    out = {}
-    for ep in endpoints:
+    """Each server's status counts (the server's truth), by URL, asked of all at once."""
+
+    async def one(ep: GymEndpoint) -> dict[str, Any]:
         async with GymClient(ep) as client:
             st = await client.status(checkpoint_id, deadline_ts=time.time() + 60)
-        out[ep.url] = {
+        return {
             "running": st.running,
             "completed_unacknowledged": st.completed_unacknowledged,
             "acknowledged": st.acknowledged_completed,
             "state": st.state,
         }
-    return out
+
+    counts = await asyncio.gather(*(one(ep) for ep in endpoints))
+    return {ep.url: c for ep, c in zip(endpoints, counts, strict=True)}

@@ -26,7 +26,7 @@ from typing import Any
 import common
 from common import Result, bench_main, progress, ratio
 from fleet import leave_running
-from scale import SERVERS, DurableFleet, _clean, _until_running, direct_checkpoint
+from scale import SERVERS, DurableFleet, _clean, direct_checkpoint
 
 DEADLINE_S = 300.0
 
@@ -80,8 +80,7 @@ def body(result: Result, args: Any) -> None:
                         left[policy] = n
                     else:
                         eps = fleet.endpoints
-                        asyncio.run(leave_running(eps, n, prefix, concurrency=1024, wait_s=3.0))
-                        left[policy] = asyncio.run(_until_running(eps, n))
+                        left[policy] = asyncio.run(leave_running(eps, n, prefix, concurrency=1024))
                     cid = f"ck-{counter}"
                     t0 = time.perf_counter()
                     if policy == "gate":

@@ -158,7 +158,7 @@ def body(result: Result, args: Any) -> None:
     from rl_gym_actors.orchestrator import Orchestrator
 
     spy = _py_spy()
-    window_s = 12.0 if args.quick else 30.0
+    window_s = 8.0 if args.quick else 30.0
     per_actor = args.per_actor
     actors = max(1, 16 // per_actor)
     result.params.update(

@@ -24,7 +24,7 @@ import common
 from common import RESULTS_DIR, Result, bench_main, progress
 from fleet import leave_running
 from hotpath_profile import _find, _own_cpu, _py_spy, parse_collapsed
-from scale import SERVERS, DurableFleet, _checkpoint, _state_lost_seen, _until_running
+from scale import SERVERS, DurableFleet, _checkpoint, _state_lost_seen
 
 
 def body(result: Result, args: Any) -> None:
@@ -50,8 +50,7 @@ def body(result: Result, args: Any) -> None:
             fleet.fresh(prefix, n)
             _state_lost_seen(orch, "lost", tmp)  # new state dirs: the gate says so once
         else:
-            asyncio.run(leave_running(fleet.endpoints, n, prefix, concurrency=512, wait_s=0.5))
-            asyncio.run(_until_running(fleet.endpoints, n))
+            asyncio.run(leave_running(fleet.endpoints, n, prefix, concurrency=512))
         pids = {"ledger": _find("worker:LedgerActor", fleet.pids), "gym_host": fleet.pids[0]}
         outs = {k: RESULTS_DIR / f"profile_checkpoint_{k}.txt" for k in pids}
         spies = {

@@ -423,8 +423,7 @@ def checkpoints(orch: Any, fleet: DurableFleet, p: dict, tmp: Path) -> list[dict
             elif kind == "finished":
                 asyncio.run(leave_finished(eps, n, prefix, concurrency=256))
             else:
-                asyncio.run(leave_running(eps, n, prefix, concurrency=1024, wait_s=3.0))
-                n_left[policy] = asyncio.run(_until_running(eps, n))
+                n_left[policy] = asyncio.run(leave_running(eps, n, prefix, concurrency=1024))
             fill_s[policy] = time.perf_counter() - t_fill
             cid = f"ck-{kind[0]}{counter}"
             t0 = time.perf_counter()
@@ -471,24 +470,6 @@ def _state_lost_seen(orch: Any, cid: str, tmp: Path) -> None:
     except GymStateLost:
         return
     raise RuntimeError("a checkpoint after fresh state dirs did not say GymStateLost")
-
-
-async def _until_running(endpoints: Sequence[GymEndpoint], n: int, timeout_s: float = 60) -> int:
-    """How many abandoned runs Gym has running once the count stops growing (or reaches
-    ``n``): on a loaded machine some /run calls are given up before they reach the server."""
-    end = time.time() + timeout_s
-    last, still = -1, 0
-    while time.time() < end:
-        counts = await gym_counts(endpoints)
-        running = sum(c["running"] for c in counts.values())
-        if running >= n:
-            return running
-        still = still + 1 if running == last else 0
-        if still >= 5:
-            return running
-        last = running
-        await asyncio.sleep(0.5)
-    return last
 
 
 def node_loss(

@@ -36,8 +36,9 @@ from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 # quick (`make bench`): the counts (checkpoints, un-ACKed, counted twice, agent runs twice) over
 # the same faults; its memory slopes are shown unjudged: a run this short still climbs (the
 # 20,000 rollouts quick mode once ran read 53 B/rollout for the ledger, 128 per rollout actor and
-# 298 for the Gym server over their second half; the full 200,000 read 7.5, 16 and 36.7)
-QUICK = dict(rollouts=10_000, batch=500, checkpoint_every=1_000, actors=4, per_actor=64)
+# 298 for the Gym server over their second half; the full 200,000 read 7.5, 16 and 36.7);
+# 6,000 rollouts, six checkpoints, hold `make bench` under its 8 minutes
+QUICK = dict(rollouts=6_000, batch=500, checkpoint_every=1_000, actors=4, per_actor=64)
 FULL = dict(rollouts=200_000, batch=2_000, checkpoint_every=5_000, actors=4, per_actor=128)
 FAULTY_EVERY = 20  # one row in 20 is faulty: 5 %
 PATHS = ("deadline", "receipt", "drop", "agent_fail")
