@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/run_all.py --quick          # what `make bench` runs
     .venv/bin/python benchmarks/run_all.py --quick --before e581378   # `make bench-compare`
     .venv/bin/python benchmarks/run_all.py                  # full mode (long)
-    .venv/bin/python benchmarks/run_all.py --report-only    # rewrite RESULTS.md from results/
+    .venv/bin/python benchmarks/run_all.py --quick --report-only   # rewrite RESULTS.md from results/
+                                                     # (without --quick: the full-mode report)
     .venv/bin/python benchmarks/run_all.py --quick --only scale   # `make bench-scale`
 
 RESULTS.md gets, per benchmark, the command behind it, a few sentences on what it shows (drawn
@@ -851,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="do not run anything; rewrite RESULTS.md from results/",
+        help="do not run anything; rewrite RESULTS.md from results/ (add --quick for the "
+        "report `make bench` writes; without it, the full-mode report)",
     )
     parser.add_argument(
         "--before",
