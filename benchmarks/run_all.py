@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/run_all.py --quick          # what `make bench` runs
     .venv/bin/python benchmarks/run_all.py --quick --before e581378   # `make bench-compare`
     .venv/bin/python benchmarks/run_all.py                  # full mode (long)
-    .venv/bin/python benchmarks/run_all.py --quick --report-only   # rewrite RESULTS.md from results/
-                                                     # (without --quick: the full-mode report)
+    .venv/bin/python benchmarks/run_all.py --quick --report-only  # RESULTS.md from results/
+                                                   # (without --quick: the full-mode report)
     .venv/bin/python benchmarks/run_all.py --quick --only scale   # `make bench-scale`
 
 RESULTS.md gets, per benchmark, the command behind it, a few sentences on what it shows (drawn

@@ -22,6 +22,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state
 from rl_gym_actors.testing.polling import scaled, until
+from rl_gym_actors.testing.ray_kill import kill_for_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -199,7 +200,7 @@ async def test_a_killed_owners_attempts_count_as_forgotten(ray_session, tmp_path
         await completed(client, "rJ")
         assert await owner.flush_reports.remote() >= 2
         assert (await ledger.snapshot.remote()).owners == {name: 2}
-        ray_session.kill(owner, no_restart=True)
+        await kill_for_good(owner)
 
         report = await ledger.checkpoint.remote("ckpt-killed", str(tmp_path), 20.0)
 

@@ -22,6 +22,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.orchestrator import Orchestrator
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
+from rl_gym_actors.testing.ray_kill import kill_for_good
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -116,7 +117,7 @@ async def test_a_killed_ledger_comes_back_and_the_next_checkpoint_commits(
 async def test_a_ledger_gone_for_good_is_ledger_lost(ray_session, tmp_path):
     async with served(POLICY, pool_size=1) as (_, _, orch):
         assert [o.status for o in await orch.arun_batch([{}])] == ["sealed"]
-        ray_session.kill(orch.ledger, no_restart=True)
+        await kill_for_good(orch.ledger)
         with pytest.raises(LedgerLost):
             await orch.asnapshot()
         with pytest.raises(LedgerLost):

@@ -17,6 +17,7 @@ import pytest
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
 from rl_gym_actors.errors import CheckpointFailed
 from rl_gym_actors.testing.polling import until
+from rl_gym_actors.testing.ray_kill import kill_for_good
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # 10-16 s each: the edit loop skips them
@@ -99,7 +100,6 @@ async def test_v2_checkpoint_parks_commits_renews_and_runs_continue(ray_session,
 
 
 async def test_v2_gate_retires_what_a_dead_owner_left_and_forgets_in_batches(ray_session, tmp_path):
-    import ray
 
     with V2ServerThread() as server:
         ledger = make_ledger([server.endpoint], control_s=5.0, forget_batch=2)
@@ -114,7 +114,7 @@ async def test_v2_gate_retires_what_a_dead_owner_left_and_forgets_in_batches(ray
 
         await until(quick_done, timeout_s=15.0, what="the quick rollouts to finish")
         await owner.flush_reports.remote()
-        ray.kill(owner)  # the owner of "stuck" dies: nobody will ever read its reply
+        await kill_for_good(owner)  # the owner of "stuck" dies: nobody will ever read its reply
 
         report = await ledger.checkpoint.remote("v2-dead-1", str(tmp_path), 20.0)
         [entry] = report.endpoints
