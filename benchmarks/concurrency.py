@@ -31,7 +31,7 @@ AGENT_S = 1.0
 # (its memory and pool start-up tables); with 1 s agents both read the ideal batch time here
 QUICK = dict(
     layouts=[(64, 4, 16), (4096, 16, 256)],
-    trials=3,
+    trials=2,  # 1 s agents: both ways read the ideal batch time (three until session 6)
     big_trials=1,
     skipped=[(16, 16, 1), (16, 2, 8), (64, 64, 1), (512, 512, 1), (4096, 4096, 1), (512, 8, 64)],
     in_throughput=[(16, 16, 1), (16, 2, 8)],
