@@ -10,6 +10,7 @@ import pytest
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.errors import CheckpointConflict, CheckpointFailed
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
@@ -104,4 +105,8 @@ async def test_abort_reports_an_endpoint_it_cannot_reach(ray_session):
             server.kill()
             report = await orch.aabort_checkpoint("never-held", deadline_s=1.0)
             assert not report.aborted
-            assert "ConnectionLost" in report.endpoints[0].error
+            [entry] = report.endpoints
+            # refused (LOST), or, on a loaded machine, the 1 s deadline ran out first while the
+            # idempotent resume was retried (DEADLINE): either way typed, never a hang
+            assert entry.failure in {FailureKind.LOST, FailureKind.DEADLINE}, entry
+            assert entry.error

@@ -14,15 +14,18 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from rl_gym_actors.config import GymEndpoint
-from rl_gym_actors.errors import CheckpointConflict, RlGymError
+from rl_gym_actors.errors import RlGymError
+from rl_gym_actors.failures import FailureKind, failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
 logger = logging.getLogger(__name__)
 
 
 class EndpointAbort(BaseModel):
-    """What a resume of the aborted id did on one endpoint. ``active_checkpoint_id`` names
-    another id that holds the endpoint (the aborted one did not)."""
+    """What a resume of the aborted id did on one endpoint. When it failed, ``failure`` is
+    the typed kind (``connection_lost``, ``deadline_exceeded``, ``checkpoint_conflict``, ...)
+    and ``error`` the exception in words; ``active_checkpoint_id`` names another id that holds
+    the endpoint (the aborted one did not)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -30,7 +33,19 @@ class EndpointAbort(BaseModel):
     resumed: bool
     released: int = 0
     error: str | None = None
+    failure: FailureKind | None = None
     active_checkpoint_id: str | None = None
+
+    @classmethod
+    def failed(cls, endpoint: str, exc: RlGymError) -> EndpointAbort:
+        """The entry of a resume that raised ``exc``."""
+        return cls(
+            endpoint=endpoint,
+            resumed=False,
+            error=f"{type(exc).__name__}: {exc}",
+            failure=failure_kind(exc),
+            active_checkpoint_id=getattr(exc, "active_checkpoint_id", None),
+        )
 
 
 class AbortReport(BaseModel):
@@ -57,15 +72,8 @@ async def abort_everywhere(
         url = client.endpoint.url
         try:
             answer = await client.resume(checkpoint_id, deadline_ts=deadline_ts)
-        except CheckpointConflict as exc:
-            return EndpointAbort(
-                endpoint=url,
-                resumed=False,
-                error=f"{type(exc).__name__}: {exc}",
-                active_checkpoint_id=exc.active_checkpoint_id,
-            )
         except RlGymError as exc:
-            return EndpointAbort(endpoint=url, resumed=False, error=f"{type(exc).__name__}: {exc}")
+            return EndpointAbort.failed(url, exc)
         return EndpointAbort(endpoint=url, resumed=True, released=answer.released)
 
     report = AbortReport(

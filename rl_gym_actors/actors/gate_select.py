@@ -226,12 +226,7 @@ class GateSelect:
             try:
                 await part.client.resume(checkpoint_id, deadline_ts=deadline_ts)
             except RlGymError as exc:
-                return EndpointAbort(
-                    endpoint=url,
-                    resumed=False,
-                    error=f"{type(exc).__name__}: {exc}",
-                    active_checkpoint_id=getattr(exc, "active_checkpoint_id", None),
-                )
+                return EndpointAbort.failed(url, exc)
             return EndpointAbort(endpoint=url, resumed=True)
 
         entries = await asyncio.gather(*(one(i) for i in range(len(self._endpoints))))
