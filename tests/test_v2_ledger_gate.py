@@ -100,7 +100,6 @@ async def test_v2_checkpoint_parks_commits_renews_and_runs_continue(ray_session,
 
 
 async def test_v2_gate_retires_what_a_dead_owner_left_and_forgets_in_batches(ray_session, tmp_path):
-
     with V2ServerThread() as server:
         ledger = make_ledger([server.endpoint], control_s=5.0, forget_batch=2)
         owner = make_owner(ray_session, server.endpoint, ledger)
