@@ -35,7 +35,10 @@ from rl_gym_actors.testing.polling import wait_for
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN = "v2rs"
-ROWS, RESTARTS, STEPS = 4, 2, 8
+# STEPS x 0.3 s: after the checkpoint, step 1's episodes run on for about 4 s (14 steps); step
+# 2's rows must reach Gym inside that window for the kill to find both steps running. At 8
+# steps the window was under 2 s, and one suite of two at once (load ~5) missed it.
+ROWS, RESTARTS, STEPS = 4, 2, 16
 
 
 def _status(server: GymServerProcess) -> dict:
@@ -92,14 +95,17 @@ def test_a_trainer_killed_mid_step_continues_each_v2_episode_from_its_boundary(
             first.wait_for("going", 30)
             at_checkpoint = _status(a)["steps_run"]
 
+            seen: dict = {}  # A's last status, for the failure's message
+
             def mid_step() -> bool:  # parked episodes ran on past their boundary; all still run
                 st = _status(a)
-                return (
-                    st["steps_run"] >= at_checkpoint + ROWS
-                    and st["report"]["counts"]["episodes"] == 2 * ROWS
-                )
+                seen.update(steps_run=st["steps_run"], **st["report"]["counts"])
+                return st["steps_run"] >= at_checkpoint + ROWS and seen["episodes"] == 2 * ROWS
 
-            wait_for(mid_step, timeout_s=30, what="step 1 and 2 running past the checkpoint")
+            try:
+                wait_for(mid_step, timeout_s=30, what="step 1 and 2 running past the checkpoint")
+            except TimeoutError as e:
+                raise AssertionError(f"A past the checkpoint ({at_checkpoint}): {seen}") from e
         except BaseException:
             second.kill()
             raise
