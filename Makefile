@@ -10,7 +10,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-lowest lint bench bench-scale bench-chaos bench-compare clean
+.PHONY: setup demo test test-fast test-lowest lint docs bench bench-scale bench-chaos bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -38,6 +38,19 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
+
+# the API reference, generated from the docstrings with pdoc into build/api (open
+# build/api/index.html); CI builds it, so a docstring or an import that breaks it fails there
+API_MODULES := rl_gym_actors rl_gym_actors.orchestrator rl_gym_actors.config rl_gym_actors.errors \
+  rl_gym_actors.failures rl_gym_actors.outcome rl_gym_actors.protocol rl_gym_actors.checkpoint_part \
+  rl_gym_actors.core.checkpoint_report rl_gym_actors.local_gym rl_gym_actors.metrics \
+  rl_gym_actors.snapshot rl_gym_actors.gym.agent_checkpoint.client rl_gym_actors.gym.v2.client \
+  rl_gym_actors.integrations.nemo_rl rl_gym_actors.testing
+docs: $(STAMP)
+	rm -rf build/api
+	$(BIN)/python -m pdoc --no-search -o build/api $(API_MODULES)
+	@test -f build/api/rl_gym_actors/orchestrator.html || { echo "docs: no page for the orchestrator" >&2; exit 1; }
+	@echo "API reference: build/api/index.html"
 
 # every dependency at the floor pyproject.toml allows (uv's lowest-direct resolution, in a venv
 # of its own), then the fast tests: the floors are versions that were tried, not guesses
