@@ -78,10 +78,11 @@ bench: $(BENCH_STAMP)
 bench-scale: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --only scale
 
-# benchmarks/chaos.py alone (one fault per row, sixteen faults: 5-10 minutes quick), kept out of
-# `make bench` for the same reason; RESULTS.md regenerated
+# benchmarks/chaos.py (one fault per row, sixteen faults: 5-10 minutes quick) and admission.py
+# (how long a checkpoint closes Gym with long episodes in flight, each protocol: ~2 minutes),
+# kept out of `make bench` for the same reason; RESULTS.md regenerated
 bench-chaos: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/run_all.py --quick --only chaos
+	$(BIN)/python benchmarks/run_all.py --quick --only chaos admission
 
 # the same, plus the "before" column: the benchmarks run again against commit e581378
 bench-compare: $(BENCH_STAMP)

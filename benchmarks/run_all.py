@@ -50,6 +50,7 @@ BENCHMARKS = [
     "gym_server_memory",
     "gym_server",
     "chaos",
+    "admission",
     "scale",
     "store_commit",
     "receipts_real_gym",
@@ -59,7 +60,7 @@ BENCHMARKS = [
 # scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
 # of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
 # get their sections in RESULTS.md
-STANDALONE = {"scale", "chaos"}
+STANDALONE = {"scale", "chaos", "admission"}
 # written by another benchmark's quick run, which measures the same thing (one_per_actor: the
 # 1 per actor pool and trials of throughput's quick run, with the Ray floor joined to them); a
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
@@ -815,6 +816,7 @@ def write_report(
         "gym_server_memory": "Gym server memory over a long run (no Ray)",
         "gym_server": "Gym server on its own (written by the server engineer)",
         "chaos": "Chaos: one fault per row",
+        "admission": "Admission closed per checkpoint, episodes in flight (`make bench-chaos`)",
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
