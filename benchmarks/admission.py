@@ -106,7 +106,8 @@ async def _one(p: dict, protocol: str, tmp: Path) -> dict[str, Any]:
             c0 = time.perf_counter()
             report = await orch.acheckpoint(f"adm-{protocol}-1", str(tmp / protocol))
             c1 = time.perf_counter()
-            in_flight_at_commit = next((r[2] for r in log if r[0] >= c1 - POLL_S), None)
+            # the server's reading nearest the commit's answer
+            in_flight_at_commit = min(log, key=lambda r: abs(r[0] - c1))[2] if log else None
             outcomes = await batch
             b1 = time.perf_counter()
             stop.set()
