@@ -173,6 +173,7 @@ class CheckpointGate:
                 + "; ".join(f"{t.endpoint.label}: {t.error or 'not ready'}" for t in bad),
                 checkpoint_id=checkpoint_id,
                 blockers={t.endpoint.label: t.failure(self._foreign) for t in bad},
+                released=sum(t.sealed_acked + t.orphans_acked for t in self._tallies),
             )
         return CheckpointReport(
             checkpoint_id=checkpoint_id,

@@ -161,7 +161,10 @@ class GateSelect:
                 assert isinstance(r, CheckpointFailed)
                 blockers.update(r.blockers)
             raise CheckpointFailed(
-                "; ".join(str(r) for r in errors), checkpoint_id=checkpoint_id, blockers=blockers
+                "; ".join(str(r) for r in errors),
+                checkpoint_id=checkpoint_id,
+                blockers=blockers,
+                released=sum(r.released for r in errors if isinstance(r, CheckpointFailed)),
             )
         by_url: dict[str, EndpointCheckpoint] = {}
         kept = []
