@@ -69,6 +69,7 @@ from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
 from rl_gym_actors.errors import CheckpointFailed, ConfigError, LedgerLost, PoolClosed
 from rl_gym_actors.gym.probe import probe_endpoints
+from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
 from rl_gym_actors.protocol import is_valid_rollout_id
@@ -92,6 +93,8 @@ __all__ = [
 ]
 
 MEMORY = 1_000_000  # rollout ids remembered (oldest forgotten first)
+DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before its cut
+DRAIN_POLL_S = 0.02
 WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
 START_TIMEOUT_S = 120.0
 
@@ -491,10 +494,12 @@ class Orchestrator:
             return done
         consumed = self._consumed(keep)  # what was handed out before now, less what is kept
         _, _, ledger = await self._ready()
+        started = time.monotonic()
         # the layer's part first: nothing is released before it is durable
-        await parts.write_memory_part(
+        part = await parts.write_memory_part(
             self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results
         )
+        recorded = sorted((r, a) for r, a in part.holds() if a is not None)
         claims = sorted(self._claims)
         try:
             report = await ledger.checkpoint(
@@ -507,6 +512,7 @@ class Orchestrator:
                 # the results the gate releases that the part lacks (handed-over tries it
                 # adopts, runs that finished while it waited): into the part first
                 keep_handed=parts.add_undelivered,
+                recorded=recorded,
             )
         except CheckpointFailed as exc:
             exc.restore_from = checkpoint_dir  # the part holds all it released
@@ -515,12 +521,43 @@ class Orchestrator:
             self._memory.adopt_handed(outcome)
         if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
             await asyncio.to_thread(parts.add_gym_v2, checkpoint_dir, scopes)
+            left = deadline_s - (time.monotonic() - started)
+            await self._record_finished(checkpoint_dir, report, part.holds(), left)
         await asyncio.to_thread(parts.add_report, checkpoint_dir, report)
         self._done[checkpoint_id] = (checkpoint_dir, report)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
         self._committed(consumed)
         return report
+
+    async def _record_finished(
+        self,
+        checkpoint_dir: str,
+        report: CheckpointReport,
+        recorded: set[tuple[str, int | None]],
+        budget_s: float,
+    ) -> int:
+        """Gym v2: the attempts that ran when the gate started and that its commit neither
+        exported nor names as restarts ended before its cut (a reply may still be on the wire):
+        wait for their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results
+        to the part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate
+        forgot none of them (see actors/v2_gate.py). How many were added."""
+        waits: set[str] = set()
+        for entry in report.endpoints:
+            if entry.protocol != "v2":
+                continue
+            extra = entry.commit.model_extra or {}
+            left = set(extra.get("in_flight") or []) - set(extra.get("episode_ids") or [])
+            left -= set(extra.get("restarts") or [])
+            waits.update(EpisodeId.from_capture_key(k).rollout_id for k in left)
+        until = time.monotonic() + max(0.0, min(budget_s, DRAIN_S))
+        while any(self._memory.running(r) for r in waits) and time.monotonic() < until:
+            await asyncio.sleep(DRAIN_POLL_S)
+        results = [o for r in sorted(waits) if (o := self._memory.result_of(r)) is not None]
+        new = [o for o in results if (o.rollout_id, o.attempt_index) not in recorded]
+        if not new:
+            return 0
+        return await asyncio.to_thread(parts.add_undelivered, checkpoint_dir, new)
 
     async def _committed_before(
         self, checkpoint_id: str, checkpoint_dir: str

@@ -177,6 +177,19 @@ class RolloutMemory:
             rec.move(RolloutEvent.UNTAKEN, outcome.rollout_id)
             rec.kept, rec.result = outcome, None
 
+    def running_ids(self) -> set[str]:
+        """The rollouts with a dispatch in flight."""
+        return {rid for rid, rec in self._records.items() if rec.state is RolloutState.RUNNING}
+
+    def result_of(self, rollout_id: str) -> Outcome | None:
+        """The rollout's result this memory holds: handed out (sealed) or not yet (kept)."""
+        rec = self._records.get(rollout_id)
+        if not isinstance(rec, RolloutRecord):
+            return None
+        if rec.state is RolloutState.SEALED:
+            return rec.result
+        return rec.kept if rec.state is RolloutState.KEPT else None
+
     def handed(self) -> set[str]:
         """The rollouts whose sealed result was handed out and not yet forgotten."""
         return {rid for rid, rec in self._records.items() if rec.state is RolloutState.SEALED}
