@@ -24,6 +24,7 @@ from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
 
 if TYPE_CHECKING:
     from rl_gym_actors.actors.runtime import start_local_ray
+    from rl_gym_actors.checkpoint_part import latest_checkpoint_dir
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
     from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
     from rl_gym_actors.outcome import Outcome
@@ -39,6 +40,7 @@ _LAZY = {
     "local_gym_server": "rl_gym_actors.local_gym",
     "LocalGym": "rl_gym_actors.local_gym",
     "start_local_ray": "rl_gym_actors.actors.runtime",
+    "latest_checkpoint_dir": "rl_gym_actors.checkpoint_part",
 }
 
 
@@ -59,5 +61,6 @@ __all__ = [
     "PoolConfig",
     "RetryPolicy",
     "TryPolicy",
+    "latest_checkpoint_dir",
     "start_local_ray",
 ]

@@ -5,9 +5,15 @@ is asked to ACK anything (docs: README "When Gym lets go of a result"):
 
 - ``sealed.u64``: the compact record of sealed rollout ids (:class:`SealedIds`);
 - ``part.json``, written last (it names the other file and its SHA-256): the run id, the
-  checkpoint id, the sealed results handed to the trainer since the last committed checkpoint
-  (``handed``: each outcome, its reply left out unless ``keep_results``) and the results the
-  trainer has not been handed yet (``undelivered``, in full).
+  checkpoint id, the sealed results handed to the trainer and not yet consumed at a committed
+  checkpoint (``handed``: each outcome with its reply; without it with ``keep_results=False``)
+  and the results the trainer has not been handed yet (``undelivered``, in full).
+
+Before the gate releases a result it did not hold when the part was written (a run that was in
+flight when ``checkpoint()`` started and finished while the gate waited), the gate adds it to
+``undelivered`` (:func:`add_undelivered`); once the checkpoint committed, ``part.json`` is
+rewritten with the committed :class:`CheckpointReport` (``report``, :func:`add_report`): the
+same checkpoint id asked again with the same dir answers it.
 
 Once the checkpoint committed on Gym v2 servers, ``part.json`` is rewritten (as it was written)
 with ``gym_v2``: per v2 server, the attempts the commit exported and those in flight it did not
@@ -66,11 +72,16 @@ class CheckpointPart(BaseModel):
     run_id: str
     checkpoint_id: str
     created_ts: float
-    keep_results: bool = False
+    keep_results: bool = True
     handed: list[Outcome] = []
     undelivered: list[Outcome] = []
     sealed: SealedFile
     gym_v2: list[V2EndpointScope] = []  # added once the checkpoint committed on v2 servers
+    report: CheckpointReport | None = None  # added once the checkpoint committed
+
+    def holds(self) -> set[tuple[str, int | None]]:
+        """The (rollout id, try) of every result the part holds."""
+        return {(o.rollout_id, o.attempt_index) for o in (*self.handed, *self.undelivered)}
 
 
 def part_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
@@ -85,7 +96,7 @@ def write_part(
     handed: list[Outcome],
     undelivered: list[Outcome],
     sealed: SealedIds,
-    keep_results: bool = False,
+    keep_results: bool = True,
 ) -> CheckpointPart:
     """Write the part durably (see the module docstring); return what ``part.json`` holds."""
     directory = part_dir(checkpoint_dir)
@@ -139,6 +150,79 @@ def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outco
     if new:
         _rewrite(directory, part.model_copy(update={"undelivered": [*part.undelivered, *new]}))
     return len(new)
+
+
+def add_report(checkpoint_dir: str | os.PathLike[str], report: CheckpointReport) -> None:
+    """Write the committed ``report`` into the part under ``checkpoint_dir`` (rewritten
+    durably): asked for the same checkpoint id and dir again, the orchestrator answers it."""
+    directory = part_dir(checkpoint_dir)
+    _rewrite(directory, _read_to_add(directory).model_copy(update={"report": report}))
+
+
+def committed_report(
+    checkpoint_dir: str | os.PathLike[str], checkpoint_id: str
+) -> CheckpointReport | None:
+    """The committed report of ``checkpoint_id`` that the part under ``checkpoint_dir`` holds
+    (None: no readable part, another id's, or one whose checkpoint never committed)."""
+    try:
+        part = CheckpointPart.model_validate_json(
+            (part_dir(checkpoint_dir) / PART_FILE).read_bytes()
+        )
+    except (OSError, ValidationError, json.JSONDecodeError):
+        return None
+    return part.report if part.checkpoint_id == checkpoint_id else None
+
+
+def same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two checkpoint dirs name the same directory (symlinks and ``..`` resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def latest_checkpoint_dir(
+    root: str | os.PathLike[str], *, run_id: str | None = None
+) -> Path | None:
+    """The directory to restore from: the newest checkpoint dir under ``root`` (``root`` itself,
+    its sub-directories, or theirs: ``root/global_step_N/`` or ``root/global_step_N/gym/``)
+    that holds a complete, valid part of this layer (``part.json`` present and readable, its
+    ``sealed.u64`` matching its digest), newest by the time the part was first written; with
+    ``run_id``, only that run's parts. A torn part (killed while it was first written) is
+    skipped. None when there is none. Pass it as ``Orchestrator(..., restore_from=...)``.
+
+    Every checkpoint dir whose part was written is a valid restore source, also one whose
+    checkpoint then failed (``CheckpointFailed.restore_from``): the part holds every result Gym
+    released for it. Write the trainer's own state for the step first, then call
+    ``checkpoint()`` into a dir under the same root: the newest part then never names work the
+    trainer's newest state has not seen."""
+    base = Path(root)
+    candidates: list[Path] = []
+    if not base.is_dir():
+        return None
+    levels = [base]
+    for _ in range(3):  # root, its children, its grandchildren
+        nxt: list[Path] = []
+        for d in levels:
+            if (d / PART_DIR / PART_FILE).is_file():
+                candidates.append(d)
+            try:
+                nxt.extend(sorted(c for c in d.iterdir() if c.is_dir() and c.name != PART_DIR))
+            except OSError:
+                continue
+        levels = nxt
+    found: list[tuple[float, str, Path]] = []
+    for d in candidates:
+        try:
+            part = CheckpointPart.model_validate_json((part_dir(d) / PART_FILE).read_bytes())
+        except (OSError, ValidationError, json.JSONDecodeError):
+            continue
+        if part.schema_version == SCHEMA and (run_id is None or part.run_id == run_id):
+            found.append((part.created_ts, str(d), d))
+    for _, _, d in sorted(found, reverse=True):
+        try:
+            read_part(d)  # the digest of its sealed-id record, and the record itself
+        except ConfigError:
+            continue
+        return d
+    return None
 
 
 def v2_scopes(report: CheckpointReport) -> list[V2EndpointScope]:

@@ -248,14 +248,33 @@ class ProtocolViolation(RlGymError):
 
 
 class CheckpointFailed(RlGymError):
-    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint."""
+    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint.
+
+    ``released``: how many results Gym let go of for this checkpoint before it failed (ACKed
+    in the gate's release; 0 when it failed before that). Each of them is in the layer's part
+    under ``restore_from`` (the checkpoint's dir; None when its part was never written): that
+    dir is a valid restore source, and after a failure that released anything the only one
+    that holds those results, so a restarting trainer must restore from it (or a later one),
+    never from an earlier one. :attr:`released_any` says whether it did."""
 
     def __init__(
-        self, message: str, *, checkpoint_id: str = "", blockers: dict[str, Any] | None = None
+        self,
+        message: str,
+        *,
+        checkpoint_id: str = "",
+        blockers: dict[str, Any] | None = None,
+        released: int = 0,
+        restore_from: str | None = None,
     ) -> None:
         self.checkpoint_id = checkpoint_id
         self.blockers = blockers or {}
+        self.released = released
+        self.restore_from = restore_from
         super().__init__(message)
+
+    @property
+    def released_any(self) -> bool:
+        return self.released > 0
 
 
 class GymStateLost(CheckpointFailed):
@@ -274,10 +293,18 @@ class GymStateLost(CheckpointFailed):
         blockers: dict[str, Any] | None = None,
         lost: dict[str, int] | None = None,
         epochs: dict[str, tuple[str, str]] | None = None,
+        released: int = 0,
+        restore_from: str | None = None,
     ) -> None:
         self.lost = lost or {}
         self.epochs = epochs or {}
-        super().__init__(message, checkpoint_id=checkpoint_id, blockers=blockers)
+        super().__init__(
+            message,
+            checkpoint_id=checkpoint_id,
+            blockers=blockers,
+            released=released,
+            restore_from=restore_from,
+        )
 
 
 class LedgerLost(RlGymError):

@@ -106,6 +106,7 @@ class GateSelect:
         forget_batch: int = 500,
         own: Callable[[str], bool] | None = None,
         healer: Healer | None = None,
+        recorded: frozenset[str] | None = None,
     ) -> CheckpointReport:
         start = time.time()
         failed = await self.discover(min(deadline_ts, start + DISCOVER_S))
@@ -141,6 +142,7 @@ class GateSelect:
             own=own,
             restored=self.restored,
             healer=healer,
+            recorded=recorded,
         )
         jobs: list[asyncio.Future] = [
             asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))
@@ -161,7 +163,10 @@ class GateSelect:
                 assert isinstance(r, CheckpointFailed)
                 blockers.update(r.blockers)
             raise CheckpointFailed(
-                "; ".join(str(r) for r in errors), checkpoint_id=checkpoint_id, blockers=blockers
+                "; ".join(str(r) for r in errors),
+                checkpoint_id=checkpoint_id,
+                blockers=blockers,
+                released=sum(r.released for r in errors if isinstance(r, CheckpointFailed)),
             )
         by_url: dict[str, EndpointCheckpoint] = {}
         kept = []

@@ -263,6 +263,7 @@ class LedgerActor:
         sweep_foreign: bool = False,
         claims: Sequence[str] = (),
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
+        recorded: Sequence[tuple[str, int]] | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
@@ -271,7 +272,10 @@ class LedgerActor:
         ``sweep_foreign``; ``claims`` are rollout ids of this run without its prefix (the
         trainer's own ids dispatched since the last commit). ``keep_handed(dir, outcomes)``
         writes handed-over tries the gate adopts into the checkpoint part before any ACK (see
-        actors/handover.py); without it they are ACKed as orphans."""
+        actors/handover.py); without it they are ACKed as orphans. ``recorded``: the results
+        (rollout id, try) that part holds; the gate adds the others of this run it releases
+        (actors/gate_record.py), and the v2 gate forgets no finished rollout whose result it
+        lacks (None: no part to keep, as before)."""
         checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
             raise ConfigError("checkpoint_dir must be a non-empty path")
@@ -292,6 +296,7 @@ class LedgerActor:
             ) from None
 
         gates: list[CheckpointGate] = []
+        held = None if recorded is None else frozenset((r, int(a)) for r, a in recorded)
 
         def agent_gate(
             endpoints: Sequence[GymEndpoint], clients: Sequence[GymClient]
@@ -310,6 +315,7 @@ class LedgerActor:
                 if keep_handed is None
                 else functools.partial(keep_handed, checkpoint_dir),
                 carried=self._kept_unanswered,
+                recorded=held,
             )
             gates.append(gate)
             return gate
@@ -327,6 +333,7 @@ class LedgerActor:
                 forget_batch=self._config.forget_batch,
                 own=own_rollouts(self._run_id, bool(sweep_foreign), frozenset(claims)),
                 healer=self._healer,
+                recorded=None if held is None else frozenset(r for r, _ in held),
             )
         except CheckpointFailed:
             # kept handed-over results the orchestrator was not told of: the next answer's

@@ -81,11 +81,18 @@ class LedgerClient:
         *,
         timeout_s: float,
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
+        recorded: Sequence[tuple[str, int]] | None = None,
     ) -> CheckpointReport:
         return await self._call(
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
-                checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign, claims, keep_handed
+                checkpoint_id,
+                checkpoint_dir,
+                deadline_s,
+                sweep_foreign,
+                claims,
+                keep_handed,
+                recorded,
             ),
             timeout_s,
         )

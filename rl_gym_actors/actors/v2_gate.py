@@ -24,7 +24,9 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    runs), and the orphans' rollouts the book holds nothing of, are forgotten on every server in
    batches of :data:`FORGET_BATCH`: their retired marks
    (and our server's kept replies, (ext)) go away, and the book counts their sealed attempts as
-   released so it prunes them. A forget that fails leaves them for the next checkpoint.
+   released so it prunes them. A forget that fails leaves them for the next checkpoint, and so
+   does a sealed rollout whose result the checkpoint's part does not hold (``recorded``: it
+   finished while the gate ran; the orchestrator records it, and the next part holds it).
 
 Episodes a restore installed (:class:`RestoredPending`, see :mod:`.v2_restore`) whose
 replacement ``/run`` has not started are in every commit's scope, named by that replacement
@@ -104,6 +106,7 @@ class V2Gate:
         restored: RestoredPending | None = None,
         clock: Callable[[], float] = time.time,
         healer: Healer | None = None,
+        recorded: frozenset[str] | None = None,
     ) -> None:
         if not len(endpoints) == len(labels) == len(participants):
             raise ValueError("endpoints, labels and participants must line up")
@@ -118,6 +121,7 @@ class V2Gate:
         self._restored = restored or RestoredPending()
         self._clock = clock
         self._healer = healer  # resumes a partition swallowed go on in the background
+        self._recorded = recorded  # rollouts whose results the part holds (None: no part)
 
     async def run(
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
@@ -247,6 +251,21 @@ class V2Gate:
 
         return later
 
+    def _unrecorded(self, rollouts: list[str]) -> set[str]:
+        """The sealed ones of ``rollouts`` whose results the part does not hold (they finished
+        while the gate ran): not forgotten yet; the next checkpoint's part holds them."""
+        if self._recorded is None:
+            return set()
+        out = set()
+        for rid in rollouts:
+            if rid in self._recorded:
+                continue
+            current = self._book.current_attempt(rid)
+            view = None if current is None else self._book.attempt(rid, current)
+            if view is not None and view.state is AttemptState.SEALED:
+                out.add(rid)
+        return out
+
     def _unknown(self, rollout_id: str) -> bool:
         """The book holds no attempt of the rollout (so forgetting it drops nothing it needs)."""
         return self._book.current_attempt(rollout_id) is None
@@ -348,7 +367,7 @@ class V2Gate:
         whose kept replies were retired), in batches; how many were forgotten."""
         finished = self._book.finished_on({ep.url for ep in self._endpoints}, self._owners.live())
         pending = self._restored.rollouts()  # a replacement may still come: not finished
-        finished = sorted(set(finished).union(orphans) - pending)
+        finished = sorted(set(finished).union(orphans) - pending - self._unrecorded(finished))
         done = 0
         for i in range(0, len(finished), self._batch):
             chunk = finished[i : i + self._batch]
