@@ -142,15 +142,19 @@ def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outco
 
 
 def v2_scopes(report: CheckpointReport) -> list[V2EndpointScope]:
-    """What a committed checkpoint left on each v2 server for a restore: the attempts exported
-    and those this run had in flight there that were not (from each commit answer)."""
+    """What a committed checkpoint left on this run's behalf on each v2 server for a restore:
+    the attempts of this run exported and those this run had in flight there that were not
+    (from each commit answer). A real Gym exports every live session on its server, another
+    run's too (NeMo Gym's agent ``export``): only what this run had in flight there (the
+    commit's scope, ``in_flight``) is recorded, so a restore never retires or installs another
+    run's episodes."""
     scopes = []
     for entry in report.endpoints:
         if entry.protocol != "v2":
             continue
         extra = entry.commit.model_extra or {}
-        exported = sorted(extra.get("episode_ids") or [])
         in_flight = extra.get("in_flight") or []
+        exported = sorted(set(extra.get("episode_ids") or []) & set(in_flight))
         scopes.append(
             V2EndpointScope(
                 endpoint=entry.endpoint,

@@ -56,6 +56,7 @@ class V2ServerThread(InProcessServer):
             make_step_agent(self.agent),
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
+            export_every_session=cli.export_every_session,
         )
         extensions = []
         if self.allow_faults:
