@@ -254,6 +254,12 @@ async def write_memory_part(
     )
 
 
+def restore_prefix(run_id: str) -> str:
+    """The start of every v2 restore id of run ``run_id`` (``restore-<digest>-``): a restore
+    held open by a dead restorer of this run is this run's to finish."""
+    return f"restore-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-"
+
+
 RESTORE_S = 60.0  # a v2 restore's own deadline
 RESTORE_SLACK_S = 30.0  # the ledger's answer may come this much later
 
@@ -270,7 +276,7 @@ async def restore_gym_v2(
     next row runs the attempt the report names, a restored one on the endpoint that holds it
     (``placed``: rollout id -> index in ``endpoints``, the endpoints' URLs)."""
     report = await ledger.restore_v2(
-        f"restore-{uuid.uuid4().hex}",
+        f"{restore_prefix(part.run_id)}{uuid.uuid4().hex[:16]}",
         part.checkpoint_id,
         part.gym_v2,
         RESTORE_S,
