@@ -226,15 +226,19 @@ def latest_checkpoint_dir(
 
 
 def v2_scopes(report: CheckpointReport) -> list[V2EndpointScope]:
-    """What a committed checkpoint left on each v2 server for a restore: the attempts exported
-    and those this run had in flight there that were not (from each commit answer)."""
+    """What a committed checkpoint left on this run's behalf on each v2 server for a restore:
+    the attempts of this run exported and those this run had in flight there that were not
+    (from each commit answer). A real Gym exports every live session on its server, another
+    run's too (NeMo Gym's agent ``export``): only what this run had in flight there (the
+    commit's scope, ``in_flight``) is recorded, so a restore never retires or installs another
+    run's episodes."""
     scopes = []
     for entry in report.endpoints:
         if entry.protocol != "v2":
             continue
         extra = entry.commit.model_extra or {}
-        exported = sorted(extra.get("episode_ids") or [])
         in_flight = extra.get("in_flight") or []
+        exported = sorted(set(extra.get("episode_ids") or []) & set(in_flight))
         scopes.append(
             V2EndpointScope(
                 endpoint=entry.endpoint,
@@ -334,6 +338,12 @@ async def write_memory_part(
     )
 
 
+def restore_prefix(run_id: str) -> str:
+    """The start of every v2 restore id of run ``run_id`` (``restore-<digest>-``): a restore
+    held open by a dead restorer of this run is this run's to finish."""
+    return f"restore-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-"
+
+
 RESTORE_S = 60.0  # a v2 restore's own deadline
 RESTORE_SLACK_S = 30.0  # the ledger's answer may come this much later
 
@@ -350,7 +360,7 @@ async def restore_gym_v2(
     next row runs the attempt the report names, a restored one on the endpoint that holds it
     (``placed``: rollout id -> index in ``endpoints``, the endpoints' URLs)."""
     report = await ledger.restore_v2(
-        f"restore-{uuid.uuid4().hex}",
+        f"{restore_prefix(part.run_id)}{uuid.uuid4().hex[:16]}",
         part.checkpoint_id,
         part.gym_v2,
         RESTORE_S,

@@ -125,6 +125,13 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         "restarts on v2",
     )
     serve.add_argument(
+        "--export-every-session",
+        action="store_true",
+        help="(v2) a commit exports every parked episode, whatever its scope names, as NeMo "
+        "Gym's agent participant does (the scope limits only restored ones): on a shared "
+        "server, each run's commit answer names the other runs' episodes too",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_BODY_BYTES,

@@ -45,7 +45,12 @@ from typing import Any
 import ray
 
 from rl_gym_actors import checkpoint_part as parts
-from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_with_own_clients
+from rl_gym_actors.actors.checkpoint_abort import (
+    AbortReport,
+    EndpointAbort,
+    abort_with_own_clients,
+    own_open_ids,
+)
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
 from rl_gym_actors.actors.pool import WarmPool, actor_pattern
@@ -97,6 +102,7 @@ DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before 
 DRAIN_POLL_S = 0.02
 WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
 START_TIMEOUT_S = 120.0
+CLEAR_S = 10.0  # resuming a dead trainer's open checkpoint at start
 
 
 class Orchestrator:
@@ -153,7 +159,9 @@ class Orchestrator:
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
         parts.load_part(self._memory, part, sealed)
         self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
+        self._dead = None if part is None else (restore_from, part.checkpoint_id)
         self.restore_report: RestoreReport | None = None  # what the last v2 restore did
+        self.cleared: list[EndpointAbort] = []  # what a dead trainer of the run left open
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
@@ -359,10 +367,22 @@ class Orchestrator:
         _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
         parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
         self._note_committed(part, checkpoint_dir)
-        if part is None or not part.gym_v2:
+        if part is None:
             return None
         _, _, ledger = await self._ready()
+        await self._clear_dead(ledger, checkpoint_dir, part.checkpoint_id)
+        if not part.gym_v2:
+            return None
         return await self._restore_v2(ledger, part)
+
+    async def _clear_dead(self, ledger: LedgerClient, where: Any, checkpoint_id: str) -> None:
+        """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
+        the part restored or a newer one of the run beside it; a v2 restore of the run): see
+        actors/checkpoint_abort.py."""
+        ids = await asyncio.to_thread(own_open_ids, where, self.run_id, checkpoint_id)
+        self.cleared = await ledger.clear_own_checkpoints(
+            ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
+        )
 
     async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
         urls, claims = [e.url for e in self.endpoints], sorted(self._claims)
@@ -422,6 +442,10 @@ class Orchestrator:
                 timeout_s=START_TIMEOUT_S,
             )
             try:
+                if self._dead is not None:  # what a dead trainer of this run left open, first
+                    where, cid = self._dead
+                    await self._clear_dead(ledger, where, cid)
+                    self._dead = None
                 pool = WarmPool(
                     self.id,
                     self.endpoints,

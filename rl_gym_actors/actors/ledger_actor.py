@@ -37,13 +37,14 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rl_gym_actors import metrics
-from rl_gym_actors.actors.checkpoint_abort import AbortReport
+from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
+from rl_gym_actors.checkpoint_part import restore_prefix
 from rl_gym_actors.config import (
     GymEndpoint,
     LedgerConfig,
@@ -249,6 +250,25 @@ class LedgerActor:
         wait for a checkpoint of this ledger's own that is running."""
         checkpoint_id_arg(checkpoint_id)
         return await self._select.abort(checkpoint_id, time.time() + deadline_s_arg(deadline_s))
+
+    async def clear_own_checkpoints(
+        self, checkpoint_ids: Sequence[str], deadline_s: float
+    ) -> list[EndpointAbort]:
+        """Resume on every server the checkpoint of this run that holds it: one of
+        ``checkpoint_ids`` (a dead trainer's, named by the part a new trainer restores from),
+        or a v2 restore of this run (see :mod:`rl_gym_actors.actors.checkpoint_abort`). The ids
+        count as this ledger's own from now on (a prepare refused by one of them clears it)."""
+        ids = frozenset(checkpoint_id_arg(c) for c in checkpoint_ids)
+        for checkpoint_id in sorted(ids):
+            self._healer.issue(checkpoint_id)
+        prefix = restore_prefix(self._run_id) if self._run_id is not None else None
+        deadline_ts = time.time() + deadline_s_arg(deadline_s)
+
+        def own(holder: str) -> bool:
+            return holder in ids or (prefix is not None and holder.startswith(prefix))
+
+        async with self._gate_lock:
+            return await self._select.clear_own(own, deadline_ts)
 
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""

@@ -32,8 +32,10 @@ class V2ServerThread(InProcessServer):
         args: Sequence[str] = (),
         lease_grace_s: float | None = None,
         allow_faults: bool = False,
+        extensions: Sequence[Any] = (),
     ) -> None:
         self.agent = agent
+        self.extensions = list(extensions)  # more gym.web.Extension (e.g. testing.hold)
         self.allow_faults = allow_faults  # the ``drop_reply`` row field, as on the agent server
         self.faults: Any = None
         self.token = token
@@ -56,8 +58,9 @@ class V2ServerThread(InProcessServer):
             make_step_agent(self.agent),
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
+            export_every_session=cli.export_every_session,
         )
-        extensions = []
+        extensions = list(self.extensions)
         if self.allow_faults:
             from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
 

@@ -95,6 +95,7 @@ class V2Participant:
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         restart_only: bool = False,
         keep_replies: bool = True,
+        export_every_session: bool = False,
         state: V2State | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -103,7 +104,10 @@ class V2Participant:
         self.restart_only = restart_only
         self.machine = Machine(lease_grace_s=lease_grace_s)
         self.table = EpisodeTable(
-            restart_only=restart_only, keep_replies=keep_replies, retired=self.machine.retired
+            restart_only=restart_only,
+            keep_replies=keep_replies,
+            export_every_session=export_every_session,
+            retired=self.machine.retired,
         )
         self.steps_run = 0  # (ext) boundaries reached by agents, all episodes together
         self.state = state

@@ -194,6 +194,7 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         make_step_agent(args.agent),
         lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
         restart_only=args.restart_only,
+        export_every_session=bool(getattr(args, "export_every_session", False)),
         state=None if args.state_dir is None else V2State(args.state_dir),
         clock=clock,
     )
