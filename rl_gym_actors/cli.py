@@ -55,7 +55,7 @@ DEFAULT_CHECKPOINT_LEASE_S = 60.0
 
 
 def add_gym(subparsers: argparse._SubParsersAction) -> None:
-    from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES
+    from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES, ConnectionLimits
 
     gym = subparsers.add_parser("gym", help="the Gym agent server side")
     gym_sub = gym.add_subparsers(dest="gym_command", required=True, metavar="{serve,abort}")
@@ -137,6 +137,36 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body taken (default: %(default)d)",
     )
+    limits = ConnectionLimits()
+    serve.add_argument(
+        "--header-timeout-s",
+        type=cli_support.seconds,
+        default=limits.header_timeout_s,
+        help="from a request's first byte, its headers must be in within this many seconds, "
+        "else 408 request_header_timeout and the connection closes (default: %(default)g)",
+    )
+    serve.add_argument(
+        "--body-timeout-s",
+        type=cli_support.seconds,
+        default=limits.body_timeout_s,
+        help="from its headers, a request's whole body must be in within this many seconds, "
+        "else 408 request_body_timeout (a request read in full has no timeout: a /run lasts "
+        "as long as its agent works; default: %(default)g)",
+    )
+    serve.add_argument(
+        "--idle-timeout-s",
+        type=cli_support.seconds,
+        default=limits.idle_timeout_s,
+        help="a connection with no request under way is closed after this many seconds "
+        "(default: %(default)g)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=limits.max_connections,
+        help="open connections taken; one more is answered 503 too_many_connections and closed "
+        "(each rollout in flight holds one; default: %(default)d)",
+    )
     serve.add_argument(
         "--name",
         default=None,
@@ -192,6 +222,19 @@ def participant_options(args: argparse.Namespace) -> ParticipantOptions:
         "checkpoint_root": args.checkpoint_root,
         "name": args.name,
     }
+
+
+def connection_limits(args: argparse.Namespace) -> Any:
+    """The :class:`~rl_gym_actors.gym.connections.ConnectionLimits` that ``gym serve`` flags
+    set."""
+    from rl_gym_actors.gym.connections import ConnectionLimits
+
+    return ConnectionLimits(
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+        max_connections=args.max_connections,
+    )
 
 
 def gym_serve(args: argparse.Namespace) -> int:
@@ -278,6 +321,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             handle_signals=True,
             http=args.http,
             clock=clock,
+            limits=connection_limits(args),
         )
     except OSError as exc:
         store.close()

@@ -301,7 +301,7 @@ class GymServerThread(InProcessServer):
         self._thread: threading.Thread | None = None
 
     def _build(self, port: int) -> None:
-        from rl_gym_actors.cli import build_parser, participant_options
+        from rl_gym_actors.cli import build_parser, connection_limits, participant_options
         from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
         from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
@@ -329,6 +329,8 @@ class GymServerThread(InProcessServer):
                 max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                 graceful_s=2.0,
                 clock=clock,
+                http=cli.http,
+                limits=connection_limits(cli),
             )
         except OSError:
             store.close()

@@ -55,6 +55,8 @@ from rl_gym_actors.protocol import (
     MAX_JSON_DEPTH,
     REPLAYED_HEADER,
     ROLLOUT_ID_FIELD,
+    WIRE_INT_MAX,
+    is_valid_attempt_index,
     too_deep,
 )
 
@@ -76,8 +78,11 @@ def episode_of(row: Any) -> EpisodeId:
         attempt = row.get(ATTEMPT_INDEX_FIELD)
         if attempt is None:
             return from_key
-        if isinstance(attempt, bool) or not isinstance(attempt, int):
-            raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD} must be an integer", status=422)
+        if not is_valid_attempt_index(attempt):  # the agent-checkpoint side's bounds
+            raise InvalidRequest(
+                f"{ATTEMPT_INDEX_FIELD} must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}",
+                status=422,
+            )
         if from_key.attempt not in (0, attempt):
             raise InvalidRequest(
                 f"{ROLLOUT_ID_FIELD} {given!r} names attempt {from_key.attempt}, "
@@ -118,7 +123,10 @@ def install_control_routes(
     @app.get(ROUTE_PREFIX + KEPT_ROUTE, dependencies=guarded)
     async def kept(request: Request) -> Response:  # (ext)
         raw = request.query_params.get("limit", str(MAX_KEPT_LISTED))
-        if not raw.isdigit() or not 0 < int(raw) <= MAX_KEPT_LISTED:
+        # ASCII digits only ("²".isdigit() is true, int("²") raises), and few of them
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not (
+            0 < int(raw) <= MAX_KEPT_LISTED
+        ):
             raise InvalidRequest(f"limit must be 1..{MAX_KEPT_LISTED}, got {raw!r}", status=422)
         return json_response(participant.kept_keys(int(raw)))
 
@@ -158,7 +166,12 @@ def create_app(
     @app.post("/run")
     async def run(request: Request) -> Response:
         row = await read_row(request, max_body_bytes)
-        if request.query_params.get(REPLAY_ONLY_PARAM) == "1":  # (ext): never starts anything
+        replay_only = request.query_params.get(REPLAY_ONLY_PARAM, "0")
+        if replay_only not in ("0", "1"):
+            raise InvalidRequest(
+                f"{REPLAY_ONLY_PARAM} must be 0 or 1, got {replay_only!r}", status=422
+            )
+        if replay_only == "1":  # (ext): never starts anything
             outcome = participant.kept_reply(episode_of(row))
         else:
             outcome = await participant.run(episode_of(row), row)
@@ -181,6 +194,7 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
     """The server ``gym serve --protocol v2`` runs (its flags as parsed by the CLI)."""
     import os
 
+    from rl_gym_actors.cli import connection_limits
     from rl_gym_actors.gym.clock import fault_clock
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
     from rl_gym_actors.gym.v2.state import V2State
@@ -208,4 +222,5 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         log_level=args.log_level,
         handle_signals=True,
         http=args.http,
+        limits=connection_limits(args),
     )
