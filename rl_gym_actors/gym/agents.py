@@ -4,7 +4,8 @@ An agent may return :class:`LineagedReply` (the reply and its model lineage) to 
 completion receipt carry ``manifest_capture_key`` and ``terminal_model_call_id``.
 
 - :func:`simulated_agent`: ``{"id": "r-<rollout_id>", "reward": <reward>}`` after ``sleep_s``;
-  raises when ``fail`` is true. Every other row field is ignored.
+  fails the row as data (:class:`SimulatedAgentError`, an ``AgentDataError``) when ``fail`` is
+  true. Every other row field is ignored.
 - :func:`load_callable`: a Python callable named ``module:function`` (async, or sync and then run
   in a worker thread).
 - :class:`HttpAgent`: forwards the row to an existing Gym agent's ``/run`` URL, so that an agent
@@ -29,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.errors import AgentDataError, ConfigError
 from rl_gym_actors.gym.transport import KEEPALIVE_S
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ModelLineage
 
@@ -47,12 +48,17 @@ class LineagedReply:
 SIMULATED = "simulated"
 
 
-class SimulatedAgentError(RuntimeError):
-    """The simulated agent was asked to fail (row field ``fail``)."""
+class SimulatedAgentError(AgentDataError):
+    """The simulated agent was asked to fail (row field ``fail``): a data failure of the row."""
 
 
 class UpstreamAgentError(RuntimeError):
-    """The upstream Gym agent answered with a non-2xx status or a body that is no JSON object."""
+    """The upstream Gym agent answered with a non-2xx status (``status``; 5xx, 408 and 429 are
+    transient, any other a data failure) or a body that is no JSON object (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _number(row: Mapping[str, Any], name: str, default: float) -> float:
@@ -130,7 +136,9 @@ class HttpAgent:
             raw = await resp.read()
         if not 200 <= resp.status < 300:
             text = raw[:500].decode("utf-8", "replace")
-            raise UpstreamAgentError(f"upstream {self.url} answered {resp.status}: {text}")
+            raise UpstreamAgentError(
+                f"upstream {self.url} answered {resp.status}: {text}", status=resp.status
+            )
         try:
             reply = json.loads(raw)
         except ValueError as exc:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rl_gym_actors.errors import (
-    AgentFailed,
     CheckpointConflict,
     CheckpointDeadlinePassed,
     CheckpointRejected,
@@ -32,6 +31,7 @@ from rl_gym_actors.errors import (
     RestartInScope,
     StaleAttempt,
 )
+from rl_gym_actors.gym.agent_failure import agent_failure
 from rl_gym_actors.gym.v2 import records as files
 from rl_gym_actors.gym.v2.episodes import Episode, EpisodeTable, Replay
 from rl_gym_actors.gym.v2.machine import Machine
@@ -201,7 +201,7 @@ class V2Participant:
             except Exception as exc:
                 logger.info("agent failed for %s: %r", episode.episode_id, exc)
                 self.table.finish(episode, None)
-                raise AgentFailed(repr(exc), status=500) from exc
+                raise agent_failure(exc) from exc
             self.table.finish(episode, raw)
             e = episode.episode_id
             if self.state is not None and self.table.kept.get(e.rollout_id, {}).get(e.attempt):
