@@ -377,11 +377,20 @@ def gym_abort(args: argparse.Namespace) -> int:
 
     endpoint = cli_support.endpoint(args.url, args.token)
 
+    from rl_gym_actors.gym.v2.client import V2Client
+    from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+
     async def abort() -> dict:
+        deadline_ts = time.time() + args.timeout_s
         async with GymClient(endpoint) as client:
-            answer = await client.resume(
-                args.checkpoint_id, deadline_ts=time.time() + args.timeout_s
+            found = await discover_protocol(client, deadline_ts=deadline_ts)
+            # on v2, resume (after prepare) and abort are the same call too
+            resume = (
+                V2Client(client).resume
+                if found.protocol is CheckpointProtocol.V2
+                else client.resume
             )
+            answer = await resume(args.checkpoint_id, deadline_ts=deadline_ts)
         return answer.model_dump(mode="json", exclude_none=True)
 
     try:

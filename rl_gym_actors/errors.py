@@ -22,8 +22,9 @@
     │   │   ├── CheckpointDeadlinePassed (v2) deadline_exceeded: the server saw deadline_ts pass
     │   │   ├── CheckpointStateInvalid  (v2) invalid_checkpoint_state (422): files bad or foreign
     │   │   ├── CheckpointRejected      (v2) checkpoint_error: the base code
-    │   │   └── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
-    │   │                               failed (status and the body's text kept)
+    │   │   ├── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
+    │   │   │                           failed, not the row (status and the body's text kept)
+    │   │   └── AgentDataFailed         (422) agent_data_failed: the agent failed the row as data
     │   ├── AdmissionClosed         agent_admission_closed, (v2) admission_closed: wait for
     │   │                           resume, then try again
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
@@ -38,6 +39,8 @@
     ├── IllegalTransition           a state machine got an event its table has no entry for (a bug)
     ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
     ├── PoolClosed                  the orchestrator or its pool was shut down
+    ├── AgentDataError              an agent raises it: the row is bad (terminal, never retried)
+    ├── AgentTransientError         an agent raises it: not the row's fault (tried again)
     └── RayStartFailed              a local Ray did not come up within its tries
 
 Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
@@ -162,6 +165,14 @@ class AgentFailed(GymRejected):
     and ``detail`` (the error text) say how; the key did not complete."""
 
     code = "agent_failed"
+
+
+class AgentDataFailed(GymRejected):
+    """``/run`` answered 422 ``agent_data_failed``: the agent failed the row as data (it raised
+    :class:`AgentDataError`, or an exception that is no infrastructure failure). Repeating the
+    row fails the same way, so it is not tried again; ``detail`` is the agent's error text."""
+
+    code = "agent_data_failed"
 
 
 class AdmissionClosed(GymError):
@@ -345,6 +356,19 @@ class PoolClosed(RlGymError):
     """The orchestrator or its actor pool is shut down."""
 
 
+class AgentDataError(RlGymError):
+    """Raised by an agent: this row cannot be rolled out (a bad prompt, a task that does not
+    parse). The server answers 422 ``agent_data_failed``; the row fails at once with
+    ``failure.is_data`` and is never tried again. The message is the reason the trainer sees."""
+
+
+class AgentTransientError(RlGymError):
+    """Raised by an agent: this try failed for a reason that is not the row's (a model server
+    that did not answer, a sandbox that did not start). The server answers 500 ``agent_failed``;
+    the rollout tries the row again (``TryPolicy.max_tries``), then fails it with
+    ``failure.is_transport``."""
+
+
 class RayStartFailed(RlGymError):
     """A local Ray did not come up in ``tries`` starts (Ray gives its raylet a fixed 30 s to
     register, which a machine loaded by other work can miss). Each failed start's processes were
@@ -370,6 +394,7 @@ ERROR_BY_CODE: dict[str, type[GymError]] = {
         Unauthorized,
         InvalidRequest,
         AgentFailed,
+        AgentDataFailed,
         AdmissionClosed,
         RolloutIdRequired,
         InvalidPhase,

@@ -75,6 +75,7 @@ from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
 from rl_gym_actors.errors import CheckpointFailed, ConfigError, LedgerLost, PoolClosed
 from rl_gym_actors.gym.probe import probe_endpoints
 from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.held_results import warn_if_held
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
 from rl_gym_actors.protocol import is_valid_rollout_id
@@ -471,10 +472,17 @@ class Orchestrator:
         if self._closed:
             return
         self._closed = True
+        await self._warn_held_at_close()
         if self._pool is not None:
             await self._pool.close()
         if self._ledger is not None:
             await self._ledger.close()
+
+    async def _warn_held_at_close(self) -> None:
+        """With ``ack="at_checkpoint"``, warn when results sealed since the last checkpoint are
+        still held un-ACKed on Gym, per server (:mod:`rl_gym_actors.held_results`)."""
+        if self.policy.ack == "at_checkpoint":
+            warn_if_held(self.run_id, self._unacked.by_endpoint, self._unacked.count)
 
     async def _ready(self) -> tuple[WarmPool, RowRunner, LedgerClient]:
         if self._pool is None:

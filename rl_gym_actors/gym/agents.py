@@ -4,8 +4,9 @@ An agent may return :class:`LineagedReply` (the reply and its model lineage) to 
 completion receipt carry ``manifest_capture_key`` and ``terminal_model_call_id``.
 
 - :func:`simulated_agent`: ``{"id": "r-<rollout_id>", "reward": <reward>}`` after ``sleep_s``;
-  raises when ``fail`` is true. Every other row field is ignored. A row past its bounds
-  (:data:`MAX_SIMULATED_S`, a number that is no finite number) is :class:`SimulatedRowInvalid`.
+  fails the row as data (:class:`SimulatedAgentError`, an ``AgentDataError``) when ``fail`` is
+  true. Every other row field is ignored. A row past its bounds (:data:`MAX_SIMULATED_S`, a
+  number that is no finite number) is :class:`SimulatedRowInvalid`.
 - :func:`load_callable`: a Python callable named ``module:function`` (async, or sync and then run
   in a worker thread). An async agent runs on the server's event loop, as every route does: one
   that computes without awaiting holds up the control plane too, so CPU-bound work belongs in a
@@ -33,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from rl_gym_actors.errors import ConfigError, InvalidRequest
+from rl_gym_actors.errors import AgentDataError, ConfigError, InvalidRequest
 from rl_gym_actors.gym.transport import KEEPALIVE_S
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ModelLineage
 
@@ -51,12 +52,17 @@ class LineagedReply:
 SIMULATED = "simulated"
 
 
-class SimulatedAgentError(RuntimeError):
-    """The simulated agent was asked to fail (row field ``fail``)."""
+class SimulatedAgentError(AgentDataError):
+    """The simulated agent was asked to fail (row field ``fail``): a data failure of the row."""
 
 
 class UpstreamAgentError(RuntimeError):
-    """The upstream Gym agent answered with a non-2xx status or a body that is no JSON object."""
+    """The upstream Gym agent answered with a non-2xx status (``status``; 5xx, 408 and 429 are
+    transient, any other a data failure) or a body that is no JSON object (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 #: the longest a simulated agent works on one row (``sleep_s``; v2: ``steps * step_s``)
@@ -155,7 +161,9 @@ class HttpAgent:
             raw = await resp.read()
         if not 200 <= resp.status < 300:
             text = raw[:500].decode("utf-8", "replace")
-            raise UpstreamAgentError(f"upstream {self.url} answered {resp.status}: {text}")
+            raise UpstreamAgentError(
+                f"upstream {self.url} answered {resp.status}: {text}", status=resp.status
+            )
         try:
             reply = json.loads(raw)
         except ValueError as exc:

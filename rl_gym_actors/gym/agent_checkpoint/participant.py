@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_gym_actors.errors import (
-    AgentFailed,
     GymError,
     GymRejected,
     InvalidRequest,
@@ -33,6 +32,7 @@ from rl_gym_actors.gym.agent_checkpoint.bulk import (
 )
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agent_checkpoint.lease import LeaseTimer
+from rl_gym_actors.gym.agent_failure import agent_failure
 from rl_gym_actors.gym.agents import LineagedReply
 from rl_gym_actors.gym.checkpoint_files import (
     CheckpointUnreadable,
@@ -250,7 +250,7 @@ class Participant:
                 logger.info("agent failed for %s: %r", _label(key), exc, exc_info=True)
                 self.core.fail_run(key, generation)
                 await self._durable()
-                raise AgentFailed(repr(exc), status=500) from exc
+                raise agent_failure(exc) from exc
             finally:
                 flush.cancel()
             self.core.finish_run(key, generation, raw, receipt)

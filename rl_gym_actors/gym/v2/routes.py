@@ -50,6 +50,7 @@ from rl_gym_actors.gym.web import (
     reject_constant,
     validation_detail,
 )
+from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     MAX_JSON_DEPTH,
@@ -157,9 +158,12 @@ def create_app(
     extensions: Sequence[Extension] = (),
 ) -> FastAPI:
     """The v2 participant's app (the :class:`~rl_gym_actors.gym.server.AppFactory` of
-    ``--protocol v2``)."""
+    ``--protocol v2``), with ``GET /metrics`` (runs started and completed, runs in progress,
+    request latency)."""
     app = new_app("rl_gym_actors Gym v2 server")
     app.state.participant = participant
+    # GET /metrics as on every server (unauthenticated, counts only), inside the extensions
+    app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
     add_extensions(app, extensions)
     install_error_handlers(app)
 
