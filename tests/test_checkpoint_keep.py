@@ -39,9 +39,7 @@ def _part(directory) -> dict:
 
 
 def _rows(run: str, step: int, n: int) -> list[dict]:
-    return [
-        {"_ng_rollout_id": f"{run}-s{step}-{i}", "reward": 0.125 * i + step} for i in range(n)
-    ]
+    return [{"_ng_rollout_id": f"{run}-s{step}-{i}", "reward": 0.125 * i + step} for i in range(n)]
 
 
 def test_a_kept_result_stays_in_every_part_and_restores_with_its_reply(
