@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rl_gym_actors.config import checkpoint_id_arg
+from rl_gym_actors.config import checkpoint_id_arg, restore_prefix
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION, SealedIds
@@ -338,12 +338,6 @@ async def write_memory_part(
     )
 
 
-def restore_prefix(run_id: str) -> str:
-    """The start of every v2 restore id of run ``run_id`` (``restore-<digest>-``): a restore
-    held open by a dead restorer of this run is this run's to finish."""
-    return f"restore-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-"
-
-
 RESTORE_S = 60.0  # a v2 restore's own deadline
 RESTORE_SLACK_S = 30.0  # the ledger's answer may come this much later
 
@@ -373,3 +367,38 @@ async def restore_gym_v2(
         if url in endpoints:
             placed[rid] = endpoints.index(url)
     return report
+
+
+NEWER_PARTS = 16  # parts beside the restored one read at most (newest first)
+
+
+def own_open_ids(
+    restore_from: str | os.PathLike[str], run_id: str, checkpoint_id: str
+) -> list[str]:
+    """The checkpoint ids of run ``run_id`` that a dead trainer may have left open: the restored
+    part's (``checkpoint_id``, under ``restore_from``), and those of the parts of the same run
+    beside it (its parent's sub-folders) written since (a trainer that restores from its last
+    committed checkpoint, not from the one it was killed in). Unreadable parts are skipped."""
+    ids = [checkpoint_id]
+    here = part_dir(restore_from) / PART_FILE
+    try:
+        since = here.stat().st_mtime
+        siblings = [
+            p
+            for child in Path(restore_from).resolve().parent.iterdir()
+            if (p := part_dir(child) / PART_FILE).is_file() and p.stat().st_mtime >= since
+        ]
+        siblings.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return ids
+    for path in siblings[:NEWER_PARTS]:
+        try:
+            part = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(part, dict) or part.get("run_id") != run_id:
+            continue
+        cid = part.get("checkpoint_id")
+        if isinstance(cid, str) and cid not in ids:
+            ids.append(cid)
+    return ids

@@ -224,24 +224,12 @@ def participant_options(args: argparse.Namespace) -> ParticipantOptions:
     }
 
 
-def connection_limits(args: argparse.Namespace) -> Any:
-    """The :class:`~rl_gym_actors.gym.connections.ConnectionLimits` that ``gym serve`` flags
-    set."""
-    from rl_gym_actors.gym.connections import ConnectionLimits
-
-    return ConnectionLimits(
-        header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s,
-        idle_timeout_s=args.idle_timeout_s,
-        max_connections=args.max_connections,
-    )
-
-
 def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agent_checkpoint.routes import create_app
     from rl_gym_actors.gym.agents import make_agent
     from rl_gym_actors.gym.clock import fault_clock
+    from rl_gym_actors.gym.connections import limits_from_args
     from rl_gym_actors.gym.server import GymServer, resolve_token
     from rl_gym_actors.gym.store import open_store
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
@@ -321,7 +309,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             handle_signals=True,
             http=args.http,
             clock=clock,
-            limits=connection_limits(args),
+            limits=limits_from_args(args),
         )
     except OSError as exc:
         store.close()

@@ -3,6 +3,7 @@ default."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -245,3 +246,9 @@ class LedgerConfig(_Settings):
     prepare_rounds: Annotated[int, Field(ge=1)] = 10_000
     prepare_slice_s: Annotated[float, Field(gt=0)] = 10.0
     forget_batch: Annotated[int, Field(ge=1)] = 500  # Gym v2: rollout ids per forget call
+
+
+def restore_prefix(run_id: str) -> str:
+    """The start of every v2 restore id of run ``run_id`` (``restore-<digest>-``): a restore
+    held open by a dead restorer of this run is this run's to finish."""
+    return f"restore-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-"

@@ -49,7 +49,6 @@ from rl_gym_actors.actors.checkpoint_abort import (
     AbortReport,
     EndpointAbort,
     abort_with_own_clients,
-    own_open_ids,
 )
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
@@ -380,7 +379,7 @@ class Orchestrator:
         """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
         the part restored or a newer one of the run beside it; a v2 restore of the run): see
         actors/checkpoint_abort.py."""
-        ids = await asyncio.to_thread(own_open_ids, where, self.run_id, checkpoint_id)
+        ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
         self.cleared = await ledger.clear_own_checkpoints(
             ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
         )

@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from rl_gym_actors.actors.checkpoint_abort import own_open_ids
-from rl_gym_actors.checkpoint_part import write_part
+from rl_gym_actors.checkpoint_part import own_open_ids, write_part
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.core.sealed_ids import SealedIds
 from rl_gym_actors.errors import CheckpointFailed

@@ -6,9 +6,10 @@ with its own clients; an orchestrator whose ledger is lost aborts with clients o
 
 A trainer killed inside its checkpoint (or a v2 restorer killed between restore and resume)
 leaves that id holding the servers: admission closed until its lease lapses (never, on a Gym
-without leases). The next trainer of the run knows the id (:func:`own_open_ids`: the part it
+without leases). The next trainer of the run knows the id
+(:func:`~rl_gym_actors.checkpoint_part.own_open_ids`: the part it
 restores from names it, or a newer part of the same run beside it; v2 restore ids carry the
-run's :func:`restore_prefix`), so it resumes it at start, before any row
+run's :func:`~rl_gym_actors.config.restore_prefix`), so it resumes it at start, before any row
 (``GateSelect.clear_own``): Gym takes work again at once and the first checkpoint commits
 without waiting out the dead one. Another run's open checkpoint is never resumed: it is left to
 its lease, and the checkpoint it blocks fails naming it (``active_checkpoint_id``).
@@ -17,15 +18,11 @@ its lease, and the checkpoint it blocks fails naming it (``active_checkpoint_id`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from rl_gym_actors.checkpoint_part import PART_FILE, part_dir
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import RlGymError
 from rl_gym_actors.failures import FailureKind, failure_kind
@@ -117,38 +114,3 @@ async def abort_with_own_clients(
     finally:
         for client in clients:
             await client.close()
-
-
-NEWER_PARTS = 16  # parts beside the restored one read at most (newest first)
-
-
-def own_open_ids(
-    restore_from: str | os.PathLike[str], run_id: str, checkpoint_id: str
-) -> list[str]:
-    """The checkpoint ids of run ``run_id`` that a dead trainer may have left open: the restored
-    part's (``checkpoint_id``, under ``restore_from``), and those of the parts of the same run
-    beside it (its parent's sub-folders) written since (a trainer that restores from its last
-    committed checkpoint, not from the one it was killed in). Unreadable parts are skipped."""
-    ids = [checkpoint_id]
-    here = part_dir(restore_from) / PART_FILE
-    try:
-        since = here.stat().st_mtime
-        siblings = [
-            p
-            for child in Path(restore_from).resolve().parent.iterdir()
-            if (p := part_dir(child) / PART_FILE).is_file() and p.stat().st_mtime >= since
-        ]
-        siblings.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return ids
-    for path in siblings[:NEWER_PARTS]:
-        try:
-            part = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(part, dict) or part.get("run_id") != run_id:
-            continue
-        cid = part.get("checkpoint_id")
-        if isinstance(cid, str) and cid not in ids:
-            ids.append(cid)
-    return ids

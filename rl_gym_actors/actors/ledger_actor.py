@@ -44,13 +44,13 @@ from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
-from rl_gym_actors.checkpoint_part import restore_prefix
 from rl_gym_actors.config import (
     GymEndpoint,
     LedgerConfig,
     TryPolicy,
     checkpoint_id_arg,
     deadline_s_arg,
+    restore_prefix,
 )
 from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport

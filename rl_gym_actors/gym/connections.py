@@ -251,3 +251,13 @@ def guarded_protocol(http: str, limits: ConnectionLimits) -> type[asyncio.Protoc
     """uvicorn's ``http`` protocol class (``httptools`` or ``h11``) keeping ``limits``."""
     base = {"httptools": GuardedHttpTools, "h11": GuardedH11}[http]
     return type(base.__name__, (base,), {"limits": limits})
+
+
+def limits_from_args(args: Any) -> ConnectionLimits:
+    """The :class:`ConnectionLimits` that ``gym serve``'s flags set (its parsed arguments)."""
+    return ConnectionLimits(
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        idle_timeout_s=args.idle_timeout_s,
+        max_connections=args.max_connections,
+    )

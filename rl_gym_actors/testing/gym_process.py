@@ -301,11 +301,12 @@ class GymServerThread(InProcessServer):
         self._thread: threading.Thread | None = None
 
     def _build(self, port: int) -> None:
-        from rl_gym_actors.cli import build_parser, connection_limits, participant_options
+        from rl_gym_actors.cli import build_parser, participant_options
         from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
         from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
         from rl_gym_actors.gym.clock import shifted
+        from rl_gym_actors.gym.connections import limits_from_args
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
 
@@ -330,7 +331,7 @@ class GymServerThread(InProcessServer):
                 graceful_s=2.0,
                 clock=clock,
                 http=cli.http,
-                limits=connection_limits(cli),
+                limits=limits_from_args(cli),
             )
         except OSError:
             store.close()

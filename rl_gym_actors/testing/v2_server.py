@@ -47,7 +47,8 @@ class V2ServerThread(InProcessServer):
         self._thread: threading.Thread | None = None
 
     def _build(self, port: int) -> None:
-        from rl_gym_actors.cli import build_parser, connection_limits
+        from rl_gym_actors.cli import build_parser
+        from rl_gym_actors.gym.connections import limits_from_args
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.v2.participant import V2Participant
         from rl_gym_actors.gym.v2.routes import create_app
@@ -81,7 +82,7 @@ class V2ServerThread(InProcessServer):
             host=HOST,
             port=port,
             graceful_s=2.0,
-            limits=connection_limits(cli),
+            limits=limits_from_args(cli),
         )
         self.url = self.server.url
         self._port = self.server.port

@@ -198,8 +198,8 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
     """The server ``gym serve --protocol v2`` runs (its flags as parsed by the CLI)."""
     import os
 
-    from rl_gym_actors.cli import connection_limits
     from rl_gym_actors.gym.clock import fault_clock
+    from rl_gym_actors.gym.connections import limits_from_args
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
     from rl_gym_actors.gym.v2.state import V2State
     from rl_gym_actors.gym.v2.stepped import make_step_agent
@@ -226,5 +226,5 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         log_level=args.log_level,
         handle_signals=True,
         http=args.http,
-        limits=connection_limits(args),
+        limits=limits_from_args(args),
     )
