@@ -78,6 +78,7 @@ from rl_gym_actors.held_results import warn_if_held
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
 from rl_gym_actors.protocol import is_valid_rollout_id
+from rl_gym_actors.ray_attach import check_env_address
 from rl_gym_actors.rows import (
     ENDPOINT_FIELD,
     RowPlanner,
@@ -176,6 +177,7 @@ class Orchestrator:
         self._check_open()
         if self.check_endpoints and self._pool is None:  # a bad URL or token: seconds, no Ray
             self._loop.run(probe_endpoints(self.endpoints))
+        check_env_address()  # $RAY_ADDRESS with token auth: attach, or a typed error at once
         ensure_ray()  # on the caller's thread: Ray wants the main thread
         self._loop.run(self._start(probed=True))
         return self
@@ -185,6 +187,7 @@ class Orchestrator:
         if self.check_endpoints and self._pool is None:
             await self._loop.arun(probe_endpoints(self.endpoints))
         if not ray.is_initialized():
+            await asyncio.to_thread(check_env_address)
             await asyncio.to_thread(ensure_ray)
         await self._loop.arun(self._start(probed=True))
         return self
