@@ -26,11 +26,18 @@ HELD = "held"
 class HoldCalls:
     """Which calls to hold, whether one came (``reached``, ``held``), and the release."""
 
-    def __init__(self, *suffixes: str) -> None:
+    def __init__(self, *suffixes: str, armed: bool = True) -> None:
         self.suffixes = tuple(suffixes)
         self.reached = threading.Event()
         self.held = 0
+        self._armed = threading.Event()
         self._released = threading.Event()
+        if armed:
+            self._armed.set()
+
+    def arm(self) -> None:
+        """Hold from now on (a hold made with ``armed=False`` lets every call pass until then)."""
+        self._armed.set()
 
     def release(self) -> None:
         self._released.set()
@@ -50,6 +57,7 @@ class _HoldMiddleware:
             scope["type"] != "http"
             or scope["method"] != "POST"
             or not scope["path"].endswith(hold.suffixes)
+            or not hold._armed.is_set()
             or hold._released.is_set()
         ):
             return await self.app(scope, receive, send)
