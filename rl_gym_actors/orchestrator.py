@@ -105,7 +105,9 @@ class Orchestrator:
     """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
     :meth:`astart` (or the first call). ``progress``: a bar per batch (None: on a terminal only).
     ``restore_from``: a checkpoint dir whose part (:mod:`rl_gym_actors.checkpoint_part`) this run
-    resumes from; ``keep_results``: parts keep replies; ``sealed_retention``: sealed ids kept."""
+    resumes from (a checkpoint of this run that a dead trainer left open on a Gym server is
+    resumed at start, before any row: :attr:`cleared`); ``keep_results``: parts keep replies;
+    ``sealed_retention``: sealed ids kept."""
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ checkpoint commits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -46,6 +47,14 @@ def boundaries(checkpoint_dir: str) -> dict[str, int]:
     return found
 
 
+@contextlib.contextmanager
+def released(hold: HoldCalls):
+    try:
+        yield hold
+    finally:
+        hold.release()  # a held call answers 503 (never performed) before the server stops
+
+
 async def killed(driver: DriverProcess) -> None:
     for pid in driver.kill():
         await until(lambda pid=pid: not alive(pid), interval_s=0.05, what=f"pid {pid} to die")
@@ -56,8 +65,8 @@ async def test_the_next_restore_finishes_an_interrupted_one(ray_session, tmp_pat
     from rl_gym_actors.orchestrator import Orchestrator
 
     address = ray_session.get_runtime_context().gcs_address
-    hold = HoldCalls("/resume", armed=False)
-    with V2ServerThread(extensions=[hold.extension()]) as server:
+    hold = HoldCalls("/resume", armed=False, limit=1)  # the restorer's resume, held for good
+    with V2ServerThread(extensions=[hold.extension()]) as server, released(hold):
         endpoint = GymEndpoint(url=server.url, token=server.token)
         part = server.participant
         ck = str(tmp_path / "ck-1")
@@ -89,7 +98,6 @@ async def test_the_next_restore_finishes_an_interrupted_one(ray_session, tmp_pat
                 await until(hold.reached.is_set, timeout_s=120, what="the restorer's resume")
         finally:
             await killed(restorer)
-        hold.release()
         status = part.status()
         assert sorted(status["restored_pending"]) == [f"{k}-a1" for k in step1]
         assert status["phase"] == ("idle" if at == "after_resume" else "restored")

@@ -6,7 +6,7 @@
 A ``POST`` whose path ends with one of its suffixes (``"/commit"``: both protocols' commit route)
 never reaches the server's routes: ``reached`` is set and the call waits until
 :meth:`HoldCalls.release`, then answers 503 ``held`` (it is never performed); calls after the
-release pass. So a trainer that
+release pass, and so do those past ``limit``. So a trainer that
 sent its commit sits between its ACK (agent-checkpoint) or its prepare (v2) and the commit, for
 as long as the test likes, with Gym holding the checkpoint as it would then.
 """
@@ -26,8 +26,9 @@ HELD = "held"
 class HoldCalls:
     """Which calls to hold, whether one came (``reached``, ``held``), and the release."""
 
-    def __init__(self, *suffixes: str, armed: bool = True) -> None:
+    def __init__(self, *suffixes: str, armed: bool = True, limit: int | None = None) -> None:
         self.suffixes = tuple(suffixes)
+        self.limit = limit  # hold at most this many calls (None: every one); the rest pass
         self.reached = threading.Event()
         self.held = 0
         self._armed = threading.Event()
@@ -59,6 +60,7 @@ class _HoldMiddleware:
             or not scope["path"].endswith(hold.suffixes)
             or not hold._armed.is_set()
             or hold._released.is_set()
+            or (hold.limit is not None and hold.held >= hold.limit)
         ):
             return await self.app(scope, receive, send)
         hold.held += 1
