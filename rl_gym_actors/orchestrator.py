@@ -110,10 +110,11 @@ class Orchestrator:
     """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
     :meth:`astart` (or the first call). ``progress``: a bar per batch (None: on a terminal only).
     ``restore_from``: a checkpoint dir whose part (:mod:`rl_gym_actors.checkpoint_part`) this run
-    resumes from (:func:`~rl_gym_actors.checkpoint_part.latest_checkpoint_dir` finds it);
-    ``keep_results``: parts keep the replies of handed results, so a restore gives them back in
-    full (the default; False: id, try, receipt and reward only); ``sealed_retention``: sealed
-    ids kept."""
+    resumes from (:func:`~rl_gym_actors.checkpoint_part.latest_checkpoint_dir` finds it; a
+    checkpoint of this run that a dead trainer left open on a Gym server is resumed at start,
+    before any row: :attr:`cleared`); ``keep_results``: parts keep the replies of handed
+    results, so a restore gives them back in full (the default; False: id, try, receipt and
+    reward only); ``sealed_retention``: sealed ids kept."""
 
     def __init__(
         self,

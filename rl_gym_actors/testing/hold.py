@@ -6,7 +6,7 @@
 A ``POST`` whose path ends with one of its suffixes (``"/commit"``: both protocols' commit route)
 never reaches the server's routes: ``reached`` is set and the call waits until
 :meth:`HoldCalls.release`, then answers 503 ``held`` (it is never performed); calls after the
-release pass. So a trainer that
+release pass, and so do those past ``limit``. So a trainer that
 sent its commit sits between its ACK (agent-checkpoint) or its prepare (v2) and the commit, for
 as long as the test likes, with Gym holding the checkpoint as it would then.
 """
@@ -26,11 +26,19 @@ HELD = "held"
 class HoldCalls:
     """Which calls to hold, whether one came (``reached``, ``held``), and the release."""
 
-    def __init__(self, *suffixes: str) -> None:
+    def __init__(self, *suffixes: str, armed: bool = True, limit: int | None = None) -> None:
         self.suffixes = tuple(suffixes)
+        self.limit = limit  # hold at most this many calls (None: every one); the rest pass
         self.reached = threading.Event()
         self.held = 0
+        self._armed = threading.Event()
         self._released = threading.Event()
+        if armed:
+            self._armed.set()
+
+    def arm(self) -> None:
+        """Hold from now on (a hold made with ``armed=False`` lets every call pass until then)."""
+        self._armed.set()
 
     def release(self) -> None:
         self._released.set()
@@ -50,7 +58,9 @@ class _HoldMiddleware:
             scope["type"] != "http"
             or scope["method"] != "POST"
             or not scope["path"].endswith(hold.suffixes)
+            or not hold._armed.is_set()
             or hold._released.is_set()
+            or (hold.limit is not None and hold.held >= hold.limit)
         ):
             return await self.app(scope, receive, send)
         hold.held += 1
