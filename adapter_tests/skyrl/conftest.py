@@ -20,6 +20,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"these tests pin skyrl {SKYRL_VERSION}, found {found}")
 
 
+@pytest.fixture(scope="session")
+def ray_address():
+    """One local Ray (loopback) that every trainer incarnation joins as a driver of its own: a
+    trainer's SIGKILL takes its actors with it, and no incarnation waits for a Ray to start."""
+    import ray
+
+    from rl_gym_actors.actors.runtime import start_local_ray
+
+    # a loaded machine can miss Ray's fixed start-up waits: more tries than the default
+    start_local_ray(tries=6, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def policy():
     """The stand-in policy as the Gym agent, counting its runs per rollout id."""

@@ -34,7 +34,7 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def trainer(gym: Any, work: Path, run_id: str, *extra: str) -> DriverProcess:
+def trainer(gym: Any, ray: str, work: Path, run_id: str, *extra: str) -> DriverProcess:
     log = open(work / f"trainer-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
     return DriverProcess(
         [
@@ -53,6 +53,7 @@ def trainer(gym: Any, work: Path, run_id: str, *extra: str) -> DriverProcess:
             *extra,
         ],
         module="rl_gym_actors.testing.skyrl_cpu",
+        ray_address=ray,
         stderr=log,
     )
 
@@ -125,14 +126,14 @@ def assert_the_layer_kept_everything(gym: Any, policy: Any, run_id: str, steps: 
 
 
 def test_sync_trainer_killed_during_a_step_resumes_with_every_trajectory_from_the_layer(
-    gym, policy, tmp_path
+    gym, policy, ray_address, tmp_path
 ):
     work, run = workdir(tmp_path), "sync-kill"
-    first = trainer(gym, work, run)
+    first = trainer(gym, ray_address, work, run)
     before = kill_during_step(first, policy, work, after_step=1)
     steps_before = drained(first)
     in_flight = set(policy.snapshot()[0]) - before  # step 2's, running on Gym when it died
-    resumed = finish(trainer(gym, work, run))
+    resumed = finish(trainer(gym, ray_address, work, run))
     assert resumed[0]["step"] == 2
     step2 = resumed[0]["metrics"]
     from_layer = step2["rlga/adopted"] + step2["rlga/repeated"]
@@ -142,18 +143,18 @@ def test_sync_trainer_killed_during_a_step_resumes_with_every_trajectory_from_th
 
 
 def test_sync_trainer_killed_between_skyrls_save_and_the_layers_at_an_epoch_boundary(
-    gym, policy, tmp_path
+    gym, policy, ray_address, tmp_path
 ):
     """SIGKILL right after SkyRL made global_step_3 (the end of epoch 0) durable, before the
     layer's commit: the layer restores global_step_2's part, SkyRL resumes from step 3; SkyRL
     saves global_step_3 again (the same N) and the layer's commit there must not end the run."""
     work, run = workdir(tmp_path), "sync-boundary"
-    first = trainer(gym, work, run, "--fault", "on_save:3")
+    first = trainer(gym, ray_address, work, run, "--fault", "on_save:3")
     first.wait_for("started", scaled(INCARNATION_S))
     assert first.wait(scaled(INCARNATION_S)) != 0  # SIGKILLed by its fault
     steps_before = drained(first)
     assert committed(work, 2) and not committed(work, 3)
-    resumed = finish(trainer(gym, work, run))
+    resumed = finish(trainer(gym, ray_address, work, run))
     assert committed(work, 3)
     assert_the_layer_kept_everything(gym, policy, run, steps_before + resumed)
 
@@ -165,11 +166,11 @@ def test_sync_trainer_killed_between_skyrls_save_and_the_layers_at_an_epoch_boun
     "results until trained (orch.checkpoint(keep=...))",
 )
 def test_fully_async_trainer_killed_during_a_step_resumes_with_every_trajectory_from_the_layer(
-    gym, policy, tmp_path
+    gym, policy, ray_address, tmp_path
 ):
     work, run = workdir(tmp_path), "async-kill"
-    first = trainer(gym, work, run, "--fully-async")
+    first = trainer(gym, ray_address, work, run, "--fully-async")
     kill_during_step(first, policy, work, after_step=1)
     steps_before = drained(first)
-    resumed = finish(trainer(gym, work, run, "--fully-async"))
+    resumed = finish(trainer(gym, ray_address, work, run, "--fully-async"))
     assert_the_layer_kept_everything(gym, policy, run, steps_before + resumed)

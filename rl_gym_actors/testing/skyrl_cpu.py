@@ -16,7 +16,8 @@ logprobs, after ``sleep_s``; it raises for a row with ``fail``. :class:`PolicyAg
 runs per rollout id (in the test's process, given to a ``GymServerThread``).
 
 Run as ``python -m rl_gym_actors.testing.skyrl_cpu --workdir W --url U --token T --run-id R
-[--fully-async] [--fault on_save:N]``: one trainer incarnation, in its own local Ray (loopback).
+[--fully-async] [--fault on_save:N] [--ray-address A]``: one trainer incarnation, in the Ray at
+``A`` or a local Ray of its own (loopback).
 It prints JSON lines: ``{"event": "started"}``, ``{"event": "step", "step", "epoch", "metrics",
 "masked"}`` per trained step (``metrics``: the step's ``rlga/*`` rollout metrics), ``{"event":
 "done"}``. ``--fault on_save:N`` SIGKILLs the process right after SkyRL made ``global_step_N``
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--fully-async", action="store_true")
     parser.add_argument("--fault", default="")
+    parser.add_argument("--ray-address", default=None, help="a running Ray (default: a new one)")
     args = parser.parse_args(argv)
     if args.fault:
         os.environ["RLGA_SKYRL_FAULT"] = args.fault
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_gym_actors.integrations.skyrl.experiment import parse_config
 
     cfg = parse_config(overrides(args))
-    ensure_ray()
+    ensure_ray(address=args.ray_address)
     exp_cls, _, _ = cpu_classes()
     say(event="started", pid=os.getpid())
     exp_cls(cfg).run()

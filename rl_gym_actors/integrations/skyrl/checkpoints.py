@@ -7,8 +7,8 @@
 - ``FullyAsyncRayPPOTrainer`` refuses callbacks; :class:`FullyAsyncGymTrainer` overrides
   ``save_checkpoints()`` (SkyRL runs it in a thread while generation goes on) to commit the
   layer's checkpoint after SkyRL's, handing it the rollout ids of groups generated but not yet
-  trained (``keep=``, when the installed layer takes it), and gives the generator the trainer's
-  epoch.
+  trained (``keep=``, when the installed layer takes it), gives the generator the trainer's
+  epoch, and puts the generator's ``rlga/*`` counts into each step's metrics.
 
 Every commit has its own checkpoint id (``<global_step_N>-<8 hex>``): SkyRL saves the same
 ``global_step_N`` again after a resume from an epoch boundary (and the fully async trainer's
@@ -32,6 +32,7 @@ from skyrl.train.utils.callbacks import TrainingCallback
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
 from rl_gym_actors.errors import CheckpointFailed
 from rl_gym_actors.integrations.skyrl.generator import GymGenerator
+from rl_gym_actors.integrations.skyrl.replies import MASKED_FRACTION, METRIC_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,22 @@ class FullyAsyncGymTrainer(FullyAsyncRayPPOTrainer):
         if not isinstance(self.generator, GymGenerator):
             raise TypeError("FullyAsyncGymTrainer needs a GymGenerator")
         self.generator.epoch_source = lambda: int(getattr(self, "epoch", 0))
+
+    def convert_generation_group_mini_batch_to_training_input(
+        self, groups: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """SkyRL's, plus the step's ``rlga/*`` counts: SkyRL rebuilds a mini-batch's rollout
+        metrics from responses and rewards only, which drops the generator's."""
+        batch = super().convert_generation_group_mini_batch_to_training_input(
+            groups, *args, **kwargs
+        )
+        sums: dict[str, float] = {}
+        for group in groups:
+            for key, value in (group.generator_output.get("rollout_metrics") or {}).items():
+                if key.startswith(METRIC_PREFIX + "/") and key != MASKED_FRACTION:
+                    sums[key] = sums.get(key, 0.0) + float(value)
+        self.all_metrics.update(sums)
+        return batch
 
     def save_checkpoints(self) -> str:
         folder = super().save_checkpoints()

@@ -35,6 +35,7 @@ from rl_gym_actors.outcome import Outcome
 
 METRIC_PREFIX = "rlga"
 PLACEHOLDER_PREFIX = "rlga_"
+MASKED_FRACTION = f"{METRIC_PREFIX}/masked_fraction"
 UNTRAINABLE = "untrainable_reply"  # the code of a reply that maps to no trajectory
 
 
@@ -215,9 +216,7 @@ def output_from(
     }
     metrics.update({f"{METRIC_PREFIX}/failed/{c}": float(n) for c, n in sorted(codes.items())})
     masked = sum(1 for t in trajectories if t.masked)
-    metrics[f"{METRIC_PREFIX}/masked_fraction"] = (
-        masked / len(trajectories) if trajectories else 0.0
-    )
+    metrics[MASKED_FRACTION] = masked / len(trajectories) if trajectories else 0.0
     return {
         "prompt_token_ids": [t.prompt_ids for t in trajectories],
         "response_ids": [t.response_ids for t in trajectories],
