@@ -10,7 +10,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-lowest lint docs bench bench-scale bench-chaos bench-compare clean
+.PHONY: setup demo test test-fast test-lowest test-skyrl lint docs bench bench-scale bench-chaos bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 
 # ruff over the code and its tests, benchmarks and examples; mypy over the package (settings and
 # the files mypy checks: pyproject.toml)
-LINTED := rl_gym_actors tests benchmarks examples
+LINTED := rl_gym_actors tests benchmarks examples adapter_tests
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
@@ -64,6 +64,23 @@ test-lowest:
 	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|hypothesis|numpy|psutil)=='
 	$(LOWEST)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests
 
+# The SkyRL adapter against the real skyrl (pinned by the skyrl extra), in a venv of its own on
+# Python 3.13 or 3.12 (skyrl needs >= 3.12 and pins its own Ray): adapter_tests/skyrl, kept out
+# of tests/ so the main suites never collect them. A missing skyrl fails them; nothing skips.
+SKYRL_PY ?= $(shell .ci/find-python 3.13 3.12)
+SKYRL_VENV ?= .venv-skyrl
+SKYRL_STAMP := $(SKYRL_VENV)/.installed
+
+$(SKYRL_STAMP): pyproject.toml
+	@test -n "$(SKYRL_PY)" || { echo "no Python 3.12-3.13 found: pass SKYRL_PY=..." >&2; exit 1; }
+	$(SKYRL_PY) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/pip install -q --upgrade pip
+	$(SKYRL_VENV)/bin/pip install -q -e '.[dev,skyrl]'
+	touch $(SKYRL_STAMP)
+
+test-skyrl: $(SKYRL_STAMP)
+	$(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/skyrl
+
 # the bench extra (matplotlib, py-spy), installed once per venv (again when pyproject.toml changes)
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
@@ -89,4 +106,4 @@ bench-compare: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
-	rm -rf $(VENV) $(LOWEST) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(SKYRL_VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -155,6 +155,7 @@ class DriverProcess:
         *,
         ray_address: str | None = None,
         module: str = "rl_gym_actors.testing.driver",
+        stderr: Any = subprocess.DEVNULL,
     ) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -167,7 +168,7 @@ class DriverProcess:
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=stderr,
             env=env,
             text=True,
             start_new_session=True,
