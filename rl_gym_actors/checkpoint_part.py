@@ -5,15 +5,17 @@ is asked to ACK anything (docs: README "When Gym lets go of a result"):
 
 - ``sealed.u64``: the compact record of sealed rollout ids (:class:`SealedIds`);
 - ``part.json``, written last (it names the other file and its SHA-256): the run id, the
-  checkpoint id, the sealed results handed to the trainer and not yet consumed at a committed
-  checkpoint (``handed``: each outcome with its reply; without it with ``keep_results=False``)
-  and the results the trainer has not been handed yet (``undelivered``, in full).
+  checkpoint id, the sealed results handed to the trainer that this checkpoint counts as
+  consumed (``handed``: each outcome with its reply; without it with ``keep_results=False``;
+  restored, a row sent again is answered ``repeated``), and the results the trainer's state
+  at this checkpoint has not seen (``undelivered``, in full: not handed yet, or handed and
+  kept untrained, ``checkpoint(keep=...)``; restored, they are the rows' results).
 
 Before the gate releases a result it did not hold when the part was written (a run that was in
 flight when ``checkpoint()`` started and finished while the gate waited), the gate adds it to
-``undelivered`` (:func:`add_undelivered`); once the checkpoint committed, ``part.json`` is
-rewritten with the committed :class:`CheckpointReport` (``report``, :func:`add_report`): the
-same checkpoint id asked again with the same dir answers it.
+``undelivered`` (:func:`add_undelivered`). Once the checkpoint committed, its
+:class:`CheckpointReport` goes beside the part as ``report.json`` (:func:`add_report`): the same
+checkpoint id asked again with the same dir answers it.
 
 Once the checkpoint committed on Gym v2 servers, ``part.json`` is rewritten (as it was written)
 with ``gym_v2``: per v2 server, the attempts the commit exported and those in flight it did not
@@ -33,6 +35,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +55,7 @@ if TYPE_CHECKING:  # the orchestrator's client of its ledger actor (Ray's)
 PART_DIR = "rl_gym_actors"
 PART_FILE = "part.json"
 SEALED_FILE = "sealed.u64"
+REPORT_FILE = "report.json"  # the committed report, written once the checkpoint committed
 SCHEMA = 1
 
 
@@ -77,7 +81,6 @@ class CheckpointPart(BaseModel):
     undelivered: list[Outcome] = []
     sealed: SealedFile
     gym_v2: list[V2EndpointScope] = []  # added once the checkpoint committed on v2 servers
-    report: CheckpointReport | None = None  # added once the checkpoint committed
 
     def holds(self) -> set[tuple[str, int | None]]:
         """The (rollout id, try) of every result the part holds."""
@@ -153,24 +156,28 @@ def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outco
 
 
 def add_report(checkpoint_dir: str | os.PathLike[str], report: CheckpointReport) -> None:
-    """Write the committed ``report`` into the part under ``checkpoint_dir`` (rewritten
-    durably): asked for the same checkpoint id and dir again, the orchestrator answers it."""
+    """Write the committed ``report`` beside the part under ``checkpoint_dir`` (``report.json``,
+    durably; ``part.json`` is not rewritten): asked for the same checkpoint id and dir again,
+    the orchestrator answers it."""
     directory = part_dir(checkpoint_dir)
-    _rewrite(directory, _read_to_add(directory).model_copy(update={"report": report}))
+    try:
+        write_file_atomically(directory / REPORT_FILE, report.model_dump_json().encode())
+        fsync_dir(directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the checkpoint report under {directory}: {exc}") from exc
 
 
 def committed_report(
     checkpoint_dir: str | os.PathLike[str], checkpoint_id: str
 ) -> CheckpointReport | None:
-    """The committed report of ``checkpoint_id`` that the part under ``checkpoint_dir`` holds
-    (None: no readable part, another id's, or one whose checkpoint never committed)."""
+    """The committed report of ``checkpoint_id`` beside the part under ``checkpoint_dir``
+    (None: none there, another id's, or the checkpoint never committed)."""
     try:
-        part = CheckpointPart.model_validate_json(
-            (part_dir(checkpoint_dir) / PART_FILE).read_bytes()
-        )
+        raw = (part_dir(checkpoint_dir) / REPORT_FILE).read_bytes()
+        report = CheckpointReport.model_validate_json(raw)
     except (OSError, ValidationError, json.JSONDecodeError):
         return None
-    return part.report if part.checkpoint_id == checkpoint_id else None
+    return report if report.checkpoint_id == checkpoint_id else None
 
 
 def same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -318,12 +325,19 @@ async def write_memory_part(
     checkpoint_dir: str | os.PathLike[str],
     run_id: str,
     keep_results: bool,
+    kept: Set[str] = frozenset(),
 ) -> CheckpointPart:
-    """Check the id and dir, then write ``memory``'s part (the files in a thread)."""
+    """Check the id and dir, then write ``memory``'s part (the files in a thread). ``kept``:
+    handed rollouts the trainer keeps untrained (``checkpoint(keep=...)``): into
+    ``undelivered``, in full, since the trainer's state at this checkpoint has not seen them
+    (restored, the row gets the result as new, not ``repeated``)."""
     checkpoint_id_arg(checkpoint_id)
     if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
         raise ConfigError("checkpoint_dir must be a non-empty path")
     handed, undelivered = memory.results()
+    if kept:
+        undelivered = [*undelivered, *(o for o in handed if o.rollout_id in kept)]
+        handed = [o for o in handed if o.rollout_id not in kept]
     sealed = memory.sealed if memory.sealed is not None else SealedIds()
     sealed.seal_generation()  # on the caller's loop: the thread only reads it
     return await asyncio.to_thread(

@@ -396,8 +396,11 @@ class Orchestrator:
 
     def _note_committed(self, part: Any, checkpoint_dir: str | os.PathLike[str] | None) -> None:
         """A restored part whose checkpoint committed: its id asked again answers its report."""
-        if part is not None and checkpoint_dir is not None and part.report is not None:
-            self._done[part.checkpoint_id] = (str(checkpoint_dir), part.report)
+        if part is None or checkpoint_dir is None:
+            return
+        report = parts.committed_report(checkpoint_dir, part.checkpoint_id)
+        if report is not None:
+            self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
@@ -531,8 +534,9 @@ class Orchestrator:
         _, _, ledger = await self._ready()
         started = time.monotonic()
         # the layer's part first: nothing is released before it is durable
+        kept = set() if consumed is None else self._memory.handed() - consumed
         part = await parts.write_memory_part(
-            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results
+            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results, kept
         )
         recorded = sorted((r, a) for r, a in part.holds() if a is not None)
         claims = sorted(self._claims)

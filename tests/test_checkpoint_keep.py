@@ -59,9 +59,12 @@ def test_a_kept_result_stays_in_every_part_and_restores_with_its_reply(
             keep = [kept_id] if step < 3 else None
             orch.checkpoint(f"{run}-ck-{step}", str(directory), keep=keep, deadline_s=30)
             part = _part(directory)
-            handed.append(sorted(o["rollout_id"] for o in part["handed"]))
+            held = (*part["handed"], *part["undelivered"])
+            handed.append(sorted(o["rollout_id"] for o in held))
+            kept_in = [o["rollout_id"] for o in part["undelivered"]]
+            assert kept_in == ([kept_id] if keep else [])  # kept: untrained, undelivered
             sizes.append(len((directory / "rl_gym_actors" / "part.json").read_bytes()))
-            assert all(o["reply"] is not None for o in part["handed"])  # keep_results default
+            assert all(o["reply"] is not None for o in held)  # keep_results default
     step_ids = [sorted(f"{run}-s{s}-{i}" for i in range(8)) for s in (1, 2, 3)]
     assert handed[0] == sorted([kept_id, *step_ids[0]])
     # step 1's results were consumed at checkpoint 1: gone from part 2; the kept one stays
@@ -72,7 +75,9 @@ def test_a_kept_result_stays_in_every_part_and_restores_with_its_reply(
     # a trainer restored from checkpoint 2 (its buffer lost) sends the kept row again
     with _orch(gym, run, restore_from=tmp_path / "global_step_2") as again:
         [back, gone] = again.run_batch([kept_row, _rows(run, 1, 1)[0]])
-    assert back.status == "sealed" and back.repeated and back.reward == kept_row["reward"]
+    # kept untrained at checkpoint 2: the row's result, not ``repeated`` (the state has not
+    # seen it), with its reply
+    assert back.status == "sealed" and not back.repeated and back.reward == kept_row["reward"]
     assert back.reply is not None and back.reply.get("reward") == kept_row["reward"]
     assert gone.failure is FailureKind.FORGOTTEN  # consumed at checkpoint 1: no rerun
     assert agent.runs_of(kept_id) == 1 and agent.runs_of(f"{run}-s1-0") == 1
@@ -105,7 +110,8 @@ def test_the_same_checkpoint_id_again_answers_its_committed_report(ray_session, 
             orch.checkpoint("si-ck-1", str(tmp_path / "elsewhere"), deadline_s=30)
         assert not (tmp_path / "elsewhere").exists()
         assert orch.snapshot().ledger.checkpoints_committed == 1  # gated once
-    assert _part(directory)["report"]["checkpoint_id"] == "si-ck-1"
+    stored = json.loads((directory / "rl_gym_actors" / "report.json").read_text())
+    assert stored["checkpoint_id"] == "si-ck-1"
     # restored from it, a framework saves the same step again (e.g. after an epoch resume)
     with _orch(gym, "si", restore_from=directory) as restored:
         assert restored.checkpoint("si-ck-1", str(directory), deadline_s=30) == report

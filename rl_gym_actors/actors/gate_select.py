@@ -167,7 +167,15 @@ class GateSelect:
                 "; ".join(str(r) for r in errors),
                 checkpoint_id=checkpoint_id,
                 blockers=blockers,
-                released=sum(r.released for r in errors if isinstance(r, CheckpointFailed)),
+                # what the v2 gate forgot after its own commit counts as released too
+                released=sum(r.released for r in errors if isinstance(r, CheckpointFailed))
+                + sum(
+                    e.forgotten
+                    for r in results
+                    if isinstance(r, list)
+                    for e in r
+                    if isinstance(e, EndpointCheckpoint)
+                ),
             )
         by_url: dict[str, EndpointCheckpoint] = {}
         kept = []
