@@ -10,7 +10,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-lowest test-skyrl lint docs bench bench-scale bench-chaos bench-compare clean
+.PHONY: setup demo test test-fast test-lowest test-skyrl test-verl lint docs bench bench-scale bench-chaos bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -81,6 +81,24 @@ $(SKYRL_STAMP): pyproject.toml
 test-skyrl: $(SKYRL_STAMP)
 	$(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/skyrl
 
+# the verl adapter against the real verl (pinned by the [verl] extra) on CPU, in a venv of its own
+# (verl needs Python < 3.13): torch's CPU build first (pip here finds torch 2.13.0+cpu), so that
+# nothing pulls a CUDA build, then the project with its dev and verl extras; then the adapter
+# tests, which live outside tests/ so the main suites never collect them (~4-10 min install)
+VERL_PY ?= $(shell .ci/find-python 3.11 3.12)
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+$(VERL_STAMP): pyproject.toml
+	@test -n "$(VERL_PY)" || { echo "no Python 3.11-3.12 found: pass VERL_PY=..." >&2; exit 1; }
+	$(VERL_PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q 'torch==2.13.0'
+	$(VERL_VENV)/bin/pip install -q -e '.[dev,verl]'
+	touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/verl
+
 # the bench extra (matplotlib, py-spy), installed once per venv (again when pyproject.toml changes)
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
@@ -106,4 +124,4 @@ bench-compare: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(SKYRL_VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(SKYRL_VENV) $(VERL_VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
