@@ -280,12 +280,12 @@ def cpu_classes() -> tuple[type, type, type]:
     """``(experiment, sync trainer, fully async trainer)`` classes on CPU (imports SkyRL)."""
     _no_fsdp_workers()
     from skyrl.train.dataset import PromptDataset
-    from skyrl.train.trainer import RayPPOTrainer
 
     from rl_gym_actors.integrations.skyrl.checkpoints import FullyAsyncGymTrainer
     from rl_gym_actors.integrations.skyrl.experiment import GymPPOExp
+    from rl_gym_actors.integrations.skyrl.trainer import GymRayPPOTrainer
 
-    class CpuRayPPOTrainer(CpuTrainerMixin, RayPPOTrainer):
+    class CpuRayPPOTrainer(CpuTrainerMixin, GymRayPPOTrainer):
         def save_checkpoints(self) -> str:
             folder = super().save_checkpoints()
             if _fault_at(self.global_step):  # SkyRL's state durable, the layer's not yet
@@ -346,8 +346,9 @@ def overrides(args: argparse.Namespace) -> list[str]:
     if args.fully_async:
         out += [
             "trainer.fully_async.enabled=true",
-            f"trainer.fully_async.num_parallel_generation_workers={args.batch}",
-            "trainer.fully_async.max_staleness_steps=1",
+            # every group of an epoch generated up to two steps ahead of training
+            f"trainer.fully_async.num_parallel_generation_workers={3 * args.batch}",
+            "trainer.fully_async.max_staleness_steps=2",
             "trainer.algorithm.policy_loss_type=rollout_is",
         ]
     return out

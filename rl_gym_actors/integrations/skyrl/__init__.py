@@ -6,6 +6,7 @@
 ``config``      SkyRL's config plus ``generator.rl_gym_actors``
 ``generator``   ``GymGenerator``: SkyRL's GeneratorInterface through the layer's Gym endpoints
 ``checkpoints`` ``GymCheckpointCallback`` (sync trainer), ``FullyAsyncGymTrainer``
+``trainer``     ``GymRayPPOTrainer``: SkyRL's sync trainer resuming from an epoch boundary
 ``experiment``  ``GymPPOExp`` and ``main()`` for ``trainer.override_entrypoint``
 
 The public names below load their module on first use, so the light modules import without
@@ -24,15 +25,24 @@ if TYPE_CHECKING:
     )
     from rl_gym_actors.integrations.skyrl.experiment import GymPPOExp, main
     from rl_gym_actors.integrations.skyrl.generator import GymGenerator
+    from rl_gym_actors.integrations.skyrl.trainer import GymRayPPOTrainer
 
 _HOME = {
     "FullyAsyncGymTrainer": "checkpoints",
     "GymCheckpointCallback": "checkpoints",
     "GymGenerator": "generator",
     "GymPPOExp": "experiment",
+    "GymRayPPOTrainer": "trainer",
     "main": "experiment",
 }
-__all__ = ["FullyAsyncGymTrainer", "GymCheckpointCallback", "GymGenerator", "GymPPOExp", "main"]
+__all__ = [
+    "FullyAsyncGymTrainer",
+    "GymCheckpointCallback",
+    "GymGenerator",
+    "GymPPOExp",
+    "GymRayPPOTrainer",
+    "main",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,8 @@ SkyRL's ``main_base`` imports the module named by ``trainer.override_entrypoint`
 ``main()``, which parses the whole command line with :data:`~.config.GymSkyRLConfig` (SkyRL's
 config plus ``generator.rl_gym_actors``), starts Ray as SkyRL does and runs the experiment in a
 Ray task, as SkyRL's own entry point does. ``trainer.fully_async.enabled=true`` picks
-:class:`~.checkpoints.FullyAsyncGymTrainer`, else SkyRL's ``RayPPOTrainer`` with
+:class:`~.checkpoints.FullyAsyncGymTrainer`, else :class:`~.trainer.GymRayPPOTrainer` (SkyRL's
+``RayPPOTrainer``, resuming from an epoch boundary into the next epoch) with
 :class:`~.checkpoints.GymCheckpointCallback`.
 
 :func:`build_generator` makes the orchestrator from the config: its endpoints and policy, run id
@@ -40,6 +41,7 @@ from rl_gym_actors.integrations.skyrl.settings import (
     policy_of,
     pool_size_for,
 )
+from rl_gym_actors.integrations.skyrl.trainer import GymRayPPOTrainer
 from rl_gym_actors.orchestrator import Orchestrator
 
 ENTRYPOINT_ARG = "trainer.override_entrypoint="
@@ -86,7 +88,7 @@ class GymPPOExp(BasePPOExp):
 
     generator: GymGenerator | None = None
     # the trainers it builds (a subclass may swap them, e.g. the CPU stand-in of the tests)
-    sync_trainer_cls: type[RayPPOTrainer] = RayPPOTrainer
+    sync_trainer_cls: type[RayPPOTrainer] = GymRayPPOTrainer
     fully_async_trainer_cls: type[FullyAsyncGymTrainer] = FullyAsyncGymTrainer
 
     def get_generator(self, cfg: Any, tokenizer: Any, inference_engine_client: Any) -> GymGenerator:
