@@ -46,7 +46,7 @@ from rl_gym_actors.actors.gym_memory import epoch_change, vanished_results
 from rl_gym_actors.actors.handover import handed_over, keep_handed_over
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
-from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_book import AttemptBook, GateAck
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, gym_attempts, plan_endpoint
@@ -128,7 +128,7 @@ class CheckpointGate:
         # leave room for the commits after the last prepare
         prepare_deadline = deadline_ts - min(1.0, 0.1 * max(deadline_ts - start, 0.0))
         flushed = await self._owners.flush(
-            min(prepare_deadline, start + _flush_budget(prepare_deadline - start))
+            min(prepare_deadline, start + _flush_budget(prepare_deadline - start)), checkpoint_id
         )
         try:
             await self._until(  # phase 1: everything but the release
@@ -337,7 +337,16 @@ class CheckpointGate:
         status = await client.listing(cid, deadline_ts=deadline_ts)
         tally.last = status
         if hold:  # Gym's memory is checked before anything is released
-            tally.lost = await vanished_results(self._book, client, status, deadline_ts)
+            # held already, before this gate's first prepare: a gate of this checkpoint ran
+            # before this one (the ledger restarted and Ray sent the call again) and what it
+            # ACKed was released with this checkpoint: the report counts it
+            tally.lost = await vanished_results(
+                self._book,
+                client,
+                status,
+                deadline_ts,
+                released=None if status.state == "accepting" else self._released(tally),
+            )
             tally.epoch = await epoch_change(client, deadline_ts)
             if tally.lost or tally.epoch:
                 tally.error = f"Gym lost {len(tally.lost)} sealed results it held" + (
@@ -400,6 +409,18 @@ class CheckpointGate:
                     await asyncio.sleep(min(client.retry.backoff(tally.rounds), left))
                 if status.keys_only:  # the prepare listed keys: the receipts for the next round
                     status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
+
+    def _released(self, tally: EndpointTally) -> Callable[[tuple[str, int]], None]:
+        """Count a sealed result Gym has as ACKed, released by an earlier gate of this
+        checkpoint, as this gate's own release."""
+        url = tally.endpoint.url
+
+        def released(key: tuple[str, int]) -> None:
+            kind = self._book.record_gate_acked(url, key[0], key[1])
+            tally.sealed_acked += kind is GateAck.SEALED
+            tally.orphans_acked += kind is GateAck.ORPHAN
+
+        return released
 
     async def _prepare(
         self, tally: EndpointTally, client: GymClient, cid: str, slice_s: float, deadline_ts: float

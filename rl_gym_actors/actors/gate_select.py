@@ -131,7 +131,9 @@ class GateSelect:
             return await make_agent_gate(self._endpoints, self._clients).run(
                 checkpoint_id, checkpoint_dir, deadline_ts
             )
-        flushed = await owners.flush(min(deadline_ts, start + 0.2 * (deadline_ts - start) + 0.5))
+        flushed = await owners.flush(
+            min(deadline_ts, start + 0.2 * (deadline_ts - start) + 0.5), checkpoint_id
+        )
         v2_gate = V2Gate(
             book,
             [self._endpoints[i] for i in v2],

@@ -131,11 +131,16 @@ class RayOwners:
             return value
         return OwnerAnswer.ADOPTED if value else OwnerAnswer.REFUSED
 
-    async def flush(self, deadline_ts: float) -> int:
+    async def flush(self, deadline_ts: float, checkpoint_id: str | None = None) -> int:
         names = sorted(self.live())
         answers = await asyncio.gather(
             *(
-                self.call(n, "flush_reports", lambda h: h.flush_reports.remote(), deadline_ts)
+                self.call(
+                    n,
+                    "flush_reports",
+                    lambda h: h.flush_reports.remote(checkpoint_id),
+                    deadline_ts,
+                )
                 for n in names
             )
         )

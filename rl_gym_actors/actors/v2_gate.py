@@ -129,7 +129,9 @@ class V2Gate:
         seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
         kept = [await self._kept_unsettled(part, deadline_ts) for part in self._parts]
         if any(seen) or any(kept):  # every run a live owner started before is reported now
-            await self._owners.flush(min(deadline_ts, self._clock() + self._control_s))
+            await self._owners.flush(
+                min(deadline_ts, self._clock() + self._control_s), checkpoint_id
+            )
         live = self._owners.live()
         retired = [
             await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts, running)
