@@ -86,6 +86,7 @@ def _reported(name: str, run: Any) -> Any:
         try:
             return run(args, out or sys.stdout)
         except CliError as exc:
+            cli_support.print_debug(exc, err)
             print(f"rl-gym-actors {name}: {exc}", file=err)
             return exc.code
 
