@@ -54,7 +54,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     cli_support.add_timeout(p, "an answer")
     p.add_argument(
-        "--limit", type=int, default=20, help="attempts listed at most (default: %(default)d)"
+        "--limit",
+        type=cli_support.count,
+        default=20,
+        help="attempts listed at most, >= 0 (default: %(default)d)",
     )
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=status_command)

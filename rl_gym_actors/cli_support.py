@@ -80,6 +80,17 @@ def port(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """A whole number >= 0 (``status --limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def seconds(text: str) -> float:
     return _seconds(text, zero=False)
 

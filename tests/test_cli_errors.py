@@ -296,3 +296,8 @@ def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait()
+
+
+def test_status_refuses_a_negative_limit_in_one_line(capsys):
+    code, _, err = cli(capsys, "status", "http://127.0.0.1:1", "--limit", "-3")
+    assert code == 2 and "--limit" in err and "must be >= 0, got -3" in err
