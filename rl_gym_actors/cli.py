@@ -433,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_support.quiet_closed_stdout()
         return cli_support.EXIT_OK
     except CliError as exc:
+        cli_support.print_debug(exc)
         print(f"{name}: {exc}", file=sys.stderr)
         return exc.code
     except Exception as exc:

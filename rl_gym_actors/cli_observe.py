@@ -54,7 +54,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     cli_support.add_timeout(p, "an answer")
     p.add_argument(
-        "--limit", type=int, default=20, help="attempts listed at most (default: %(default)d)"
+        "--limit",
+        type=cli_support.count,
+        default=20,
+        help="attempts listed at most, >= 0 (default: %(default)d)",
     )
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=status_command)
@@ -86,6 +89,7 @@ def _reported(name: str, run: Any) -> Any:
         try:
             return run(args, out or sys.stdout)
         except CliError as exc:
+            cli_support.print_debug(exc, err)
             print(f"rl-gym-actors {name}: {exc}", file=err)
             return exc.code
 

@@ -259,7 +259,9 @@ class ProtocolViolation(RlGymError):
 
 
 class CheckpointFailed(RlGymError):
-    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint.
+    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint;
+    the message ends with what they say (:func:`blockers_cause`), so that a checkpoint that ran
+    out of time names why (another run's held results, a checkpoint holding the server).
 
     ``released``: how many results Gym let go of for this checkpoint before it failed (ACKed
     in the gate's release; 0 when it failed before that). Each of them is in the layer's part
@@ -281,11 +283,50 @@ class CheckpointFailed(RlGymError):
         self.blockers = blockers or {}
         self.released = released
         self.restore_from = restore_from
-        super().__init__(message)
+        cause = blockers_cause(self.blockers)
+        super().__init__(f"{message}; in the way: {cause}" if cause else message)
 
     @property
     def released_any(self) -> bool:
         return self.released > 0
+
+
+def blockers_cause(blockers: dict[str, Any]) -> str:
+    """One line of what ``CheckpointFailed.blockers`` says stood in the way, per endpoint: the
+    checkpoint holding it, the attempts running or completed un-ACKed there, how many of them
+    another run's, and the way out for those."""
+    parts: list[str] = []
+    foreign_seen = False
+    for label, entry in blockers.items():
+        if not isinstance(entry, dict):
+            continue
+        said: list[str] = []
+        held_by = entry.get("active_checkpoint_id")
+        if held_by:
+            said.append(f"checkpoint {held_by} holds the server")
+        attempts = [a for a in entry.get("attempts") or [] if isinstance(a, dict)]
+        if attempts:
+            states: dict[str, int] = {}
+            for a in attempts:
+                state = str(a.get("state", "?"))
+                states[state] = states.get(state, 0) + 1
+            foreign = sum(1 for a in attempts if a.get("foreign"))
+            foreign_seen = foreign_seen or foreign > 0
+            by_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            whose = f", {foreign} of them another run's" if foreign else ""
+            said.append(f"{len(attempts)} attempts ({by_state}{whose})")
+        if said:
+            parts.append(f"{label}: " + " and ".join(said))
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    if foreign_seen:
+        text += (
+            " (another run's results are released by its own checkpoint; a run that used "
+            "ack='on_seal' holds none; checkpoint(..., sweep_foreign=True) clears those of a "
+            "run that is gone)"
+        )
+    return text
 
 
 class GymStateLost(CheckpointFailed):
