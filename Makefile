@@ -9,6 +9,10 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
+# bytecode is cached (__pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE set, every test
+# process, Gym server and driver the suite starts compiles the package from source again (~25 %
+# more CPU an import here), and pytest rewrites every test module's asserts again per worker
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-fast test-lowest test-skyrl test-verl lint docs bench bench-scale bench-chaos bench-compare clean
 
@@ -24,12 +28,34 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/lost_replies.py
 
+# The suite waits on servers and Ray far more than it computes, so it runs in TEST_WORKERS
+# processes (pytest-xdist), a test file at a time per process: a module's fixtures (its Gym
+# server) and each process's Ray session are started once, as in a serial run. Tests marked
+# `serial` (they need the machine to themselves) run before that, in one process. TEST_WORKERS=0
+# runs everything in this process, as before. A file needs nothing to join: new files run in
+# parallel by default.
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+# both passes always run, the parallel one last (its closing line counts the most tests); the
+# first failure's exit code is make's. The serial pass collects only the files that mark a test
+# `serial` (collecting the whole suite costs a minute at load) and is skipped when none does.
+SERIAL_FILES = $(shell grep -rl 'mark\.serial' tests --include='test_*.py')
+define two_passes
+	@rc=0; \
+	if [ -n "$(SERIAL_FILES)" ]; then \
+	  $(PYTEST) -p no:xdist -m "$(1)serial" $(SERIAL_FILES) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	fi; \
+	$(PYTEST) $(XDIST) -m "$(1)not serial" tests || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
+endef
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(call two_passes,)
 
 # the edit loop: everything but the tests marked slow (the whole suite stays `make test`)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(call two_passes,not slow and )
 
 # ruff over the code and its tests, benchmarks and examples; mypy over the package (settings and
 # the files mypy checks: pyproject.toml)
@@ -61,7 +87,7 @@ test-lowest:
 	$(PY) -m venv $(LOWEST)
 	$(LOWEST)/bin/pip install -q uv
 	$(LOWEST)/bin/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct -e '.[dev,examples]'
-	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|hypothesis|numpy|psutil)=='
+	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|pytest.xdist|hypothesis|numpy|psutil)=='
 	$(LOWEST)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests
 
 # The SkyRL adapter against the real skyrl (pinned by the skyrl extra), in a venv of its own on
