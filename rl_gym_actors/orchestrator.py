@@ -576,19 +576,17 @@ class Orchestrator:
         recorded: set[tuple[str, int | None]],
         budget_s: float,
     ) -> int:
-        """Gym v2: the attempts that ran when the gate started and that its commit neither
-        exported nor names as restarts ended before its cut (a reply may still be on the wire):
-        wait for their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results
-        to the part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate
-        forgot none of them (see actors/v2_gate.py). How many were added."""
-        waits: set[str] = set()
-        for entry in report.endpoints:
-            if entry.protocol != "v2":
-                continue
-            extra = entry.commit.model_extra or {}
-            left = set(extra.get("in_flight") or []) - set(extra.get("episode_ids") or [])
-            left -= set(extra.get("restarts") or [])
-            waits.update(EpisodeId.from_capture_key(k).rollout_id for k in left)
+        """Gym v2: the attempts that ran when the gate started and finished before its cut
+        (each commit answer's ``ended``; their outcomes may still be on the way here): wait for
+        their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results to the
+        part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate forgot
+        none of them (see actors/v2_gate.py). How many were added."""
+        waits = {
+            EpisodeId.from_capture_key(k).rollout_id
+            for entry in report.endpoints
+            if entry.protocol == "v2"
+            for k in (entry.commit.model_extra or {}).get("ended") or []
+        }
         until = time.monotonic() + max(0.0, min(budget_s, DRAIN_S))
         while any(self._memory.running(r) for r in waits) and time.monotonic() < until:
             await asyncio.sleep(DRAIN_POLL_S)

@@ -32,7 +32,9 @@ Episodes a restore installed (:class:`RestoredPending`, see :mod:`.v2_restore`) 
 replacement ``/run`` has not started are in every commit's scope, named by that replacement
 attempt (else Gym deletes them), and their rollouts are never forgotten, until the book knows
 that attempt (or a later one). Each commit answer says which attempts of this run were in flight
-on its server (``in_flight``, capture keys): what a restore starts over when not exported.
+on its server (``in_flight``, capture keys): what a restore starts over when not exported;
+and which of those finished before the cut (``ended``: sealed in the book once the owners
+flushed after the commit), whose results the orchestrator adds to the part.
 
 v2 has no ACK: a sealed reply is released by ``forget`` after a committed checkpoint.
 """
@@ -169,6 +171,7 @@ class V2Gate:
             clock=self._clock,
             unresumed=self._resume_later(checkpoint_id),
         )
+        ended = await self._ended_in_gate(in_flight, deadline_ts)
         pending = self._restored.rollouts()  # never forgotten before their replacement starts
         unknown = sorted(
             {rid for found in orphans for rid, _ in found if self._unknown(rid)} - pending
@@ -193,6 +196,7 @@ class V2Gate:
                         episode_ids=list(answer.episode_ids),
                         restarts=list(outcome.restarts),
                         in_flight=sorted(e.capture_key for e in in_flight[ep.url]),
+                        ended=ended.get(ep.url, []),
                     ),
                     protocol="v2",
                     renewals=outcome.renewals,
@@ -252,6 +256,27 @@ class V2Gate:
                 healer.resume_later(part.client, checkpoint_id)
 
         return later
+
+    async def _ended_in_gate(
+        self, in_flight: dict[str, list[EpisodeId]], deadline_ts: float
+    ) -> dict[str, list[str]]:
+        """Per endpoint URL, the attempts in flight when the gate started that the book has as
+        sealed once every owner flushed after the commit (capture keys): runs that finished
+        before the cut, whose results the orchestrator waits for and adds to the part. Nothing
+        without a part (``recorded`` None) or with nothing in flight."""
+        if self._recorded is None or not any(in_flight.values()):
+            return {}
+        left = max(1.0, deadline_ts - self._clock())
+        await self._owners.flush(self._clock() + min(self._control_s, left))
+        out: dict[str, list[str]] = {}
+        for url, episodes in in_flight.items():
+            keys = []
+            for e in episodes:
+                view = self._book.attempt(e.rollout_id, e.attempt)
+                if view is not None and view.state is AttemptState.SEALED:
+                    keys.append(e.capture_key)
+            out[url] = sorted(keys)
+        return out
 
     def _unrecorded(self, rollouts: list[str]) -> set[str]:
         """The sealed ones of ``rollouts`` whose results the part does not hold (they finished
