@@ -224,6 +224,24 @@ def participant_options(args: argparse.Namespace) -> ParticipantOptions:
     }
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def warn_if_exposed(host: str) -> str | None:
+    """A server bound beyond loopback: warn on stderr that ``/run`` and ``GET /metrics`` take
+    no token (only the control plane does), so that whoever reaches the port can run the
+    agent. Returns the warning (None on loopback)."""
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return None
+    text = (
+        f"warning: --host {host} serves beyond this machine: /run and GET /metrics take no "
+        f"token (only /ng-control/ does), so anyone who reaches the port can run the agent; "
+        f"keep it behind a firewall or a proxy that authenticates"
+    )
+    print(text, file=sys.stderr, flush=True)
+    return text
+
+
 def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agent_checkpoint.participant import Participant
     from rl_gym_actors.gym.agent_checkpoint.routes import create_app
@@ -240,6 +258,7 @@ def gym_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     token, source = resolve_token(args.token)
+    warn_if_exposed(args.host)
     if args.state_dir is not None:
         from rl_gym_actors.gym.state_lock import lock_state_dir
 

@@ -301,3 +301,12 @@ def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
 def test_status_refuses_a_negative_limit_in_one_line(capsys):
     code, _, err = cli(capsys, "status", "http://127.0.0.1:1", "--limit", "-3")
     assert code == 2 and "--limit" in err and "must be >= 0, got -3" in err
+
+
+def test_serving_beyond_loopback_warns_that_run_and_metrics_take_no_token(capsys):
+    from rl_gym_actors.cli import warn_if_exposed
+
+    assert warn_if_exposed("127.0.0.1") is None and warn_if_exposed("::1") is None
+    text = warn_if_exposed("0.0.0.0")
+    assert text is not None and "/run and GET /metrics take no token" in text
+    assert capsys.readouterr().err.strip() == text
