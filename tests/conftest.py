@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +18,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 @contextlib.contextmanager
 def _one_ray_start_at_a_time(tmp_path_factory):
     """Under ``make test``'s workers (pytest-xdist) each worker process has a Ray of its own;
-    their starts take turns (a lock file shared by the run's workers): Ray's raylet has a fixed
-    30 s to register, which starts racing one another on a loaded machine miss. A serial run
-    takes no lock."""
+    their starts take turns (a lock file in the machine's temp dir, so that the workers of two
+    suites at once, as in CI, take turns too): Ray's raylet has a fixed 30 s to register, which
+    starts racing one another on a loaded machine miss. A serial run takes no lock."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         yield
         return
-    lock = tmp_path_factory.getbasetemp().parent / "ray-start.lock"
+    lock = Path(tempfile.gettempdir()) / "rl-gym-actors-ray-start.lock"
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         try:
