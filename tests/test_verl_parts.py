@@ -22,10 +22,8 @@ from rl_gym_actors.integrations.verl.settings import (
 
 def test_the_pure_parts_import_neither_verl_nor_ray():
     # the main suite's venv has no verl; nothing above imported Ray either
-    code = (
-        "import sys, rl_gym_actors.integrations.verl.settings, rl_gym_actors.integrations.verl.ids,"
-        " rl_gym_actors.integrations.verl.outputs; print(sorted({'ray', 'verl', 'torch'} & set(sys.modules)))"
-    )
+    pure = ", ".join(f"rl_gym_actors.integrations.verl.{m}" for m in ("settings", "ids", "outputs"))
+    code = f"import sys, {pure}; print(sorted({{'ray', 'verl', 'torch'}} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -60,7 +60,8 @@ class Trainer:
             "--steps",
             str(STEPS),
         ]
-        self.log = open(workdir / f"trainer-{time.time():.0f}.log", "w")  # noqa: SIM115
+        self.log_path = workdir / f"trainer-{time.time():.0f}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -68,6 +69,10 @@ class Trainer:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def tail(self) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text().splitlines()[-25:])
 
     def kill9(self) -> None:
         """SIGKILL the trainer's whole session: the driver and the Ray it started."""
@@ -102,7 +107,7 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
         try:
 
             def step2_running() -> bool:
-                assert a.alive(), "incarnation A ended before step 2"
+                assert a.alive(), f"incarnation A ended before step 2:\n{a.tail()}"
                 started = any(s["step"] == 2 for s in _lines(work / "steps.jsonl"))
                 done = [e for e in _lines(agent_log) if e["event"] == "finish"]
                 return started and any("-b1-" in e["rid"] for e in done)
@@ -118,7 +123,7 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
             steps_before = len(_lines(work / "steps.jsonl"))
 
             def saved_step2() -> bool:
-                assert b.alive(), "incarnation B ended before its checkpoint of step 2"
+                assert b.alive(), f"B ended before its checkpoint of step 2:\n{b.tail()}"
                 began = [s["step"] for s in _lines(work / "steps.jsonl")[steps_before:]]
                 return 3 in began
 
@@ -135,8 +140,8 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
             what="C to finish",
         )
         c.proc.wait(timeout=60)
+        assert c.proc.returncode == 0, c.tail()
         c.log.close()
-        assert c.proc.returncode == 0, (work / "done").exists()
         unacked, running = _unacked(gym)
 
     trained = _lines(work / "trained.jsonl")
