@@ -9,8 +9,12 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
+# bytecode is cached (__pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE set, every test
+# process, Gym server and driver the suite starts compiles the package from source again (~25 %
+# more CPU an import here), and pytest rewrites every test module's asserts again per worker
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo test test-fast test-lowest test-skyrl lint bench bench-scale bench-chaos bench-compare clean
+.PHONY: setup demo test test-fast test-lowest test-skyrl test-verl lint docs bench bench-scale bench-chaos bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -24,12 +28,34 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/lost_replies.py
 
+# The suite waits on servers and Ray far more than it computes, so it runs in TEST_WORKERS
+# processes (pytest-xdist), a test file at a time per process: a module's fixtures (its Gym
+# server) and each process's Ray session are started once, as in a serial run. Tests marked
+# `serial` (they need the machine to themselves) run before that, in one process. TEST_WORKERS=0
+# runs everything in this process, as before. A file needs nothing to join: new files run in
+# parallel by default.
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest -q
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+# both passes always run, the parallel one last (its closing line counts the most tests); the
+# first failure's exit code is make's. The serial pass collects only the files that mark a test
+# `serial` (collecting the whole suite costs a minute at load) and is skipped when none does.
+SERIAL_FILES = $(shell grep -rl 'mark\.serial' tests --include='test_*.py')
+define two_passes
+	@rc=0; \
+	if [ -n "$(SERIAL_FILES)" ]; then \
+	  $(PYTEST) -p no:xdist -m "$(1)serial" $(SERIAL_FILES) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	fi; \
+	$(PYTEST) $(XDIST) -m "$(1)not serial" tests || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
+endef
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(call two_passes,)
 
 # the edit loop: everything but the tests marked slow (the whole suite stays `make test`)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(call two_passes,not slow and )
 
 # ruff over the code and its tests, benchmarks and examples; mypy over the package (settings and
 # the files mypy checks: pyproject.toml)
@@ -38,6 +64,19 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
+
+# the API reference, generated from the docstrings with pdoc into build/api (open
+# build/api/index.html); CI builds it, so a docstring or an import that breaks it fails there
+API_MODULES := rl_gym_actors rl_gym_actors.orchestrator rl_gym_actors.config rl_gym_actors.errors \
+  rl_gym_actors.failures rl_gym_actors.outcome rl_gym_actors.protocol rl_gym_actors.checkpoint_part \
+  rl_gym_actors.core.checkpoint_report rl_gym_actors.local_gym rl_gym_actors.metrics \
+  rl_gym_actors.snapshot rl_gym_actors.gym.agent_checkpoint.client rl_gym_actors.gym.v2.client \
+  rl_gym_actors.integrations.nemo_rl rl_gym_actors.testing
+docs: $(STAMP)
+	rm -rf build/api
+	$(BIN)/python -m pdoc --no-search -o build/api $(API_MODULES)
+	@test -f build/api/rl_gym_actors/orchestrator.html || { echo "docs: no page for the orchestrator" >&2; exit 1; }
+	@echo "API reference: build/api/index.html"
 
 # every dependency at the floor pyproject.toml allows (uv's lowest-direct resolution, in a venv
 # of its own), then the fast tests: the floors are versions that were tried, not guesses
@@ -48,7 +87,7 @@ test-lowest:
 	$(PY) -m venv $(LOWEST)
 	$(LOWEST)/bin/pip install -q uv
 	$(LOWEST)/bin/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct -e '.[dev,examples]'
-	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|hypothesis|numpy|psutil)=='
+	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|pytest.xdist|hypothesis|numpy|psutil)=='
 	$(LOWEST)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests
 
 # The SkyRL adapter against the real skyrl (pinned by the skyrl extra), in a venv of its own on
@@ -68,6 +107,24 @@ $(SKYRL_STAMP): pyproject.toml
 test-skyrl: $(SKYRL_STAMP)
 	$(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/skyrl
 
+# the verl adapter against the real verl (pinned by the [verl] extra) on CPU, in a venv of its own
+# (verl needs Python < 3.13): torch's CPU build first (pip here finds torch 2.13.0+cpu), so that
+# nothing pulls a CUDA build, then the project with its dev and verl extras; then the adapter
+# tests, which live outside tests/ so the main suites never collect them (~4-10 min install)
+VERL_PY ?= $(shell .ci/find-python 3.11 3.12)
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+$(VERL_STAMP): pyproject.toml
+	@test -n "$(VERL_PY)" || { echo "no Python 3.11-3.12 found: pass VERL_PY=..." >&2; exit 1; }
+	$(VERL_PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q 'torch==2.13.0'
+	$(VERL_VENV)/bin/pip install -q -e '.[dev,verl]'
+	touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/verl
+
 # the bench extra (matplotlib, py-spy), installed once per venv (again when pyproject.toml changes)
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
@@ -82,14 +139,15 @@ bench: $(BENCH_STAMP)
 bench-scale: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --only scale
 
-# benchmarks/chaos.py alone (one fault per row, sixteen faults: 5-10 minutes quick), kept out of
-# `make bench` for the same reason; RESULTS.md regenerated
+# benchmarks/chaos.py (one fault per row, sixteen faults: 5-10 minutes quick) and admission.py
+# (how long a checkpoint closes Gym with long episodes in flight, each protocol: ~2 minutes),
+# kept out of `make bench` for the same reason; RESULTS.md regenerated
 bench-chaos: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/run_all.py --quick --only chaos
+	$(BIN)/python benchmarks/run_all.py --quick --only chaos admission
 
 # the same, plus the "before" column: the benchmarks run again against commit e581378
 bench-compare: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick --before e581378
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(SKYRL_VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(SKYRL_VENV) $(VERL_VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

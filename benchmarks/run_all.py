@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+import glance
 import hotpath_table
 import psutil
 from common import BENCH_DIR, REPO, RESULTS_DIR, fmt, load_line, machine_info, machine_line
@@ -48,7 +49,9 @@ BENCHMARKS = [
     "soak",
     "gym_server_memory",
     "gym_server",
+    "gym_server_limits",
     "chaos",
+    "admission",
     "scale",
     "store_commit",
     "receipts_real_gym",
@@ -58,7 +61,7 @@ BENCHMARKS = [
 # scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
 # of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
 # get their sections in RESULTS.md
-STANDALONE = {"scale", "chaos"}
+STANDALONE = {"scale", "chaos", "admission"}
 # written by another benchmark's quick run, which measures the same thing (one_per_actor: the
 # 1 per actor pool and trials of throughput's quick run, with the Ray floor joined to them); a
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
@@ -363,8 +366,8 @@ def say_throughput(res: dict) -> str:
     slow = [r for r in rows if r["agent_ms"] == max(r["agent_ms"] for r in rows)]
     b0 = max(zero, key=lambda r: r["ours_per_s"])
     bs = max(slow, key=lambda r: r["ours_per_s"])
-    cpu = sum(r["cpu_ms_per_rollout"] for r in zero) / len(zero)
-    dcpu = sum(r["direct_cpu_ms_per_rollout"] for r in zero) / len(zero)
+    cpu = b0["cpu_ms_per_rollout"]  # the best pool's own figure (an average over pools hid it)
+    dcpu = b0["direct_cpu_ms_per_rollout"]
     return (
         f"With instant agents the orchestrator reaches {b0['ours_per_s']:.0f} rollouts/s "
         f"({b0['config']}), {b0['ratio']:.2f}x the direct loop's {b0['direct_per_s']:.0f}/s; with "
@@ -372,8 +375,9 @@ def say_throughput(res: dict) -> str:
         f"every rollout also crosses Ray (rows go to the rollout actors in chunks, outcomes "
         f"stream back bunched), reports to the ledger actor in merged batches, and runs in its "
         f"rollout actor's event loop: "
-        f"about {cpu:.0f} ms of CPU per rollout over all processes against {dcpu:.1f} ms for the "
-        f"direct loop, on 2 cores shared with the Gym server; the added latency per rollout is "
+        f"{cpu:.1f} ms of CPU per rollout over all processes ({b0['config']}) against "
+        f"{dcpu:.1f} ms for the direct loop, on 2 cores shared with the Gym server; the added "
+        f"latency per rollout is "
         f"{b0['added_p50_ms']:.0f} ms at p50. Many rollouts per actor cost a fraction of the "
         f"memory of one per actor (actor PSS per slot in the second table) and less CPU."
     )
@@ -777,6 +781,10 @@ def write_report(
         "in the same run, interleaved trial by trial, are the robust figures.",
         "",
     ]
+    try:
+        lines += glance.results_section()
+    except glance.MissingResult as exc:  # a fresh clone's partial run: say what is missing
+        lines += ["## At a glance", "", f"(not yet: {exc})", ""]
     if plot_note:
         lines += [plot_note, ""]
     lines += runs_section(quick, load_runs(quick) if record is None else record)
@@ -808,7 +816,9 @@ def write_report(
         "soak": "Soak: memory over a long run",
         "gym_server_memory": "Gym server memory over a long run (no Ray)",
         "gym_server": "Gym server on its own (written by the server engineer)",
+        "gym_server_limits": "Gym server limits under hostile clients (issue 30)",
         "chaos": "Chaos: one fault per row",
+        "admission": "Admission closed per checkpoint, episodes in flight (`make bench-chaos`)",
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
@@ -842,6 +852,7 @@ def write_report(
                 lines += _section(part, stem, plots, f"### {heading}")
     path = BENCH_DIR / "RESULTS.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
+    glance.main(["--readme"])  # the README's cost figures are the same results' (glance.py)
     return path
 
 

@@ -207,7 +207,10 @@ def rollouts(orch: Orchestrator, ep: GymEndpoint, check: Checks) -> None:
     bad, slow, done = orch.run_batch(rows, fail_fast=True)
     for o in (bad, slow, done):
         say(f"  {outcome_line(o)}")
-    check.expect(bad.status == "failed", "demo-bad failed (the agent raised on every try)")
+    check.expect(
+        bad.status == "failed" and bad.failure is not None and bad.failure.is_data,
+        "demo-bad failed as data (the agent failed the row: one try, not retried)",
+    )
     check.expect(
         slow.status == "abandoned"
         and not slow.has_result

@@ -6,7 +6,8 @@ gradient: each step samples G actions per prompt, the rows go to a Gym server th
 orchestrator, the simulated agent scores each row (its ``reward`` field is the action's value),
 and a Ray task turns the rewards into the next logits. Every few steps a checkpoint goes through
 the ledger's gate (adopt, ACK orphans, retire, prepare, commit, resume on Gym) into
-``<workdir>/ckpt/step-N/gym``, and the policy is saved beside it (``policy.npz``, ``meta.json``).
+``<workdir>/ckpt/step-N/gym``; the policy is saved beside it first (``policy.npz``,
+``meta.json``), then ``checkpoint()`` writes the layer's part and gates Gym.
 
 Faults are injected into rows: ``drop_reply`` (the reply is lost after Gym finished the run),
 ``receipt_delay_s`` (the receipt fetch times out), and a first try slower than ``rollout_s``
@@ -15,7 +16,9 @@ Faults are injected into rows: ``drop_reply`` (the reply is lost after Gym finis
 The crash is real: the trainer runs in a child process (its own local Ray), which this script kills
 with SIGKILL (every process of its session: the trainer, its Ray and the rollout actors) in the
 middle of a step, while rollouts are running on Gym. It then starts the trainer again, which resumes
-from the last checkpoint: the steps after it run again with the same rollout ids, so runs that
+from ``rl_gym_actors.latest_checkpoint_dir(<workdir>/ckpt)`` (the newest step whose part is
+complete: its policy was written before it) with ``restore_from=`` that dir: the steps after it
+run again with the same rollout ids, so runs that
 finished on Gym before the crash are replayed from Gym's store instead of rerun, and the first
 checkpoint after the restart ACKs or retires what the dead trainer left behind. A reward enters the
 policy at most once: the rollouts the policy has counted are saved with it and checked on every
@@ -161,24 +164,61 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def save_policy(ckpt_dir: Path, logits: np.ndarray, meta: dict[str, Any]) -> None:
-    """policy.npz and meta.json beside Gym's records, then LATEST names this checkpoint: a crash
-    before LATEST moves leaves the previous checkpoint in force."""
+    """policy.npz and meta.json into the step's dir, durably, *before* ``checkpoint()`` writes
+    the layer's part into ``<dir>/gym``: a step dir whose part is complete always holds the
+    policy that saw every result the part names. (The other order loses work: a trainer killed
+    after the gate released a step's results and before its own state was written restarts
+    from the step before, and those rows then get ``forgotten_rollout``.)"""
     with open(ckpt_dir / "policy.npz", "wb") as f:
         np.savez(f, logits=logits)
         f.flush()
         os.fsync(f.fileno())
     _write_atomic(ckpt_dir / "meta.json", json.dumps(meta).encode())
-    _write_atomic(ckpt_dir.parent / "LATEST", ckpt_dir.name.encode())
+
+
+def latest_gym_dir(workdir: Path) -> Path | None:
+    """Where a restarting trainer restores from: the layer's one rule,
+    :func:`rl_gym_actors.latest_checkpoint_dir` (the newest dir holding a complete part)."""
+    return rl_gym_actors.latest_checkpoint_dir(workdir / "ckpt")
 
 
 def load_latest(workdir: Path, shape: tuple[int, int]) -> tuple[np.ndarray, dict[str, Any]]:
-    latest = workdir / "ckpt" / "LATEST"
-    if not latest.exists():
-        return np.zeros(shape), {"step": 0, "counted": [], "history": [], "checkpoints": []}
-    ckpt = workdir / "ckpt" / latest.read_text().strip()
+    """The policy and meta of the step dir :func:`latest_gym_dir` names (a fresh start if
+    none)."""
+    gym_dir = latest_gym_dir(workdir)
+    if gym_dir is None:
+        return np.zeros(shape), {"step": 0, "counted": [], "history": []}
+    ckpt = gym_dir.parent
     with np.load(ckpt / "policy.npz") as data:
         logits = data["logits"]
     return logits, json.loads((ckpt / "meta.json").read_text())
+
+
+def committed_checkpoints(workdir: Path) -> list[dict[str, Any]]:
+    """Each step's committed checkpoint, by step, from the report the layer writes beside its
+    part once Gym committed it."""
+    from rl_gym_actors.checkpoint_part import committed_report, read_part
+    from rl_gym_actors.errors import ConfigError
+
+    out = []
+    for gym_dir in sorted((workdir / "ckpt").glob("step-*/gym")):
+        try:
+            part, _ = read_part(gym_dir)
+        except ConfigError:  # no part, or a torn one: not committed
+            continue
+        report = committed_report(gym_dir, part.checkpoint_id)
+        if report is not None:
+            out.append(
+                {
+                    "checkpoint_id": report.checkpoint_id,
+                    "step": int(gym_dir.parent.name.removeprefix("step-")),
+                    "adopted": report.adopted,
+                    "orphans_acked": report.orphans_acked,
+                    "retired": report.retired,
+                    "records": sum(e.commit.records for e in report.endpoints),
+                }
+            )
+    return out
 
 
 # ---------------------------------------------------------------- the trainer (child process)
@@ -217,7 +257,8 @@ def train(args: argparse.Namespace) -> int:
     )
     workdir = Path(args.workdir)
     values = action_values(args.prompts, args.actions, args.seed)
-    logits, meta = load_latest(workdir, values.shape)
+    restore_from = latest_gym_dir(workdir)  # one rule: the newest complete part
+    logits, meta = load_latest(workdir, values.shape)  # the policy written just before it
     counted: list[str] = meta["counted"]
     seen = set(counted)
     incarnation = f"{os.getpid()}"
@@ -233,6 +274,7 @@ def train(args: argparse.Namespace) -> int:
             rollouts_per_actor=args.per_actor,
             orchestrator_id=f"tl{incarnation}",
             progress=False,  # the supervisor prints a line per step instead
+            restore_from=restore_from,  # the results the part holds, the run id
         ) as orch,
     ):
         update = ray.remote(num_cpus=0)(grpo_update)
@@ -273,19 +315,9 @@ def train(args: argparse.Namespace) -> int:
             log_step(meta, log, record, f"adopted {record['adopted']}, tries {record['tries']}")
             if step % args.ckpt_every == 0 or step == args.steps:
                 cid, ckpt_dir = checkpoint_place(workdir, step, incarnation)
-                report = orch.checkpoint(cid, str(ckpt_dir / "gym"), deadline_s=60.0)
-                meta["checkpoints"].append(
-                    {
-                        "checkpoint_id": cid,
-                        "step": step,
-                        "adopted": report.adopted,
-                        "orphans_acked": report.orphans_acked,
-                        "retired": report.retired,
-                        "records": sum(e.commit.records for e in report.endpoints),
-                    }
-                )
                 meta.update(step=step, counted=counted)
-                save_policy(ckpt_dir, logits, meta)
+                save_policy(ckpt_dir, logits, meta)  # the trainer's state first, then the gate
+                orch.checkpoint(cid, str(ckpt_dir / "gym"), deadline_s=60.0)
                 print(f"checkpoint {cid} committed", flush=True)
     return 0
 
@@ -450,7 +482,9 @@ def supervise(args: argparse.Namespace) -> dict[str, Any]:
         replayed_hint = gym.faults.dropped if gym.faults is not None else 0
     _, meta = load_latest(workdir, (args.prompts, args.actions))
     runs = [json.loads(line) for line in (workdir / "steps.jsonl").read_text().splitlines()]
-    return summarize(args, meta, runs, crash, gym_counts, replayed_hint, time.monotonic() - started)
+    checkpoints = committed_checkpoints(workdir)
+    elapsed_s = time.monotonic() - started
+    return summarize(args, meta, runs, crash, gym_counts, replayed_hint, elapsed_s, checkpoints)
 
 
 def summarize(
@@ -461,6 +495,7 @@ def summarize(
     gym_counts: dict[str, Any],
     dropped: int,
     elapsed_s: float,
+    checkpoints: list[dict[str, Any]],
 ) -> dict[str, Any]:
     history = meta["history"]
     curve = [round(h["mean_reward"], 4) for h in history]
@@ -477,8 +512,8 @@ def summarize(
         "reward_curve": curve,
         "expected_reward_curve": [round(h["expected_reward"], 4) for h in history],
         "reward_rose": float(np.mean(curve[-k:])) > float(np.mean(curve[:k])) + 0.1,
-        "checkpoints": meta["checkpoints"],
-        "every_checkpoint_committed": [c["step"] for c in meta["checkpoints"]]
+        "checkpoints": checkpoints,
+        "every_checkpoint_committed": [c["step"] for c in checkpoints]
         == [s for s in range(1, args.steps + 1) if s % args.ckpt_every == 0 or s == args.steps],
         "adopted_tries": sum(h["adopted"] for h in history),
         "redispatches": sum(h.get("redispatches", 0) for h in runs),

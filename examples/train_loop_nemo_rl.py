@@ -8,10 +8,12 @@ rollouts going through the NeMo RL drop-in the way NeMo RL's own code drives its
   ``(rowidx, agent_ref, result, timing)`` as rows end. A stream that ends in an infrastructure
   failure (``TimeoutError`` / ``ConnectionError``) has its missing rows re-dispatched with the
   next ``_ng_attempt_index``; a data failure drops the row, as NeMo RL's budget would.
-- Between steps, every few: ``acknowledge_completed_executions`` for the results counted since
-  the last checkpoint, then ``prepare_checkpoint`` / ``commit_checkpoint`` / (the policy saved
-  beside) / ``resume_checkpoint``. A restarted trainer calls ``restore_checkpoint`` on the last
-  committed directory and ``resume_checkpoint`` before its first step.
+- Between steps, every few: the policy saved first, then ``acknowledge_completed_executions``
+  for the results counted since the last checkpoint, ``prepare_checkpoint`` /
+  ``commit_checkpoint`` / ``resume_checkpoint``. A restarted trainer calls
+  ``restore_checkpoint`` on ``rl_gym_actors.latest_checkpoint_dir`` (the newest directory with
+  a complete part, whose policy was written before it) and ``resume_checkpoint`` before its
+  first step.
 
 The rows' ``_ng_rollout_id`` is stable across a restart, so the runs the killed trainer left on
 Gym are replayed from Gym's store rather than rerun, and the counted-once check holds.
@@ -107,23 +109,21 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
     start_local_ray(
         num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
     )
+    from rl_gym_actors.checkpoint_part import read_part
+
     workdir = Path(args.workdir)
     values = loop.action_values(args.prompts, args.actions, args.seed)
-    logits, meta = loop.load_latest(workdir, values.shape)
+    where = loop.latest_gym_dir(workdir)  # one rule: the newest dir with a complete part
+    logits, meta = loop.load_latest(workdir, values.shape)  # the policy written before it
     counted: list[str] = meta["counted"]
     seen = set(counted)
     incarnation = f"{os.getpid()}"
     args.token = loop.TOKEN
     actor = spin_up(args, incarnation)
-    if meta["checkpoints"]:  # a restart: restore, then reopen admission
-        last = meta["checkpoints"][-1]
-        where = workdir / "ckpt" / f"step-{last['step']:04d}" / "gym"
+    if where is not None:  # a restart: restore, then reopen admission
+        source = read_part(where)[0].checkpoint_id
         restore_id = f"restore-{incarnation}"
-        ray.get(
-            actor.restore_checkpoint.remote(
-                restore_id, time.time() + 60, str(where), last["checkpoint_id"]
-            )
-        )
+        ray.get(actor.restore_checkpoint.remote(restore_id, time.time() + 60, str(where), source))
         ray.get(actor.resume_checkpoint.remote(restore_id, time.time() + 60))
     update = ray.remote(num_cpus=0)(loop.grpo_update)
     owned: list[dict[str, Any]] = []
@@ -178,20 +178,10 @@ def train_via_nemo_rl(args: Any, loop: Any) -> int:
             loop.log_step(meta, log, record, f"adopted {adopted}, re-dispatches {redispatches}")
             if step % args.ckpt_every == 0 or step == args.steps:
                 cid, ckpt_dir = loop.checkpoint_place(workdir, step, incarnation)
-                committed = checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
-                owned = []
-                meta["checkpoints"].append(
-                    {
-                        "checkpoint_id": cid,
-                        "step": step,
-                        "adopted": None,
-                        "orphans_acked": None,
-                        "retired": None,
-                        "records": sum(p["payload"]["records"] for p in committed["participants"]),
-                    }
-                )
                 meta.update(step=step, counted=counted)
-                loop.save_policy(ckpt_dir, logits, meta)
+                loop.save_policy(ckpt_dir, logits, meta)  # the trainer's state first
+                checkpoint(ray, actor, cid, ckpt_dir / "gym", owned)
+                owned = []
                 ray.get(actor.resume_checkpoint.remote(cid, time.time() + 60))
                 print(f"checkpoint {cid} committed", flush=True)
     ray.get(actor.shutdown.remote())

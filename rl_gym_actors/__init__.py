@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, PoolConfig, RetryPolicy, TryPolicy
 from rl_gym_actors.errors import *  # noqa: F403  (the error tree is public API)
+from rl_gym_actors.failures import FailureKind
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the lazy names, as the type checker sees them (no __getattr__ for it)
     from rl_gym_actors.actors.runtime import start_local_ray
+    from rl_gym_actors.checkpoint_part import latest_checkpoint_dir
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.local_gym import LocalGym, local_gym_server
     from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
     from rl_gym_actors.outcome import Outcome
 
@@ -39,25 +42,32 @@ _LAZY = {
     "local_gym_server": "rl_gym_actors.local_gym",
     "LocalGym": "rl_gym_actors.local_gym",
     "start_local_ray": "rl_gym_actors.actors.runtime",
+    "latest_checkpoint_dir": "rl_gym_actors.checkpoint_part",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rl_gym_actors' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any name as Any
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'rl_gym_actors' has no attribute {name!r}")
+        return getattr(import_module(module), name)
 
 
 __all__ = [
+    "FailureKind",
     "GymClient",
     "GymEndpoint",
     "IndexedOutcome",
     "LedgerConfig",
+    "LocalGym",
     "Orchestrator",
     "Outcome",
     "PoolConfig",
     "RetryPolicy",
     "TryPolicy",
+    "latest_checkpoint_dir",
+    "local_gym_server",
     "start_local_ray",
 ]

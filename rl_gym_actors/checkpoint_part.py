@@ -5,9 +5,17 @@ is asked to ACK anything (docs: README "When Gym lets go of a result"):
 
 - ``sealed.u64``: the compact record of sealed rollout ids (:class:`SealedIds`);
 - ``part.json``, written last (it names the other file and its SHA-256): the run id, the
-  checkpoint id, the sealed results handed to the trainer since the last committed checkpoint
-  (``handed``: each outcome, its reply left out unless ``keep_results``) and the results the
-  trainer has not been handed yet (``undelivered``, in full).
+  checkpoint id, the sealed results handed to the trainer that this checkpoint counts as
+  consumed (``handed``: each outcome with its reply; without it with ``keep_results=False``;
+  restored, a row sent again is answered ``repeated``), and the results the trainer's state
+  at this checkpoint has not seen (``undelivered``, in full: not handed yet, or handed and
+  kept untrained, ``checkpoint(keep=...)``; restored, they are the rows' results).
+
+Before the gate releases a result it did not hold when the part was written (a run that was in
+flight when ``checkpoint()`` started and finished while the gate waited), the gate adds it to
+``undelivered`` (:func:`add_undelivered`). Once the checkpoint committed, its
+:class:`CheckpointReport` goes beside the part as ``report.json`` (:func:`add_report`): the same
+checkpoint id asked again with the same dir answers it.
 
 Once the checkpoint committed on Gym v2 servers, ``part.json`` is rewritten (as it was written)
 with ``gym_v2``: per v2 server, the attempts the commit exported and those in flight it did not
@@ -27,12 +35,13 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rl_gym_actors.config import checkpoint_id_arg
+from rl_gym_actors.config import checkpoint_id_arg, restore_prefix
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport, V2EndpointScope
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION, SealedIds
@@ -46,6 +55,7 @@ if TYPE_CHECKING:  # the orchestrator's client of its ledger actor (Ray's)
 PART_DIR = "rl_gym_actors"
 PART_FILE = "part.json"
 SEALED_FILE = "sealed.u64"
+REPORT_FILE = "report.json"  # the committed report, written once the checkpoint committed
 SCHEMA = 1
 
 
@@ -66,11 +76,15 @@ class CheckpointPart(BaseModel):
     run_id: str
     checkpoint_id: str
     created_ts: float
-    keep_results: bool = False
+    keep_results: bool = True
     handed: list[Outcome] = []
     undelivered: list[Outcome] = []
     sealed: SealedFile
     gym_v2: list[V2EndpointScope] = []  # added once the checkpoint committed on v2 servers
+
+    def holds(self) -> set[tuple[str, int | None]]:
+        """The (rollout id, try) of every result the part holds."""
+        return {(o.rollout_id, o.attempt_index) for o in (*self.handed, *self.undelivered)}
 
 
 def part_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
@@ -85,7 +99,7 @@ def write_part(
     handed: list[Outcome],
     undelivered: list[Outcome],
     sealed: SealedIds,
-    keep_results: bool = False,
+    keep_results: bool = True,
 ) -> CheckpointPart:
     """Write the part durably (see the module docstring); return what ``part.json`` holds."""
     directory = part_dir(checkpoint_dir)
@@ -141,16 +155,97 @@ def add_undelivered(checkpoint_dir: str | os.PathLike[str], outcomes: list[Outco
     return len(new)
 
 
+def add_report(checkpoint_dir: str | os.PathLike[str], report: CheckpointReport) -> None:
+    """Write the committed ``report`` beside the part under ``checkpoint_dir`` (``report.json``,
+    durably; ``part.json`` is not rewritten): asked for the same checkpoint id and dir again,
+    the orchestrator answers it."""
+    directory = part_dir(checkpoint_dir)
+    try:
+        write_file_atomically(directory / REPORT_FILE, report.model_dump_json().encode())
+        fsync_dir(directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the checkpoint report under {directory}: {exc}") from exc
+
+
+def committed_report(
+    checkpoint_dir: str | os.PathLike[str], checkpoint_id: str
+) -> CheckpointReport | None:
+    """The committed report of ``checkpoint_id`` beside the part under ``checkpoint_dir``
+    (None: none there, another id's, or the checkpoint never committed)."""
+    try:
+        raw = (part_dir(checkpoint_dir) / REPORT_FILE).read_bytes()
+        report = CheckpointReport.model_validate_json(raw)
+    except (OSError, ValidationError, json.JSONDecodeError):
+        return None
+    return report if report.checkpoint_id == checkpoint_id else None
+
+
+def same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two checkpoint dirs name the same directory (symlinks and ``..`` resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def latest_checkpoint_dir(
+    root: str | os.PathLike[str], *, run_id: str | None = None
+) -> Path | None:
+    """The directory to restore from: the newest checkpoint dir under ``root`` (``root`` itself,
+    its sub-directories, or theirs: ``root/global_step_N/`` or ``root/global_step_N/gym/``)
+    that holds a complete, valid part of this layer (``part.json`` present and readable, its
+    ``sealed.u64`` matching its digest), newest by the time the part was first written; with
+    ``run_id``, only that run's parts. A torn part (killed while it was first written) is
+    skipped. None when there is none. Pass it as ``Orchestrator(..., restore_from=...)``.
+
+    Every checkpoint dir whose part was written is a valid restore source, also one whose
+    checkpoint then failed (``CheckpointFailed.restore_from``): the part holds every result Gym
+    released for it. Write the trainer's own state for the step first, then call
+    ``checkpoint()`` into a dir under the same root: the newest part then never names work the
+    trainer's newest state has not seen."""
+    base = Path(root)
+    candidates: list[Path] = []
+    if not base.is_dir():
+        return None
+    levels = [base]
+    for _ in range(3):  # root, its children, its grandchildren
+        nxt: list[Path] = []
+        for d in levels:
+            if (d / PART_DIR / PART_FILE).is_file():
+                candidates.append(d)
+            try:
+                nxt.extend(sorted(c for c in d.iterdir() if c.is_dir() and c.name != PART_DIR))
+            except OSError:
+                continue
+        levels = nxt
+    found: list[tuple[float, str, Path]] = []
+    for d in candidates:
+        try:
+            part = CheckpointPart.model_validate_json((part_dir(d) / PART_FILE).read_bytes())
+        except (OSError, ValidationError, json.JSONDecodeError):
+            continue
+        if part.schema_version == SCHEMA and (run_id is None or part.run_id == run_id):
+            found.append((part.created_ts, str(d), d))
+    for _, _, d in sorted(found, reverse=True):
+        try:
+            read_part(d)  # the digest of its sealed-id record, and the record itself
+        except ConfigError:
+            continue
+        return d
+    return None
+
+
 def v2_scopes(report: CheckpointReport) -> list[V2EndpointScope]:
-    """What a committed checkpoint left on each v2 server for a restore: the attempts exported
-    and those this run had in flight there that were not (from each commit answer)."""
+    """What a committed checkpoint left on this run's behalf on each v2 server for a restore:
+    the attempts of this run exported and those this run had in flight there that were not
+    (from each commit answer). A real Gym exports every live session on its server, another
+    run's too (NeMo Gym's agent ``export``): only what this run had in flight there (the
+    commit's scope, ``in_flight``) is recorded, so a restore never retires or installs another
+    run's episodes."""
     scopes = []
     for entry in report.endpoints:
         if entry.protocol != "v2":
             continue
         extra = entry.commit.model_extra or {}
-        exported = sorted(extra.get("episode_ids") or [])
         in_flight = extra.get("in_flight") or []
+        exported = sorted(set(extra.get("episode_ids") or []) & set(in_flight))
         scopes.append(
             V2EndpointScope(
                 endpoint=entry.endpoint,
@@ -230,12 +325,19 @@ async def write_memory_part(
     checkpoint_dir: str | os.PathLike[str],
     run_id: str,
     keep_results: bool,
+    kept: Set[str] = frozenset(),
 ) -> CheckpointPart:
-    """Check the id and dir, then write ``memory``'s part (the files in a thread)."""
+    """Check the id and dir, then write ``memory``'s part (the files in a thread). ``kept``:
+    handed rollouts the trainer keeps untrained (``checkpoint(keep=...)``): into
+    ``undelivered``, in full, since the trainer's state at this checkpoint has not seen them
+    (restored, the row gets the result as new, not ``repeated``)."""
     checkpoint_id_arg(checkpoint_id)
     if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
         raise ConfigError("checkpoint_dir must be a non-empty path")
     handed, undelivered = memory.results()
+    if kept:
+        undelivered = [*undelivered, *(o for o in handed if o.rollout_id in kept)]
+        handed = [o for o in handed if o.rollout_id not in kept]
     sealed = memory.sealed if memory.sealed is not None else SealedIds()
     sealed.seal_generation()  # on the caller's loop: the thread only reads it
     return await asyncio.to_thread(
@@ -266,7 +368,7 @@ async def restore_gym_v2(
     next row runs the attempt the report names, a restored one on the endpoint that holds it
     (``placed``: rollout id -> index in ``endpoints``, the endpoints' URLs)."""
     report = await ledger.restore_v2(
-        f"restore-{uuid.uuid4().hex}",
+        f"{restore_prefix(part.run_id)}{uuid.uuid4().hex[:16]}",
         part.checkpoint_id,
         part.gym_v2,
         RESTORE_S,
@@ -279,3 +381,38 @@ async def restore_gym_v2(
         if url in endpoints:
             placed[rid] = endpoints.index(url)
     return report
+
+
+NEWER_PARTS = 16  # parts beside the restored one read at most (newest first)
+
+
+def own_open_ids(
+    restore_from: str | os.PathLike[str], run_id: str, checkpoint_id: str
+) -> list[str]:
+    """The checkpoint ids of run ``run_id`` that a dead trainer may have left open: the restored
+    part's (``checkpoint_id``, under ``restore_from``), and those of the parts of the same run
+    beside it (its parent's sub-folders) written since (a trainer that restores from its last
+    committed checkpoint, not from the one it was killed in). Unreadable parts are skipped."""
+    ids = [checkpoint_id]
+    here = part_dir(restore_from) / PART_FILE
+    try:
+        since = here.stat().st_mtime
+        siblings = [
+            p
+            for child in Path(restore_from).resolve().parent.iterdir()
+            if (p := part_dir(child) / PART_FILE).is_file() and p.stat().st_mtime >= since
+        ]
+        siblings.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return ids
+    for path in siblings[:NEWER_PARTS]:
+        try:
+            part = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(part, dict) or part.get("run_id") != run_id:
+            continue
+        cid = part.get("checkpoint_id")
+        if isinstance(cid, str) and cid not in ids:
+            ids.append(cid)
+    return ids

@@ -55,7 +55,7 @@ DEFAULT_CHECKPOINT_LEASE_S = 60.0
 
 
 def add_gym(subparsers: argparse._SubParsersAction) -> None:
-    from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES
+    from rl_gym_actors.gym.server import DEFAULT_MAX_BODY_BYTES, ConnectionLimits
 
     gym = subparsers.add_parser("gym", help="the Gym agent server side")
     gym_sub = gym.add_subparsers(dest="gym_command", required=True, metavar="{serve,abort}")
@@ -125,10 +125,47 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         "restarts on v2",
     )
     serve.add_argument(
+        "--export-every-session",
+        action="store_true",
+        help="(v2) a commit exports every parked episode, whatever its scope names, as NeMo "
+        "Gym's agent participant does (the scope limits only restored ones): on a shared "
+        "server, each run's commit answer names the other runs' episodes too",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body taken (default: %(default)d)",
+    )
+    limits = ConnectionLimits()
+    serve.add_argument(
+        "--header-timeout-s",
+        type=cli_support.seconds,
+        default=limits.header_timeout_s,
+        help="from a request's first byte, its headers must be in within this many seconds, "
+        "else 408 request_header_timeout and the connection closes (default: %(default)g)",
+    )
+    serve.add_argument(
+        "--body-timeout-s",
+        type=cli_support.seconds,
+        default=limits.body_timeout_s,
+        help="from its headers, a request's whole body must be in within this many seconds, "
+        "else 408 request_body_timeout (a request read in full has no timeout: a /run lasts "
+        "as long as its agent works; default: %(default)g)",
+    )
+    serve.add_argument(
+        "--idle-timeout-s",
+        type=cli_support.seconds,
+        default=limits.idle_timeout_s,
+        help="a connection with no request under way is closed after this many seconds "
+        "(default: %(default)g)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=limits.max_connections,
+        help="open connections taken; one more is answered 503 too_many_connections and closed "
+        "(each rollout in flight holds one; default: %(default)d)",
     )
     serve.add_argument(
         "--name",
@@ -192,6 +229,7 @@ def gym_serve(args: argparse.Namespace) -> int:
     from rl_gym_actors.gym.agent_checkpoint.routes import create_app
     from rl_gym_actors.gym.agents import make_agent
     from rl_gym_actors.gym.clock import fault_clock
+    from rl_gym_actors.gym.connections import limits_from_args
     from rl_gym_actors.gym.server import GymServer, resolve_token
     from rl_gym_actors.gym.store import open_store
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
@@ -271,6 +309,7 @@ def gym_serve(args: argparse.Namespace) -> int:
             handle_signals=True,
             http=args.http,
             clock=clock,
+            limits=limits_from_args(args),
         )
     except OSError as exc:
         store.close()
@@ -326,11 +365,20 @@ def gym_abort(args: argparse.Namespace) -> int:
 
     endpoint = cli_support.endpoint(args.url, args.token)
 
+    from rl_gym_actors.gym.v2.client import V2Client
+    from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+
     async def abort() -> dict:
+        deadline_ts = time.time() + args.timeout_s
         async with GymClient(endpoint) as client:
-            answer = await client.resume(
-                args.checkpoint_id, deadline_ts=time.time() + args.timeout_s
+            found = await discover_protocol(client, deadline_ts=deadline_ts)
+            # on v2, resume (after prepare) and abort are the same call too
+            resume = (
+                V2Client(client).resume
+                if found.protocol is CheckpointProtocol.V2
+                else client.resume
             )
+            answer = await resume(args.checkpoint_id, deadline_ts=deadline_ts)
         return answer.model_dump(mode="json", exclude_none=True)
 
     try:
@@ -385,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_support.quiet_closed_stdout()
         return cli_support.EXIT_OK
     except CliError as exc:
+        cli_support.print_debug(exc)
         print(f"{name}: {exc}", file=sys.stderr)
         return exc.code
     except Exception as exc:

@@ -1,7 +1,8 @@
 """The ``status`` and ``ledger`` commands (``cli.py`` registers them with :func:`add_commands`).
 
 - ``rl-gym-actors status URL [--token T] [--checkpoint-id C] [--json]``: the server's status
-  object as a readable table (or its JSON), with the checkpoint holding the server, if any.
+  object as a readable table (or its JSON), with the checkpoint holding the server, if any; on
+  either protocol (a v2-only server answers its v2 status).
 - ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to a running Ray cluster, finds
   every ledger actor (named ``rlga-ledger-<id>`` in namespace ``rl_gym_actors``) and prints its
   snapshot.
@@ -27,10 +28,12 @@ from rl_gym_actors.core.attempt_book import LedgerSnapshot
 from rl_gym_actors.errors import RlGymError
 from rl_gym_actors.observe import (
     STATUS_CHECKPOINT_ID,
+    V2StatusAnswer,
+    fetch_any_status,
     fetch_ledgers,
-    fetch_status,
     snapshot_table,
     status_table,
+    v2_status_table,
 )
 
 
@@ -51,7 +54,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     cli_support.add_timeout(p, "an answer")
     p.add_argument(
-        "--limit", type=int, default=20, help="attempts listed at most (default: %(default)d)"
+        "--limit",
+        type=cli_support.count,
+        default=20,
+        help="attempts listed at most, >= 0 (default: %(default)d)",
     )
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=status_command)
@@ -83,6 +89,7 @@ def _reported(name: str, run: Any) -> Any:
         try:
             return run(args, out or sys.stdout)
         except CliError as exc:
+            cli_support.print_debug(exc, err)
             print(f"rl-gym-actors {name}: {exc}", file=err)
             return exc.code
 
@@ -94,11 +101,15 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
     """``rl-gym-actors status URL``."""
     endpoint = cli_support.endpoint(args.url, args.token)
     try:
-        report = asyncio.run(fetch_status(endpoint, args.checkpoint_id, timeout_s=args.timeout_s))
+        report = asyncio.run(
+            fetch_any_status(endpoint, args.checkpoint_id, timeout_s=args.timeout_s)
+        )
     except RlGymError as exc:
         raise cli_support.gym_failure(exc, endpoint.url, args.timeout_s) from None
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True), file=out)
+    elif isinstance(report, V2StatusAnswer):
+        print(v2_status_table(report, url=endpoint.url, limit=max(0, args.limit)), file=out)
     else:
         print(
             status_table(

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from rl_gym_actors.config import TOKEN_ENV, GymEndpoint
 from rl_gym_actors.errors import (
     CheckpointConflict,
     ConfigError,
+    DeadlineExceeded,
     GymError,
     GymUnavailable,
     RlGymError,
@@ -76,6 +77,17 @@ def port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0-65535 (0: a free one), got {value}")
+    return value
+
+
+def count(text: str) -> int:
+    """A whole number >= 0 (``status --limit``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -140,11 +152,16 @@ def endpoint(url: str, token: str | None, *, need_token: bool = True) -> GymEndp
 
 def gym_failure(exc: RlGymError, url: str, timeout_s: float) -> CliError:
     """A Gym call's typed failure as one line with its fix and exit code."""
-    if isinstance(exc, GymUnavailable):
+    if isinstance(exc, DeadlineExceeded):
         return CliError(
-            f"{url} did not answer within {timeout_s:g}s ({type(exc).__name__}: "
-            f"{_short(exc)}): is `rl-gym-actors gym serve` running there? "
-            f"(--timeout-s to wait longer)",
+            f"{url} did not answer within {timeout_s:g}s ({root_cause(exc)}): is "
+            f"`rl-gym-actors gym serve` running there? (--timeout-s to wait longer)",
+            EXIT_NO_ANSWER,
+        )
+    if isinstance(exc, GymUnavailable):  # refused, reset, down: it answered nothing at all
+        return CliError(
+            f"{url} could not be reached ({root_cause(exc)}): is `rl-gym-actors gym serve` "
+            f"running there, on that host and port?",
             EXIT_NO_ANSWER,
         )
     if isinstance(exc, Unauthorized):
@@ -165,6 +182,34 @@ def gym_failure(exc: RlGymError, url: str, timeout_s: float) -> CliError:
     if isinstance(exc, ConfigError):
         return CliError(str(exc))
     return CliError(f"{url}: {type(exc).__name__}: {_short(exc)}")
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost exception of ``exc``'s cause chain as ``Type: text``, in full (one line):
+    the error that says why, e.g. aiohttp's ``ClientConnectorError: Cannot connect to host
+    127.0.0.1:1 ...`` under a ``ConnectionLost``."""
+    seen: set[int] = set()
+    inner = exc
+    while inner.__cause__ is not None and id(inner.__cause__) not in seen:
+        seen.add(id(inner))
+        inner = inner.__cause__
+    text = one_line(inner)
+    if inner is not exc:
+        text = f"{type(exc).__name__}: {one_line(exc)}; cause {type(inner).__name__}: {text}"
+    else:
+        text = f"{type(exc).__name__}: {text}"
+    return text
+
+
+def print_debug(exc: BaseException, err: TextIO | None = None) -> None:
+    """With ``RLGA_DEBUG=1``: the traceback of what a one-line error stands for (the error it
+    was raised from, or while handling), on ``err`` (stderr)."""
+    if not debugging():
+        return
+    import traceback
+
+    original = exc.__cause__ or exc.__context__ or exc
+    traceback.print_exception(original, file=err or sys.stderr)
 
 
 def _short(exc: BaseException, limit: int = 120) -> str:

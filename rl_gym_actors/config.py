@@ -3,6 +3,7 @@ default."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -56,14 +57,6 @@ class _Settings(BaseModel):
     # inf and nan are refused in every setting: a deadline of inf never fires
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-
-class GymEndpoint(_Settings):
-    """One Gym agent server: its base URL and its control-plane bearer token."""
-
-    url: str
-    token: str | None = None
-    name: str | None = None
-
     def __init__(self, **data: Any) -> None:
         """A bad field is a :class:`ConfigError` naming it (one line), as every other setting
         a caller passes to the package; ``model_validate`` still raises pydantic's error."""
@@ -71,11 +64,19 @@ class GymEndpoint(_Settings):
             super().__init__(**data)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'endpoint'}: "
+                f"{'.'.join(map(str, e['loc'])) or 'settings'}: "
                 f"{e['msg'].removeprefix('Value error, ')}"
                 for e in exc.errors()
             )
-            raise ConfigError(f"invalid GymEndpoint: {problems}") from None
+            raise ConfigError(f"invalid {type(self).__name__}: {problems}") from None
+
+
+class GymEndpoint(_Settings):
+    """One Gym agent server: its base URL and its control-plane bearer token."""
+
+    url: str
+    token: str | None = None
+    name: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -227,12 +228,7 @@ def pool_with(pool: PoolConfig, size: int | None, rollouts_per_actor: int | None
         for k, v in (("size", size), ("rollouts_per_actor", rollouts_per_actor))
         if v is not None
     }
-    try:
-        out = pool.model_copy(update=updates)
-        PoolConfig.model_validate(out.model_dump())
-    except ValueError as exc:
-        raise ConfigError(f"invalid pool settings: {exc}") from exc
-    return out
+    return PoolConfig(**{**pool.model_dump(), **updates})  # a bad value: one-line ConfigError
 
 
 class LedgerConfig(_Settings):
@@ -245,3 +241,9 @@ class LedgerConfig(_Settings):
     prepare_rounds: Annotated[int, Field(ge=1)] = 10_000
     prepare_slice_s: Annotated[float, Field(gt=0)] = 10.0
     forget_batch: Annotated[int, Field(ge=1)] = 500  # Gym v2: rollout ids per forget call
+
+
+def restore_prefix(run_id: str) -> str:
+    """The start of every v2 restore id of run ``run_id`` (``restore-<digest>-``): a restore
+    held open by a dead restorer of this run is this run's to finish."""
+    return f"restore-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-"

@@ -56,10 +56,13 @@ class UnackedCount:
         self.threshold = threshold
         self.ack = ack
         self.count = 0
+        self.by_endpoint: dict[str, int] = {}  # of ``count``, per server URL
         self._warned_at = 0
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, endpoint: str = "") -> None:
         self.count += n
+        if endpoint:
+            self.by_endpoint[endpoint] = self.by_endpoint.get(endpoint, 0) + n
         if self.count >= max(self.threshold, 2 * self._warned_at):
             self._warned_at = self.count
             logger.warning(
@@ -74,6 +77,7 @@ class UnackedCount:
     def reset(self) -> None:
         """A checkpoint committed: Gym released what it held."""
         self.count = self._warned_at = 0
+        self.by_endpoint.clear()
 
 
 class RowRunner:
@@ -156,7 +160,7 @@ class RowRunner:
             else:
                 item.news = outcome
                 if outcome.has_result and not outcome.acked:
-                    self._unacked.add(1)
+                    self._unacked.add(1, self._endpoints[item.endpoint_index].url)
             finally:
                 batch.running.pop(rid, None)
         if outcome.status == "failed" and batch.fail_fast:

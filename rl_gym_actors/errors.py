@@ -22,8 +22,9 @@
     │   │   ├── CheckpointDeadlinePassed (v2) deadline_exceeded: the server saw deadline_ts pass
     │   │   ├── CheckpointStateInvalid  (v2) invalid_checkpoint_state (422): files bad or foreign
     │   │   ├── CheckpointRejected      (v2) checkpoint_error: the base code
-    │   │   └── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
-    │   │                               failed (status and the body's text kept)
+    │   │   ├── AgentFailed             agent_failed, or any 5xx to /run: the agent or its server
+    │   │   │                           failed, not the row (status and the body's text kept)
+    │   │   └── AgentDataFailed         (422) agent_data_failed: the agent failed the row as data
     │   ├── AdmissionClosed         agent_admission_closed, (v2) admission_closed: wait for
     │   │                           resume, then try again
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
@@ -38,6 +39,8 @@
     ├── IllegalTransition           a state machine got an event its table has no entry for (a bug)
     ├── EndpointCheckFailed         start(): an endpoint is down or refuses our token
     ├── PoolClosed                  the orchestrator or its pool was shut down
+    ├── AgentDataError              an agent raises it: the row is bad (terminal, never retried)
+    ├── AgentTransientError         an agent raises it: not the row's fault (tried again)
     └── RayStartFailed              a local Ray did not come up within its tries
 
 Every error pickles with all its fields (Ray re-raises errors in the caller), and every error
@@ -164,6 +167,14 @@ class AgentFailed(GymRejected):
     code = "agent_failed"
 
 
+class AgentDataFailed(GymRejected):
+    """``/run`` answered 422 ``agent_data_failed``: the agent failed the row as data (it raised
+    :class:`AgentDataError`, or an exception that is no infrastructure failure). Repeating the
+    row fails the same way, so it is not tried again; ``detail`` is the agent's error text."""
+
+    code = "agent_data_failed"
+
+
 class AdmissionClosed(GymError):
     """Admission is closed between prepare and resume: wait for resume and try again."""
 
@@ -248,14 +259,74 @@ class ProtocolViolation(RlGymError):
 
 
 class CheckpointFailed(RlGymError):
-    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint."""
+    """The checkpoint gate gave up. ``blockers`` lists what was still in the way, per endpoint;
+    the message ends with what they say (:func:`blockers_cause`), so that a checkpoint that ran
+    out of time names why (another run's held results, a checkpoint holding the server).
+
+    ``released``: how many results Gym let go of for this checkpoint before it failed (ACKed
+    in the gate's release; 0 when it failed before that). Each of them is in the layer's part
+    under ``restore_from`` (the checkpoint's dir; None when its part was never written): that
+    dir is a valid restore source, and after a failure that released anything the only one
+    that holds those results, so a restarting trainer must restore from it (or a later one),
+    never from an earlier one. :attr:`released_any` says whether it did."""
 
     def __init__(
-        self, message: str, *, checkpoint_id: str = "", blockers: dict[str, Any] | None = None
+        self,
+        message: str,
+        *,
+        checkpoint_id: str = "",
+        blockers: dict[str, Any] | None = None,
+        released: int = 0,
+        restore_from: str | None = None,
     ) -> None:
         self.checkpoint_id = checkpoint_id
         self.blockers = blockers or {}
-        super().__init__(message)
+        self.released = released
+        self.restore_from = restore_from
+        cause = blockers_cause(self.blockers)
+        super().__init__(f"{message}; in the way: {cause}" if cause else message)
+
+    @property
+    def released_any(self) -> bool:
+        return self.released > 0
+
+
+def blockers_cause(blockers: dict[str, Any]) -> str:
+    """One line of what ``CheckpointFailed.blockers`` says stood in the way, per endpoint: the
+    checkpoint holding it, the attempts running or completed un-ACKed there, how many of them
+    another run's, and the way out for those."""
+    parts: list[str] = []
+    foreign_seen = False
+    for label, entry in blockers.items():
+        if not isinstance(entry, dict):
+            continue
+        said: list[str] = []
+        held_by = entry.get("active_checkpoint_id")
+        if held_by:
+            said.append(f"checkpoint {held_by} holds the server")
+        attempts = [a for a in entry.get("attempts") or [] if isinstance(a, dict)]
+        if attempts:
+            states: dict[str, int] = {}
+            for a in attempts:
+                state = str(a.get("state", "?"))
+                states[state] = states.get(state, 0) + 1
+            foreign = sum(1 for a in attempts if a.get("foreign"))
+            foreign_seen = foreign_seen or foreign > 0
+            by_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            whose = f", {foreign} of them another run's" if foreign else ""
+            said.append(f"{len(attempts)} attempts ({by_state}{whose})")
+        if said:
+            parts.append(f"{label}: " + " and ".join(said))
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    if foreign_seen:
+        text += (
+            " (another run's results are released by its own checkpoint; a run that used "
+            "ack='on_seal' holds none; checkpoint(..., sweep_foreign=True) clears those of a "
+            "run that is gone)"
+        )
+    return text
 
 
 class GymStateLost(CheckpointFailed):
@@ -274,10 +345,18 @@ class GymStateLost(CheckpointFailed):
         blockers: dict[str, Any] | None = None,
         lost: dict[str, int] | None = None,
         epochs: dict[str, tuple[str, str]] | None = None,
+        released: int = 0,
+        restore_from: str | None = None,
     ) -> None:
         self.lost = lost or {}
         self.epochs = epochs or {}
-        super().__init__(message, checkpoint_id=checkpoint_id, blockers=blockers)
+        super().__init__(
+            message,
+            checkpoint_id=checkpoint_id,
+            blockers=blockers,
+            released=released,
+            restore_from=restore_from,
+        )
 
 
 class LedgerLost(RlGymError):
@@ -318,6 +397,19 @@ class PoolClosed(RlGymError):
     """The orchestrator or its actor pool is shut down."""
 
 
+class AgentDataError(RlGymError):
+    """Raised by an agent: this row cannot be rolled out (a bad prompt, a task that does not
+    parse). The server answers 422 ``agent_data_failed``; the row fails at once with
+    ``failure.is_data`` and is never tried again. The message is the reason the trainer sees."""
+
+
+class AgentTransientError(RlGymError):
+    """Raised by an agent: this try failed for a reason that is not the row's (a model server
+    that did not answer, a sandbox that did not start). The server answers 500 ``agent_failed``;
+    the rollout tries the row again (``TryPolicy.max_tries``), then fails it with
+    ``failure.is_transport``."""
+
+
 class RayStartFailed(RlGymError):
     """A local Ray did not come up in ``tries`` starts (Ray gives its raylet a fixed 30 s to
     register, which a machine loaded by other work can miss). Each failed start's processes were
@@ -343,6 +435,7 @@ ERROR_BY_CODE: dict[str, type[GymError]] = {
         Unauthorized,
         InvalidRequest,
         AgentFailed,
+        AgentDataFailed,
         AdmissionClosed,
         RolloutIdRequired,
         InvalidPhase,

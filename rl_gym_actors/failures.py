@@ -8,7 +8,8 @@ what to do about a failure reads the kind's properties, never a message:
   still running), are infrastructure; a trainer re-dispatches the row. A lost connection, a
   deadline, a dead actor and an abandoned rollout are infrastructure too.
 - ``is_data``: the failure describes the row itself (a refused request, an answer that breaks
-  the contract for it, a reply that cannot become a result); repeating the row fails again.
+  the contract for it, a reply that cannot become a result, an agent that failed the row as
+  data); repeating the row fails again, so nothing tries it again.
 - ``repeat``: who repeats a failed idempotent call (:class:`Repeat`): nobody; the call's retry
   decider at once (a lost connection, a 5xx, one try's timeout); or its caller later, once the
   server's state changed (a checkpoint in the way, a key not completed yet). ``may_pass``: either.
@@ -56,7 +57,8 @@ class FailureKind(str, Enum):
     # name = (code, infrastructure?, who repeats it, the exceptions that raise it)
     LOST = ("connection_lost", True, Repeat.IN_CALL, errors.ConnectionLost, errors.GymUnavailable)
     SERVER_ERROR = ("server_error", True, Repeat.IN_CALL, errors.GymServerError)
-    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)  # any 5xx to /run
+    AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)  # any 5xx to /run:
+    # the rollout gives the row its next try (up to max_tries)
     DEADLINE = ("deadline_exceeded", True, Repeat.IN_CALL, errors.DeadlineExceeded, TimeoutError)
     ENDPOINT_DOWN = ("endpoint_down", True, Repeat.NO, errors.EndpointDown)  # not sent at all
     LEDGER_LOST = ("ledger_lost", True, Repeat.NO, errors.LedgerLost)
@@ -78,6 +80,8 @@ class FailureKind(str, Enum):
     INTERNAL = ("internal_error", True, Repeat.NO)  # an unexpected exception (a bug)
     PROTOCOL = ("protocol_violation", False, Repeat.LATER, errors.ProtocolViolation)
     REJECTED = ("rejected", False, Repeat.NO, errors.GymRejected, errors.ConfigError)  # a 4xx
+    AGENT_DATA = ("agent_data_failed", False, Repeat.NO, errors.AgentDataFailed)  # the agent
+    # failed the row as data: terminal, never tried again
     INVALID_REPLY = ("invalid_reply", False, Repeat.NO)  # the reply cannot become a result
     FORGOTTEN = ("forgotten_rollout", False, Repeat.NO)  # sealed before, no longer remembered:
     # another try would seal it twice

@@ -20,6 +20,7 @@ from typing import Any
 from rl_gym_actors.actors.runtime import LEDGER_PREFIX, RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_book import LedgerSnapshot
+from rl_gym_actors.gym.v2.wire import StatusAnswer as V2StatusAnswer
 from rl_gym_actors.protocol import AttemptInfo, StatusReport
 
 STATUS_CHECKPOINT_ID = "rlga-status"
@@ -201,20 +202,73 @@ def snapshot_summary(snap: Any) -> str:
 async def fetch_status(
     endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *, timeout_s: float = 10.0
 ) -> StatusReport:
-    """One status call, bounded by ``timeout_s`` (retried inside it when the answer is lost),
-    with the checkpoint holding the server (its id and phase) from capabilities: a status
-    answer names only the id it was asked for."""
+    """One agent-checkpoint status call, bounded by ``timeout_s`` (retried inside it when the
+    answer is lost), with the checkpoint holding the server (its id and phase) from
+    capabilities: a status answer names only the id it was asked for."""
     from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 
     deadline_ts = time.time() + timeout_s
     async with GymClient(endpoint) as client:
-        report = await client.status(checkpoint_id, deadline_ts=deadline_ts)
-        caps = await client.capabilities(deadline_ts=deadline_ts)
+        return await _agent_status(client, checkpoint_id, deadline_ts)
+
+
+async def fetch_any_status(
+    endpoint: GymEndpoint, checkpoint_id: str = STATUS_CHECKPOINT_ID, *, timeout_s: float = 10.0
+) -> StatusReport | V2StatusAnswer:
+    """The status of a server of either protocol (``rl-gym-actors status``): what
+    :func:`fetch_status` answers from a server with the agent-checkpoint routes, the v2 status
+    (:class:`~rl_gym_actors.gym.v2.wire.StatusAnswer`, which names the checkpoint holding it)
+    from a v2-only server (``gym serve --protocol v2``), where ``checkpoint_id`` is not used."""
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+
+    deadline_ts = time.time() + timeout_s
+    async with GymClient(endpoint) as client:
+        found = await discover_protocol(client, deadline_ts=deadline_ts)
+        if found.protocol is CheckpointProtocol.V2 and found.status is not None:
+            return found.status
+        return await _agent_status(client, checkpoint_id, deadline_ts)
+
+
+async def _agent_status(client: Any, checkpoint_id: str, deadline_ts: float) -> StatusReport:
+    report: StatusReport = await client.status(checkpoint_id, deadline_ts=deadline_ts)
+    caps = await client.capabilities(deadline_ts=deadline_ts)
     if caps is None:
         return report
     return report.model_copy(
         update={"checkpoint_id": caps.active_checkpoint_id, "phase": caps.phase}
     )
+
+
+def v2_status_table(answer: V2StatusAnswer, *, url: str, limit: int = 20) -> str:
+    """A v2 participant's status as text: its phase, the checkpoint holding it, its episodes,
+    then the episodes in a checkpoint's way (running), at most ``limit``. v2 has no ACK."""
+    extra = answer.model_extra or {}
+    counts = answer.report.counts
+    head: list[list[Any]] = [
+        ["protocol", "v2"],
+        ["kind", answer.kind],
+        ["phase", answer.phase.value],
+        ["ready_to_commit", _yes(answer.report.ready)],
+        ["episodes", counts.get("episodes", 0)],
+        ["  running (in a checkpoint's way)", answer.report.blocker_count],
+        ["  parked", counts.get("parked", 0)],
+        ["kept_replies", counts.get("kept_replies", extra.get("kept_replies", 0))],
+        ["restored_pending", counts.get("restored_pending", 0)],
+        ["retired_rollouts", answer.retired_rollouts],
+    ]
+    if answer.checkpoint_id:
+        head.insert(3, ["held by checkpoint", f"{answer.checkpoint_id} ({answer.phase.value})"])
+    out = [f"Gym {url}", table(["FIELD", "VALUE"], head)]
+    blockers = answer.report.blockers
+    if blockers:
+        out.append("")
+        out.append(f"episodes in a checkpoint's way: {answer.report.blocker_count}")
+        out.append(table(["EPISODE"], [[b] for b in blockers[:limit]]))
+        if answer.report.blocker_count > min(limit, len(blockers)):
+            more = answer.report.blocker_count - min(limit, len(blockers))
+            out.append(f"... and {more} more (--limit, or --json for the first 100)")
+    return "\n".join(out)
 
 
 def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:

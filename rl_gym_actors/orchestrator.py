@@ -45,7 +45,11 @@ from typing import Any
 import ray
 
 from rl_gym_actors import checkpoint_part as parts
-from rl_gym_actors.actors.checkpoint_abort import AbortReport, abort_with_own_clients
+from rl_gym_actors.actors.checkpoint_abort import (
+    AbortReport,
+    EndpointAbort,
+    abort_with_own_clients,
+)
 from rl_gym_actors.actors.chunks import ChunkSender
 from rl_gym_actors.actors.ledger_client import LedgerClient
 from rl_gym_actors.actors.pool import WarmPool, actor_pattern
@@ -57,6 +61,7 @@ from rl_gym_actors.config import (
     LedgerConfig,
     PoolConfig,
     TryPolicy,
+    checkpoint_id_arg,
     deadline_s_arg,
     policy_with_ack,
     pool_with,
@@ -66,11 +71,14 @@ from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
-from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed
+from rl_gym_actors.errors import CheckpointFailed, ConfigError, LedgerLost, PoolClosed
 from rl_gym_actors.gym.probe import probe_endpoints
+from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.held_results import warn_if_held
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
 from rl_gym_actors.protocol import is_valid_rollout_id
+from rl_gym_actors.ray_attach import check_env_address
 from rl_gym_actors.rows import (
     ENDPOINT_FIELD,
     RowPlanner,
@@ -91,15 +99,22 @@ __all__ = [
 ]
 
 MEMORY = 1_000_000  # rollout ids remembered (oldest forgotten first)
+DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before its cut
+DRAIN_POLL_S = 0.02
 WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
 START_TIMEOUT_S = 120.0
+CLEAR_S = 10.0  # resuming a dead trainer's open checkpoint at start
 
 
 class Orchestrator:
     """See the module docstring. ``start=False`` defers creating the actors to :meth:`start` /
     :meth:`astart` (or the first call). ``progress``: a bar per batch (None: on a terminal only).
     ``restore_from``: a checkpoint dir whose part (:mod:`rl_gym_actors.checkpoint_part`) this run
-    resumes from; ``keep_results``: parts keep replies; ``sealed_retention``: sealed ids kept."""
+    resumes from (:func:`~rl_gym_actors.checkpoint_part.latest_checkpoint_dir` finds it; a
+    checkpoint of this run that a dead trainer left open on a Gym server is resumed at start,
+    before any row: :attr:`cleared`); ``keep_results``: parts keep the replies of handed
+    results, so a restore gives them back in full (the default; False: id, try, receipt and
+    reward only); ``sealed_retention``: sealed ids kept."""
 
     def __init__(
         self,
@@ -118,7 +133,7 @@ class Orchestrator:
         check_endpoints: bool = True,
         start: bool = True,
         restore_from: str | os.PathLike[str] | None = None,
-        keep_results: bool = False,
+        keep_results: bool = True,
         sealed_retention: int = DEFAULT_RETENTION,
     ) -> None:
         self.endpoints = endpoint_list(endpoints)
@@ -136,6 +151,8 @@ class Orchestrator:
         run_id, part, sealed = parts.restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
+        self._done: dict[str, tuple[str, CheckpointReport]] = {}  # committed: id -> dir, report
+        self._note_committed(part, restore_from)
         self.progress = progress
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: LedgerClient | None = None
@@ -144,7 +161,9 @@ class Orchestrator:
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
         parts.load_part(self._memory, part, sealed)
         self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
+        self._dead = None if part is None else (restore_from, part.checkpoint_id)
         self.restore_report: RestoreReport | None = None  # what the last v2 restore did
+        self.cleared: list[EndpointAbort] = []  # what a dead trainer of the run left open
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
@@ -159,6 +178,7 @@ class Orchestrator:
         self._check_open()
         if self.check_endpoints and self._pool is None:  # a bad URL or token: seconds, no Ray
             self._loop.run(probe_endpoints(self.endpoints))
+        check_env_address()  # $RAY_ADDRESS with token auth: attach, or a typed error at once
         ensure_ray()  # on the caller's thread: Ray wants the main thread
         self._loop.run(self._start(probed=True))
         return self
@@ -168,6 +188,7 @@ class Orchestrator:
         if self.check_endpoints and self._pool is None:
             await self._loop.arun(probe_endpoints(self.endpoints))
         if not ray.is_initialized():
+            await asyncio.to_thread(check_env_address)
             await asyncio.to_thread(ensure_ray)
         await self._loop.arun(self._start(probed=True))
         return self
@@ -292,30 +313,44 @@ class Orchestrator:
     def checkpoint(
         self,
         checkpoint_id: str,
-        checkpoint_dir: str,
+        checkpoint_dir: str | os.PathLike[str],
         *,
+        keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
-        forgotten runs, prepares, commits, resumes). Raises CheckpointFailed when an endpoint is
-        not ready by the deadline (its ``blockers`` name another run's attempts ``foreign``, and
-        another checkpoint id that holds a server ``active_checkpoint_id``), LedgerLost when the
-        ledger is gone for good."""
+        forgotten runs, prepares, commits, resumes). Write the trainer's own state for the step
+        first: the layer's part goes under ``checkpoint_dir`` before anything is released.
+
+        ``keep``: the rollout ids of handed results the trainer still holds untrained (an async
+        trainer's buffer). They stay in this part and in every later one for as long as they are
+        passed in ``keep``; every other result handed out before this call counts as consumed
+        here and leaves the next part (None: all of them, a synchronous trainer's case). An id
+        this orchestrator never handed out, or already released, is a ConfigError naming it.
+
+        The same ``checkpoint_id`` again, once committed, answers its committed report (read
+        back from the part, not gated again) for the same dir, and is a ConfigError for another.
+
+        Raises CheckpointFailed when an endpoint is not ready by the deadline (its ``blockers``
+        name another run's attempts ``foreign``, and another checkpoint id that holds a server
+        ``active_checkpoint_id``; ``released`` says how many results it let go of first, all in
+        the part under ``restore_from``), LedgerLost when the ledger is gone for good."""
         return self._sync(
-            self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
+            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
         )
 
     async def acheckpoint(
         self,
         checkpoint_id: str,
-        checkpoint_dir: str,
+        checkpoint_dir: str | os.PathLike[str],
         *,
+        keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
     ) -> CheckpointReport:
         return await self._async(
-            self._checkpoint(checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign)
+            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
         )
 
     def restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
@@ -335,16 +370,37 @@ class Orchestrator:
         args = (checkpoint_dir, self.run_id, self._sealed_retention)
         _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
         parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
-        if part is None or not part.gym_v2:
+        self._note_committed(part, checkpoint_dir)
+        if part is None:
             return None
         _, _, ledger = await self._ready()
+        await self._clear_dead(ledger, checkpoint_dir, part.checkpoint_id)
+        if not part.gym_v2:
+            return None
         return await self._restore_v2(ledger, part)
+
+    async def _clear_dead(self, ledger: LedgerClient, where: Any, checkpoint_id: str) -> None:
+        """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
+        the part restored or a newer one of the run beside it; a v2 restore of the run): see
+        actors/checkpoint_abort.py."""
+        ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
+        self.cleared = await ledger.clear_own_checkpoints(
+            ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
+        )
 
     async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
         urls, claims = [e.url for e in self.endpoints], sorted(self._claims)
         args = (ledger, self._memory, self._planner.placed, urls, part, claims)
         self.restore_report = await parts.restore_gym_v2(*args)
         return self.restore_report
+
+    def _note_committed(self, part: Any, checkpoint_dir: str | os.PathLike[str] | None) -> None:
+        """A restored part whose checkpoint committed: its id asked again answers its report."""
+        if part is None or checkpoint_dir is None:
+            return
+        report = parts.committed_report(checkpoint_dir, part.checkpoint_id)
+        if report is not None:
+            self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
@@ -393,6 +449,10 @@ class Orchestrator:
                 timeout_s=START_TIMEOUT_S,
             )
             try:
+                if self._dead is not None:  # what a dead trainer of this run left open, first
+                    where, cid = self._dead
+                    await self._clear_dead(ledger, where, cid)
+                    self._dead = None
                 pool = WarmPool(
                     self.id,
                     self.endpoints,
@@ -418,10 +478,17 @@ class Orchestrator:
         if self._closed:
             return
         self._closed = True
+        await self._warn_held_at_close()
         if self._pool is not None:
             await self._pool.close()
         if self._ledger is not None:
             await self._ledger.close()
+
+    async def _warn_held_at_close(self) -> None:
+        """With ``ack="at_checkpoint"``, warn when results sealed since the last checkpoint are
+        still held un-ACKed on Gym, per server (:mod:`rl_gym_actors.held_results`)."""
+        if self.policy.ack == "at_checkpoint":
+            warn_if_held(self.run_id, self._unacked.by_endpoint, self._unacked.count)
 
     async def _ready(self) -> tuple[WarmPool, RowRunner, LedgerClient]:
         if self._pool is None:
@@ -448,38 +515,133 @@ class Orchestrator:
         return stream
 
     async def _checkpoint(
-        self, checkpoint_id: str, checkpoint_dir: str, deadline_s: float, sweep_foreign: bool
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str | os.PathLike[str],
+        keep: Iterable[str] | None,
+        deadline_s: float,
+        sweep_foreign: bool,
     ) -> CheckpointReport:
-        _, _, ledger = await self._ready()
+        checkpoint_id_arg(checkpoint_id)
+        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
+            raise ConfigError("checkpoint_dir must be a non-empty path")
+        checkpoint_dir = str(checkpoint_dir)
         deadline_s = deadline_s_arg(deadline_s)
-        # the layer's part first (checked id and dir): nothing is released before it is durable
-        await parts.write_memory_part(
-            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results
+        done = await self._committed_before(checkpoint_id, checkpoint_dir)
+        if done is not None:
+            return done
+        consumed = self._consumed(keep)  # what was handed out before now, less what is kept
+        _, _, ledger = await self._ready()
+        started = time.monotonic()
+        # the layer's part first: nothing is released before it is durable
+        kept = set() if consumed is None else self._memory.handed() - consumed
+        part = await parts.write_memory_part(
+            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results, kept
         )
+        recorded = sorted((r, a) for r, a in part.holds() if a is not None)
         claims = sorted(self._claims)
-        report = await ledger.checkpoint(
-            checkpoint_id,
-            str(checkpoint_dir),
-            deadline_s,
-            bool(sweep_foreign),
-            claims,
-            timeout_s=deadline_s + CALL_SLACK_S,
-            keep_handed=parts.add_undelivered,  # the handed-over tries the gate adopts: to the part
-        )
+        try:
+            report = await ledger.checkpoint(
+                checkpoint_id,
+                checkpoint_dir,
+                deadline_s,
+                bool(sweep_foreign),
+                claims,
+                timeout_s=deadline_s + CALL_SLACK_S,
+                # the results the gate releases that the part lacks (handed-over tries it
+                # adopts, runs that finished while it waited): into the part first
+                keep_handed=parts.add_undelivered,
+                recorded=recorded,
+            )
+        except CheckpointFailed as exc:
+            exc.restore_from = checkpoint_dir  # the part holds all it released
+            raise
         for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
             self._memory.adopt_handed(outcome)
         if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
             await asyncio.to_thread(parts.add_gym_v2, checkpoint_dir, scopes)
+            left = deadline_s - (time.monotonic() - started)
+            await self._record_finished(checkpoint_dir, report, part.holds(), left)
+        await asyncio.to_thread(parts.add_report, checkpoint_dir, report)
+        self._done[checkpoint_id] = (checkpoint_dir, report)
         # what the commit covered is settled on Gym; rollouts still running keep their claim
         self._claims.difference_update(r for r in claims if not self._memory.running(r))
-        self._committed()
+        self._committed(consumed)
         return report
 
-    def _committed(self) -> None:
-        """Committed: forget the sealed rollouts handed out (their ids go to the sealed-id record:
-        sent again, ``forgotten_rollout``, no run); keep the others."""
+    async def _record_finished(
+        self,
+        checkpoint_dir: str,
+        report: CheckpointReport,
+        recorded: set[tuple[str, int | None]],
+        budget_s: float,
+    ) -> int:
+        """Gym v2: the attempts that ran when the gate started and finished before its cut
+        (each commit answer's ``ended``; their outcomes may still be on the way here): wait for
+        their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results to the
+        part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate forgot
+        none of them (see actors/v2_gate.py). How many were added."""
+        waits = {
+            EpisodeId.from_capture_key(k).rollout_id
+            for entry in report.endpoints
+            if entry.protocol == "v2"
+            for k in (entry.commit.model_extra or {}).get("ended") or []
+        }
+        until = time.monotonic() + max(0.0, min(budget_s, DRAIN_S))
+        while any(self._memory.running(r) for r in waits) and time.monotonic() < until:
+            await asyncio.sleep(DRAIN_POLL_S)
+        results = [o for r in sorted(waits) if (o := self._memory.result_of(r)) is not None]
+        new = [o for o in results if (o.rollout_id, o.attempt_index) not in recorded]
+        if not new:
+            return 0
+        return await asyncio.to_thread(parts.add_undelivered, checkpoint_dir, new)
+
+    async def _committed_before(
+        self, checkpoint_id: str, checkpoint_dir: str
+    ) -> CheckpointReport | None:
+        """The report of ``checkpoint_id`` when this run committed it before into the same dir
+        (read back from its part); ConfigError when into another dir."""
+        done = self._done.get(checkpoint_id)
+        if done is None:
+            return None
+        first_dir, report = done
+        if not parts.same_dir(first_dir, checkpoint_dir):
+            raise ConfigError(
+                f"checkpoint {checkpoint_id} was committed into {first_dir}, "
+                f"not {checkpoint_dir}: a committed checkpoint id cannot name another dir"
+            )
+        stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
+        return stored or report
+
+    def _consumed(self, keep: Iterable[str] | None) -> set[str] | None:
+        """The handed rollouts this checkpoint counts as consumed: every one handed out so far
+        but those in ``keep`` (None: every one). ConfigError naming the ids of ``keep`` that
+        were never handed out, or already released."""
+        handed = self._memory.handed()
+        if keep is None:
+            return handed
+        if isinstance(keep, (str, bytes)):
+            raise ConfigError("keep must be an iterable of rollout ids, not one string")
+        kept = set()
+        for rid in keep:
+            if not isinstance(rid, str):
+                raise ConfigError(f"keep holds {rid!r}: rollout ids are strings")
+            kept.add(rid)
+        if unknown := sorted(kept - handed):
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            shown = ", ".join(unknown[:10]) + more
+            raise ConfigError(
+                f"keep names {len(unknown)} rollout id(s) this orchestrator holds no handed result "
+                f"of (never handed out, or released at an earlier checkpoint): {shown}"
+            )
+        return handed - kept
+
+    def _committed(self, consumed: set[str] | None = None) -> None:
+        """Committed: forget the sealed rollouts handed out that the trainer consumed (their ids
+        go to the sealed-id record: sent again, ``forgotten_rollout``, no run); keep the others
+        (kept, or handed out while the checkpoint ran: in the next part)."""
         self._unacked.reset()
-        self._memory.forget_settled()
+        self._memory.forget_settled(consumed)
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         _, _, ledger = await self._ready()

@@ -15,7 +15,7 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 CONTROL_PREFIX = "/ng-control/v1/agent-checkpoint"
 CAPABILITIES_PATH = "/ng-control/v1/capabilities"
@@ -39,6 +39,10 @@ WIRE_INT_MAX = 2**63 - 1  # what SQLite's INTEGER (a signed 64-bit int) holds
 AttemptIndex = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
 Generation = Annotated[int, Field(ge=1, le=WIRE_INT_MAX)]
 Count = Annotated[int, Field(ge=0, le=WIRE_INT_MAX)]
+#: the latest ``deadline_ts`` a request may carry (2100-01-01T00:00:00Z): a deadline is a point in
+#: time, and one past this is a mistake (or 1e308, a lease that never lapses), refused with 422
+DEADLINE_TS_MAX = 4_102_444_800.0
+DeadlineTs = Annotated[float, Field(ge=0, le=DEADLINE_TS_MAX, allow_inf_nan=False)]
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 ExecutionKey = tuple[str, int]  # (rollout_id, attempt_index): one execution on a Gym server
 
@@ -235,7 +239,7 @@ class PhaseRequest(_Strict):
 
     schema_version: Literal[1] = 1
     checkpoint_id: CheckpointId
-    deadline_ts: FiniteFloat
+    deadline_ts: DeadlineTs
 
 
 class RetireRequest(PhaseRequest):

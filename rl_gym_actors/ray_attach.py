@@ -23,7 +23,8 @@ NO_TOKEN = "no_token"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_HELP = (
     "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the cluster's token: "
-    "`ray get-auth-token` on its head node prints it"
+    "`ray get-auth-token` on its head node prints it (RAY_AUTH_MODE=token is set for you once "
+    "the token is taken; a plain ray.init needs it set by hand)"
 )
 
 
@@ -99,6 +100,21 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
             reason=UNREACHABLE,
         )
     # any other answer: a GCS is there; ray.init handles the rest
+
+
+def check_env_address(timeout_s: float = 10.0) -> None:
+    """Before an orchestrator attaches to ``$RAY_ADDRESS`` (no Ray in this process yet): the
+    same check as :func:`check_ray_address`, so that a token in ``~/.ray/auth_token`` is enough
+    (token mode is turned on for this process when the cluster takes it) and a cluster that
+    refuses it, or is not there, raises :class:`RayAttachFailed` at once instead of Ray's 20 s
+    of retries and a raw ``ConnectionError``."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        check_ray_address(address, timeout_s)
 
 
 def _listening(address: str, host: str, port: int, timeout_s: float) -> None:

@@ -1,7 +1,9 @@
-"""Shared fixtures: one local Ray session for the whole suite, bound to loopback."""
+"""Shared fixtures: one local Ray session per test process, bound to loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 
 import pytest
@@ -11,9 +13,28 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+@contextlib.contextmanager
+def _one_ray_start_at_a_time(tmp_path_factory):
+    """Under ``make test``'s workers (pytest-xdist) each worker process has a Ray of its own;
+    their starts take turns (a lock file shared by the run's workers): Ray's raylet has a fixed
+    30 s to register, which starts racing one another on a loaded machine miss. A serial run
+    takes no lock."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    lock = tmp_path_factory.getbasetemp().parent / "ray-start.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray for the whole suite (``ray.init`` costs seconds here)."""
+def ray_session(tmp_path_factory):
+    """One local Ray per test process (``ray.init`` costs seconds here): the whole suite's in a
+    serial run, each worker's under ``make test``."""
     import ray
 
     from rl_gym_actors.actors.runtime import start_local_ray
@@ -24,13 +45,14 @@ def ray_session():
         # reading Ray's export waits seconds, not tens of them
         # a start that misses Ray's fixed 30 s raylet registration (a loaded machine) is
         # retried after its processes are stopped (runtime.start_local_ray)
-        start_local_ray(
-            num_cpus=4,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            _system_config={"metrics_report_interval_ms": 2000},
-        )
+        with _one_ray_start_at_a_time(tmp_path_factory):
+            start_local_ray(
+                num_cpus=4,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                _system_config={"metrics_report_interval_ms": 2000},
+            )
     yield ray
     ray.shutdown()
 
@@ -68,3 +90,17 @@ def load_example():
         return module
 
     return load
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most tests marked ``slow`` first, the rest in their usual order: with
+    ``make test``'s workers (one file at a time each, ``--no-loadscope-reorder``) the longest
+    files start first instead of being the last ones left. A serial run keeps each file whole,
+    in the same order; a new file needs nothing to be placed."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow.setdefault(item.nodeid.split("::", 1)[0], 0)
+        if item.get_closest_marker("slow") is not None:
+            slow[item.nodeid.split("::", 1)[0]] += 1
+    order = {f: i for i, f in enumerate(sorted(slow, key=lambda f: -slow[f]))}
+    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])

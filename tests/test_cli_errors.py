@@ -138,7 +138,23 @@ def test_no_server_exits_1_for_status_and_abort_alike_with_either_timeout_flag(c
         for flag in ("--timeout-s", "--timeout"):  # --timeout: the older name, kept hidden
             code, _, err = cli(capsys, *argv, "--token", "t", flag, "0.2")
             assert code == 1
-            assert "did not answer within 0.2s" in one_line(err, "rl-gym-actors ")
+            line = one_line(err, "rl-gym-actors ")
+            # refused: the cause in full, not a wait it did not do; else the deadline it did
+            assert (
+                "could not be reached" in line and "Connect call failed" in line
+            ) or "did not answer within 0.2s" in line, line
+
+
+def test_rlga_debug_adds_the_traceback_of_the_cause_above_the_one_line(capsys, monkeypatch):
+    url = f"http://127.0.0.1:{closed_port()}"
+    code, _, plain = cli(capsys, "status", url, "--token", "t", "--timeout-s", "2")
+    assert code == 1 and "Traceback" not in plain
+    monkeypatch.setenv("RLGA_DEBUG", "1")
+    code, _, debug = cli(capsys, "status", url, "--token", "t", "--timeout-s", "2")
+    assert code == 1
+    assert debug.startswith("Traceback (most recent call last):"), debug
+    assert "rl_gym_actors.errors.ConnectionLost" in debug or "DeadlineExceeded" in debug
+    assert debug.splitlines()[-1] == plain.strip()  # the same one line, last
 
 
 def test_help_documents_timeout_s_defaults_and_exit_codes_and_hides_the_alias(capsys):
@@ -280,3 +296,8 @@ def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait()
+
+
+def test_status_refuses_a_negative_limit_in_one_line(capsys):
+    code, _, err = cli(capsys, "status", "http://127.0.0.1:1", "--limit", "-3")
+    assert code == 2 and "--limit" in err and "must be >= 0, got -3" in err

@@ -67,6 +67,7 @@ FLOORS = {
     "rows": 5,
     "stream": 5,
     "dispatch": 5,
+    "held_results": 5,
     "checkpoint_part": 5,
     "observe": 5,
     "progress": 5,

@@ -156,3 +156,35 @@ async def test_a_restarted_ledger_counts_no_sealed_result_as_an_orphan(ray_sessi
         assert snap.ledger.orphans_acked == 0
         assert snap.ledger.endpoints[server.url].running == 0
         assert server.participant.snapshot()["agent_starts"] == REBUILD_ROWS  # none ran twice
+
+
+RELEASE_ROWS = 2000
+
+
+async def test_a_ledger_killed_while_the_gate_releases_counts_what_it_released(
+    ray_session, tmp_path
+):
+    """Killed mid-release (ACKs under way): Ray sends the checkpoint again, the restarted
+    ledger's gate finds the results released by the gate before it, and its report counts
+    them (before: sealed_acked 0 for 2,000 released; each flush of the one checkpoint turned the
+    rollout actors' sealed finals over, so the restarted ledger never heard of them)."""
+    async with served(REBUILD_POLICY, rollouts_per_actor=64) as (server, client, orch):
+        outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(RELEASE_ROWS)])
+        assert [o.status for o in outcomes] == ["sealed"] * RELEASE_ROWS
+        ckpt = asyncio.ensure_future(
+            orch.acheckpoint("released", str(tmp_path / "ck"), deadline_s=60.0)
+        )
+
+        async def releasing() -> bool:  # the gate's ACKs are under way
+            st = await client.status("probe", deadline_ts=soon(5))
+            return st.completed_unacknowledged < RELEASE_ROWS
+
+        await until(releasing, timeout_s=60, interval_s=0.002, what="the release to start")
+        ray_session.kill(orch.ledger, no_restart=False)
+        report = await asyncio.wait_for(ckpt, scaled(120))  # Ray sent the call again
+        assert await orch.ledger.restarted.remote()
+        assert (report.sealed_acked, report.orphans_acked) == (RELEASE_ROWS, 0)
+        assert report.endpoints[0].commit.records == RELEASE_ROWS
+        status = await client.status("probe-end", deadline_ts=soon())
+        assert status.completed_unacknowledged == 0
+        assert server.participant.snapshot()["agent_starts"] == RELEASE_ROWS

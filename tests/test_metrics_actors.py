@@ -22,7 +22,7 @@ class NoOwners:
     async def adopt(self, owner, rollout_id, attempt_index, deadline_ts) -> OwnerAnswer:
         return OwnerAnswer.GONE
 
-    async def flush(self, deadline_ts) -> int:
+    async def flush(self, deadline_ts, checkpoint_id=None) -> int:
         return 0
 
 

@@ -162,13 +162,23 @@ def test_a_failed_row_never_stops_the_stream_and_a_data_failure_is_raised_at_the
     assert "row 1" in str(error) and "JSON" in str(error)
 
 
-def test_an_agent_that_failed_on_gym_is_raised_as_infrastructure(ray_session, env, gym):
-    # Gym answers an agent's failure with a 5xx: NeMo RL counts any 5xx as infrastructure
-    rows = [row(0, reward=0.5), row(1, fail=True)]
+def test_an_agent_that_failed_transiently_on_gym_is_raised_as_infrastructure(ray_session, env, gym):
+    # Gym answers a transient agent failure with a 5xx: NeMo RL counts any 5xx as infrastructure
+    rows = [row(0, reward=0.5), row(1, transient=True)]
     got, error = drain(ray_session, stream(env, rows))
     assert [i for i, _, _ in got] == [0]
     assert isinstance(error, RolloutFailure) and isinstance(error, ConnectionError)
     assert "row 1" in str(error) and "agent_failed" in str(error)
+
+
+def test_a_row_the_agent_failed_as_data_is_raised_as_a_data_failure(ray_session, env, gym):
+    # Gym answers 422 agent_data_failed: NeMo RL counts it against the prompt's data budget
+    rows = [row(0, reward=0.5), row(1, fail=True)]
+    got, error = drain(ray_session, stream(env, rows))
+    assert [i for i, _, _ in got] == [0]
+    assert isinstance(error, RolloutDataError)
+    assert not isinstance(error, (ConnectionError, TimeoutError))
+    assert "row 1" in str(error) and "agent_data_failed" in str(error)
 
 
 def test_a_try_past_its_deadline_is_retired_and_raised_as_a_timeout(ray_session, env, gym):

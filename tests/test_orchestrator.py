@@ -182,7 +182,7 @@ def test_fail_fast_cancels_running_rollouts_and_a_redispatch_continues(orch, gym
         {"_ng_rollout_id": slow, "sleep_s": 30},
     ]
     outs = orch.run_batch(rows, fail_fast=True)
-    assert outs[0].status == "failed" and "agent_failed" in outs[0].reason
+    assert outs[0].status == "failed" and "agent_data_failed" in outs[0].reason
     assert (outs[1].status, outs[1].has_result, outs[1].tries) == ("abandoned", False, 1)
     wait_for(lambda: (slow, 0) in agent.cancelled, what="the running try to be cancelled")
     # the same rollout again: its unsealed try 0 is settled first, then try 1 runs

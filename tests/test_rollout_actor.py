@@ -17,6 +17,7 @@ from rl_gym_actors.actors.rollout_actor import RolloutWorker
 from rl_gym_actors.config import LedgerConfig, TryPolicy
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.protocol import CONTROL_PREFIX, result_digest
 from rl_gym_actors.testing.gym_process import GymServerThread
@@ -177,12 +178,24 @@ async def test_a_try_retired_by_someone_else_moves_to_the_next(gym, ctl, agent):
     await w.close()
 
 
-async def test_agent_failing_every_try_fails_with_the_reason(gym, ctl, agent):
+async def test_agent_failing_every_try_transiently_fails_with_the_reason(gym, ctl, agent):
     w = worker(gym)
-    out = await w.run_rollout({"fail": True}, "rX-w")
+    out = await w.run_rollout({"transient": True}, "rX-w")
     assert out.status == "failed" and out.tries == 3 and "agent_failed" in out.reason
+    assert out.failure is FailureKind.AGENT_FAILED and out.failure.is_transport
     for att in range(3):
         assert await key_state(ctl, "rX-w", att) == "tombstoned"
+    await assert_nothing_left(ctl)
+    await w.close()
+
+
+async def test_agent_failing_the_row_as_data_fails_it_after_one_try(gym, ctl, agent):
+    w = worker(gym)
+    out = await w.run_rollout({"fail": True}, "rXd-w")
+    assert out.status == "failed" and out.tries == 1 and "agent_data_failed" in out.reason
+    assert out.failure is FailureKind.AGENT_DATA and out.failure.is_data
+    assert await key_state(ctl, "rXd-w", 0) == "tombstoned"
+    assert agent.runs_of("rXd-w") == 1
     await assert_nothing_left(ctl)
     await w.close()
 

@@ -45,7 +45,7 @@ class Owners:
         self.asked.append((owner, rollout_id, attempt_index))
         return OwnerAnswer.GONE
 
-    async def flush(self, deadline_ts) -> int:
+    async def flush(self, deadline_ts, checkpoint_id=None) -> int:
         return len(self.names)
 
 

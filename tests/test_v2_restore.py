@@ -143,6 +143,55 @@ async def test_restore_retires_the_dead_trainers_runs_and_continues_from_the_bou
 
 
 @aio
+async def test_a_restore_after_an_interrupted_one_takes_its_pending_episodes_over(tmp_path):
+    """A restorer that died after its restore (before any row) left run-a and run-b installed,
+    pending, and a replacement of an earlier restore (run-old) the checkpoint does not name.
+    The next restore of the same checkpoint installs nothing again (Gym would refuse: the
+    pending episodes): it takes run-a's and run-b's over as they are, retires run-old's, and
+    each replacement continues from its boundary."""
+    async with servers(1) as ([srv], [client], [target]):
+        scope = await checkpoint(srv, client, target, ["run-a", "run-b"], tmp_path)
+        first = await restore(
+            AttemptBook(),
+            [target],
+            [scope],
+            restore_id="rs-1",
+            source_checkpoint_id="ck-1",
+            deadline_ts=soon(),
+            own=own,
+            pending=RestoredPending(),
+        )
+        assert first.restored, first
+        srv.participant.table.install([(EpisodeId(rollout_id="run-old"), {"step": 1})])
+        book, pending = AttemptBook(), RestoredPending()  # the next trainer's: it knows nothing
+        report = await restore(
+            book,
+            [target],
+            [scope],
+            restore_id="rs-2",
+            source_checkpoint_id="ck-1",
+            deadline_ts=soon(),
+            own=own,
+            pending=pending,
+        )
+        assert report.restored and report.error is None, report
+        assert report.endpoints[0].taken_over == ["run-a-a1", "run-b-a1"]
+        assert report.placed == {"run-a": target[0].url, "run-b": target[0].url}
+        assert report.next_attempts == {"run-a": 1, "run-b": 1, "run-old": 2}
+        status = srv.participant.status()
+        assert status["phase"] == "idle" and status["accepting"] is True
+        assert status["restored_pending"] == ["run-a-a1", "run-b-a1"]
+        assert pending.on(book, target[0].url) == [("run-a", 1), ("run-b", 1)]
+        await gone(srv.dead_runs)
+        step = boundaries(scope.checkpoint_dir)
+        replies = await asyncio.gather(start(client, "run-a", 1), start(client, "run-b", 1))
+        assert [r.reply["steps_run"] for r in replies] == [
+            STEPS - step["run-a"],
+            STEPS - step["run-b"],
+        ]
+
+
+@aio
 async def test_a_server_that_cannot_restore_leaves_every_rollout_to_start_over(tmp_path):
     async with servers(2) as (srvs, clients, targets):
         s0 = await checkpoint(srvs[0], clients[0], targets[0], ["run-a"], tmp_path)
@@ -227,7 +276,7 @@ class NoOwners:
     async def adopt(self, owner, rollout_id, attempt_index, deadline_ts) -> OwnerAnswer:
         return OwnerAnswer.GONE
 
-    async def flush(self, deadline_ts) -> int:
+    async def flush(self, deadline_ts, checkpoint_id=None) -> int:
         return 0
 
 

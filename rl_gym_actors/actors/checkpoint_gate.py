@@ -40,12 +40,13 @@ from rl_gym_actors.actors.gate_endpoint import (
     dir_labels,
     endpoint_dir,
 )
+from rl_gym_actors.actors.gate_record import NotRecorded, to_record, unrecorded_results
 from rl_gym_actors.actors.gate_steps import StepPerformer
 from rl_gym_actors.actors.gym_memory import epoch_change, vanished_results
-from rl_gym_actors.actors.handover import keep_handed_over
+from rl_gym_actors.actors.handover import handed_over, keep_handed_over
 from rl_gym_actors.actors.heal import Healer
 from rl_gym_actors.config import GymEndpoint, LedgerConfig
-from rl_gym_actors.core.attempt_book import AttemptBook
+from rl_gym_actors.core.attempt_book import AttemptBook, GateAck
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, EndpointCheckpoint
 from rl_gym_actors.core.prepare_plan import PrepareAction, Step, gym_attempts, plan_endpoint
@@ -89,9 +90,12 @@ class CheckpointGate:
         healer: Healer | None = None,
         keep: Callable[[list[Outcome]], int] | None = None,
         carried: Sequence[Outcome] = (),
+        recorded: frozenset[tuple[str, int]] | None = None,
     ) -> None:
         self._book = book
         self._keep_write = keep  # kept handed-over tries into the part (None: orphans ACKed)
+        # the results the part holds (actors/gate_record.py); None: the caller keeps no part
+        self._recorded = recorded
         self.pending: list[Outcome] = list(carried)  # kept results for the checkpoint's answer
         self._healer = healer  # failed resumes go on in the background; this run's own ids
         self._own_ids = healer.own_ids() if healer is not None else frozenset()
@@ -102,6 +106,9 @@ class CheckpointGate:
             None
             if run_id is None or sweep_foreign
             else lambda rid: rid.startswith(prefix) or rid in claims
+        )
+        self._own_run = (  # whose results go into the part (also when sweeping others')
+            None if run_id is None else (lambda rid: rid.startswith(prefix) or rid in claims)
         )
         self._clients = list(clients)
         self._owners = owners
@@ -121,7 +128,7 @@ class CheckpointGate:
         # leave room for the commits after the last prepare
         prepare_deadline = deadline_ts - min(1.0, 0.1 * max(deadline_ts - start, 0.0))
         flushed = await self._owners.flush(
-            min(prepare_deadline, start + _flush_budget(prepare_deadline - start))
+            min(prepare_deadline, start + _flush_budget(prepare_deadline - start)), checkpoint_id
         )
         try:
             await self._until(  # phase 1: everything but the release
@@ -173,6 +180,7 @@ class CheckpointGate:
                 + "; ".join(f"{t.endpoint.label}: {t.error or 'not ready'}" for t in bad),
                 checkpoint_id=checkpoint_id,
                 blockers={t.endpoint.label: t.failure(self._foreign) for t in bad},
+                released=sum(t.sealed_acked + t.orphans_acked for t in self._tallies),
             )
         return CheckpointReport(
             checkpoint_id=checkpoint_id,
@@ -201,8 +209,27 @@ class CheckpointGate:
         False (nothing ACKed, the checkpoint fails) when the part cannot be written."""
         if self._keep_write is None:
             return True
+        also: list[Outcome] = []
+        if self._recorded is not None:  # results that finished while the gate waited
+            skip = {s.key for t in self._tallies for s in handed_over(self._book, t.held)}
+            steps = to_record(self._tallies, self._recorded, self._own_run, skip)
+            try:
+                also = await unrecorded_results(
+                    self._book, self._tallies, self._clients, steps, deadline_ts
+                )
+            except NotRecorded as exc:
+                for t in self._tallies:
+                    t.ready = t.held_ready = False
+                    t.error = f"a result to release could not be recorded first: {exc}"
+                return False
         kept = await keep_handed_over(
-            self._book, self._tallies, self._clients, deadline_ts, self._keep_write, self.pending
+            self._book,
+            self._tallies,
+            self._clients,
+            deadline_ts,
+            self._keep_write,
+            self.pending,
+            also,
         )
         self.pending = self.pending if kept is None else kept
         return kept is not None
@@ -310,7 +337,16 @@ class CheckpointGate:
         status = await client.listing(cid, deadline_ts=deadline_ts)
         tally.last = status
         if hold:  # Gym's memory is checked before anything is released
-            tally.lost = await vanished_results(self._book, client, status, deadline_ts)
+            # held already, before this gate's first prepare: a gate of this checkpoint ran
+            # before this one (the ledger restarted and Ray sent the call again) and what it
+            # ACKed was released with this checkpoint: the report counts it
+            tally.lost = await vanished_results(
+                self._book,
+                client,
+                status,
+                deadline_ts,
+                released=None if status.state == "accepting" else self._released(tally),
+            )
             tally.epoch = await epoch_change(client, deadline_ts)
             if tally.lost or tally.epoch:
                 tally.error = f"Gym lost {len(tally.lost)} sealed results it held" + (
@@ -373,6 +409,18 @@ class CheckpointGate:
                     await asyncio.sleep(min(client.retry.backoff(tally.rounds), left))
                 if status.keys_only:  # the prepare listed keys: the receipts for the next round
                     status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
+
+    def _released(self, tally: EndpointTally) -> Callable[[tuple[str, int]], None]:
+        """Count a sealed result Gym has as ACKed, released by an earlier gate of this
+        checkpoint, as this gate's own release."""
+        url = tally.endpoint.url
+
+        def released(key: tuple[str, int]) -> None:
+            kind = self._book.record_gate_acked(url, key[0], key[1])
+            tally.sealed_acked += kind is GateAck.SEALED
+            tally.orphans_acked += kind is GateAck.ORPHAN
+
+        return released
 
     async def _prepare(
         self, tally: EndpointTally, client: GymClient, cid: str, slice_s: float, deadline_ts: float

@@ -37,8 +37,10 @@ class Owners(Protocol):
     ) -> OwnerAnswer:
         """Ask ``owner`` to make sure the attempt ends sealed and ACKed."""
 
-    async def flush(self, deadline_ts: float) -> int:
-        """Ask every live owner to send its pending reports; how many confirmed in time."""
+    async def flush(self, deadline_ts: float, checkpoint_id: str | None = None) -> int:
+        """Ask every live owner to send its pending reports; how many confirmed in time. With
+        ``checkpoint_id`` (a checkpoint's first flush) the owners also turn over what they keep
+        for a restarted ledger, once per checkpoint id."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2.client import V2Client
 from rl_gym_actors.gym.v2.coordinate import Participant
 from rl_gym_actors.gym.v2.discover import CheckpointProtocol, discover_protocol
+from rl_gym_actors.gym.v2.wire import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class GateSelect:
         forget_batch: int = 500,
         own: Callable[[str], bool] | None = None,
         healer: Healer | None = None,
+        recorded: frozenset[str] | None = None,
     ) -> CheckpointReport:
         start = time.time()
         failed = await self.discover(min(deadline_ts, start + DISCOVER_S))
@@ -129,7 +131,9 @@ class GateSelect:
             return await make_agent_gate(self._endpoints, self._clients).run(
                 checkpoint_id, checkpoint_dir, deadline_ts
             )
-        flushed = await owners.flush(min(deadline_ts, start + 0.2 * (deadline_ts - start) + 0.5))
+        flushed = await owners.flush(
+            min(deadline_ts, start + 0.2 * (deadline_ts - start) + 0.5), checkpoint_id
+        )
         v2_gate = V2Gate(
             book,
             [self._endpoints[i] for i in v2],
@@ -141,6 +145,7 @@ class GateSelect:
             own=own,
             restored=self.restored,
             healer=healer,
+            recorded=recorded,
         )
         jobs: list[asyncio.Future] = [
             asyncio.ensure_future(v2_gate.run(checkpoint_id, checkpoint_dir, deadline_ts))
@@ -161,7 +166,18 @@ class GateSelect:
                 assert isinstance(r, CheckpointFailed)
                 blockers.update(r.blockers)
             raise CheckpointFailed(
-                "; ".join(str(r) for r in errors), checkpoint_id=checkpoint_id, blockers=blockers
+                "; ".join(str(r) for r in errors),
+                checkpoint_id=checkpoint_id,
+                blockers=blockers,
+                # what the v2 gate forgot after its own commit counts as released too
+                released=sum(r.released for r in errors if isinstance(r, CheckpointFailed))
+                + sum(
+                    e.forgotten
+                    for r in results
+                    if isinstance(r, list)
+                    for e in r
+                    if isinstance(e, EndpointCheckpoint)
+                ),
             )
         by_url: dict[str, EndpointCheckpoint] = {}
         kept = []
@@ -231,3 +247,44 @@ class GateSelect:
 
         entries = await asyncio.gather(*(one(i) for i in range(len(self._endpoints))))
         return AbortReport(checkpoint_id=checkpoint_id, endpoints=list(entries))
+
+    async def clear_own(
+        self, own: Callable[[str], bool], deadline_ts: float
+    ) -> list[EndpointAbort]:
+        """Resume, on every server, the checkpoint (or v2 restore) id holding it that ``own``
+        says is this run's: one a dead trainer of the run left open (see
+        :mod:`.checkpoint_abort`). An id that is not this run's is left to its lease. One entry
+        per server that an own id held (each naming that id); a server that cannot be asked is
+        skipped (its checkpoint then names the id in the way)."""
+        await self.discover(min(deadline_ts, time.time() + DISCOVER_S))
+
+        async def one(i: int) -> EndpointAbort | None:
+            part = self._found.get(i)
+            url = self._endpoints[i].url
+            try:
+                if part is None:
+                    holder = await self._clients[i].active_checkpoint_id(deadline_ts=deadline_ts)
+                else:
+                    status = await part.client.status(deadline_ts=deadline_ts)
+                    holder = None if status.phase is Phase.IDLE else status.checkpoint_id
+            except RlGymError as exc:
+                logger.warning("cannot ask %s which checkpoint holds it: %s", url, exc)
+                return None
+            if holder is None or not own(holder):
+                return None
+            logger.warning("%s: resuming %s, left open by a dead trainer of this run", url, holder)
+            try:
+                if part is None:
+                    answer = await self._clients[i].resume(holder, deadline_ts=deadline_ts)
+                    released = answer.released
+                else:
+                    await part.client.resume(holder, deadline_ts=deadline_ts)
+                    released = 0
+            except RlGymError as exc:
+                return EndpointAbort.failed(url, exc, holder)
+            return EndpointAbort(
+                endpoint=url, resumed=True, released=released, checkpoint_id=holder
+            )
+
+        entries = await asyncio.gather(*(one(i) for i in range(len(self._endpoints))))
+        return [e for e in entries if e is not None]

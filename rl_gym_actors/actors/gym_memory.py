@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.attempt_reports import AttemptState
@@ -29,9 +30,16 @@ _COMPLETED = ExecutionState.COMPLETED.value
 
 
 async def vanished_results(
-    book: AttemptBook, client: GymClient, status: StatusReport | GymListing, deadline_ts: float
+    book: AttemptBook,
+    client: GymClient,
+    status: StatusReport | GymListing,
+    deadline_ts: float,
+    *,
+    released: Callable[[tuple[str, int]], None] | None = None,
 ) -> list[tuple[str, int]]:
-    """The sealed, un-ACKed results of the book that the endpoint no longer holds."""
+    """The sealed, un-ACKed results of the book that the endpoint no longer holds. One Gym
+    answers ACKed is recorded ACKed (its owner's report is on its way), or handed to
+    ``released`` when given (a gate of this checkpoint before this one released it)."""
     url = client.endpoint.url
     sealed = book.sealed_unacked(url)
     if not sealed:  # (the listing is read only when the book holds results there)
@@ -51,8 +59,11 @@ async def vanished_results(
             except (GymError, GymUnavailable) as exc:  # no verdict
                 logger.debug("receipt %s on %s: %r", key, url, exc)
                 return False
-        if answer.state == "acknowledged":  # its owner ACKed it; the report comes
-            book.record(url, key[0], key[1], AttemptState.ACKED)
+        if answer.state == "acknowledged":
+            if released is not None:
+                released(key)
+            else:  # its owner ACKed it; the report comes
+                book.record(url, key[0], key[1], AttemptState.ACKED)
         return False
 
     answers = await asyncio.gather(*(lost(k) for k in candidates))

@@ -116,18 +116,21 @@ async def keep_handed_over(
     deadline_ts: float,
     write: Callable[[list[Outcome]], int],
     pending: Sequence[Outcome] = (),
+    also: Sequence[Outcome] = (),
 ) -> list[Outcome] | None:
-    """Adopt the handed-over tries the tallies hold, ``write`` them and ``pending`` (kept by an
-    earlier checkpoint that failed) into the checkpoint part (in a thread), then mark the
+    """Adopt the handed-over tries the tallies hold, ``write`` them, ``pending`` (kept by an
+    earlier checkpoint that failed) and ``also`` (results the release lets go of that the part
+    lacks, see actors/gate_record.py) into the checkpoint part (in a thread), then mark the
     adopted ones sealed in the book, so the release ACKs only results the part holds. What was
-    kept (to hand to the orchestrator), or None when ``write`` raised ConfigError: every tally
-    then says why and is not ready, the book is unchanged (adopted again next time)."""
+    kept (to hand to the orchestrator: not ``also``, whose rollouts' owners hand them over), or
+    None when ``write`` raised ConfigError: every tally then says why and is not ready, the book
+    is unchanged (adopted again next time)."""
     adopted = await adopt_handed_over(book, tallies, clients, deadline_ts)
     kept = [*pending, *adopted]
-    if not kept:
+    if not kept and not also:
         return kept
     try:
-        await asyncio.to_thread(write, kept)
+        await asyncio.to_thread(write, [*kept, *also])
     except ConfigError as exc:
         for t in tallies:
             t.ready = t.held_ready = False

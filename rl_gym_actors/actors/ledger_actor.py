@@ -37,7 +37,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rl_gym_actors import metrics
-from rl_gym_actors.actors.checkpoint_abort import AbortReport
+from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
@@ -50,6 +50,7 @@ from rl_gym_actors.config import (
     TryPolicy,
     checkpoint_id_arg,
     deadline_s_arg,
+    restore_prefix,
 )
 from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport
@@ -130,11 +131,16 @@ class RayOwners:
             return value
         return OwnerAnswer.ADOPTED if value else OwnerAnswer.REFUSED
 
-    async def flush(self, deadline_ts: float) -> int:
+    async def flush(self, deadline_ts: float, checkpoint_id: str | None = None) -> int:
         names = sorted(self.live())
         answers = await asyncio.gather(
             *(
-                self.call(n, "flush_reports", lambda h: h.flush_reports.remote(), deadline_ts)
+                self.call(
+                    n,
+                    "flush_reports",
+                    lambda h: h.flush_reports.remote(checkpoint_id),
+                    deadline_ts,
+                )
                 for n in names
             )
         )
@@ -250,6 +256,25 @@ class LedgerActor:
         checkpoint_id_arg(checkpoint_id)
         return await self._select.abort(checkpoint_id, time.time() + deadline_s_arg(deadline_s))
 
+    async def clear_own_checkpoints(
+        self, checkpoint_ids: Sequence[str], deadline_s: float
+    ) -> list[EndpointAbort]:
+        """Resume on every server the checkpoint of this run that holds it: one of
+        ``checkpoint_ids`` (a dead trainer's, named by the part a new trainer restores from),
+        or a v2 restore of this run (see :mod:`rl_gym_actors.actors.checkpoint_abort`). The ids
+        count as this ledger's own from now on (a prepare refused by one of them clears it)."""
+        ids = frozenset(checkpoint_id_arg(c) for c in checkpoint_ids)
+        for checkpoint_id in sorted(ids):
+            self._healer.issue(checkpoint_id)
+        prefix = restore_prefix(self._run_id) if self._run_id is not None else None
+        deadline_ts = time.time() + deadline_s_arg(deadline_s)
+
+        def own(holder: str) -> bool:
+            return holder in ids or (prefix is not None and holder.startswith(prefix))
+
+        async with self._gate_lock:
+            return await self._select.clear_own(own, deadline_ts)
+
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""
         await self._rebuilt()
@@ -263,6 +288,7 @@ class LedgerActor:
         sweep_foreign: bool = False,
         claims: Sequence[str] = (),
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
+        recorded: Sequence[tuple[str, int]] | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
@@ -271,7 +297,10 @@ class LedgerActor:
         ``sweep_foreign``; ``claims`` are rollout ids of this run without its prefix (the
         trainer's own ids dispatched since the last commit). ``keep_handed(dir, outcomes)``
         writes handed-over tries the gate adopts into the checkpoint part before any ACK (see
-        actors/handover.py); without it they are ACKed as orphans."""
+        actors/handover.py); without it they are ACKed as orphans. ``recorded``: the results
+        (rollout id, try) that part holds; the gate adds the others of this run it releases
+        (actors/gate_record.py), and the v2 gate forgets no finished rollout whose result it
+        lacks (None: no part to keep, as before)."""
         checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
             raise ConfigError("checkpoint_dir must be a non-empty path")
@@ -292,6 +321,7 @@ class LedgerActor:
             ) from None
 
         gates: list[CheckpointGate] = []
+        held = None if recorded is None else frozenset((r, int(a)) for r, a in recorded)
 
         def agent_gate(
             endpoints: Sequence[GymEndpoint], clients: Sequence[GymClient]
@@ -310,6 +340,7 @@ class LedgerActor:
                 if keep_handed is None
                 else functools.partial(keep_handed, checkpoint_dir),
                 carried=self._kept_unanswered,
+                recorded=held,
             )
             gates.append(gate)
             return gate
@@ -327,6 +358,7 @@ class LedgerActor:
                 forget_batch=self._config.forget_batch,
                 own=own_rollouts(self._run_id, bool(sweep_foreign), frozenset(claims)),
                 healer=self._healer,
+                recorded=None if held is None else frozenset(r for r, _ in held),
             )
         except CheckpointFailed:
             # kept handed-over results the orchestrator was not told of: the next answer's

@@ -14,7 +14,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 
-from rl_gym_actors.actors.checkpoint_abort import AbortReport
+from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
@@ -81,11 +81,18 @@ class LedgerClient:
         *,
         timeout_s: float,
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
+        recorded: Sequence[tuple[str, int]] | None = None,
     ) -> CheckpointReport:
         return await self._call(
             "checkpoint",
             lambda: self.handle.checkpoint.remote(
-                checkpoint_id, checkpoint_dir, deadline_s, sweep_foreign, claims, keep_handed
+                checkpoint_id,
+                checkpoint_dir,
+                deadline_s,
+                sweep_foreign,
+                claims,
+                keep_handed,
+                recorded,
             ),
             timeout_s,
         )
@@ -114,6 +121,15 @@ class LedgerClient:
         return await self._call(
             "abort_checkpoint",
             lambda: self.handle.abort_checkpoint.remote(checkpoint_id, deadline_s),
+            timeout_s,
+        )
+
+    async def clear_own_checkpoints(
+        self, checkpoint_ids: Sequence[str], deadline_s: float, *, timeout_s: float
+    ) -> list[EndpointAbort]:
+        return await self._call(
+            "clear_own_checkpoints",
+            lambda: self.handle.clear_own_checkpoints.remote(list(checkpoint_ids), deadline_s),
             timeout_s,
         )
 

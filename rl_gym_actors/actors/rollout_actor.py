@@ -92,6 +92,7 @@ class RolloutWorker:
         # came before their dispatch
         self._memory = RolloutMemory(FINISHED_MEMORY, view=True)
         self._finals = SealedFinals()  # sealed, un-ACKed results, for a restarted ledger
+        self._finals_turned_for: str | None = None  # the checkpoint id they last turned for
         # every counter of RolloutCounters but in_flight (which is len(self._live))
         self._counts = dict.fromkeys(
             (f for f in RolloutCounters.model_fields if f != "in_flight"), 0
@@ -260,9 +261,14 @@ class RolloutWorker:
         await self._outbox.flush()
         return len(again)
 
-    async def flush_reports(self) -> int:
-        """Send every pending report now; returns once the ledger has them."""
-        self._finals.turn()  # the gate's first call of a checkpoint
+    async def flush_reports(self, checkpoint_id: str | None = None) -> int:
+        """Send every pending report now; returns once the ledger has them. A checkpoint's
+        first flush names it: the sealed finals turn over once per checkpoint id (a gate
+        flushes again as it goes, and a restarted ledger's gate again for the same id: turned
+        each time, the results sealed before it were forgotten before they were released)."""
+        if checkpoint_id is not None and checkpoint_id != self._finals_turned_for:
+            self._finals_turned_for = checkpoint_id
+            self._finals.turn()
         return await self._outbox.flush()
 
     async def snapshot(self) -> RolloutActorSnapshot:

@@ -4,11 +4,13 @@ ledger (:meth:`RolloutWorker.rereport`).
 With ``ack="at_checkpoint"`` a finished rollout's sealed result stays on Gym, un-ACKed, until the
 next checkpoint; the actor has forgotten the rollout, so a ledger that restarts meanwhile would
 find the result in Gym's listing with no report and count it an orphan. The actor keeps the last
-report of each such sealed try, in two generations turned over at each checkpoint's flush (the
-gate's first call to every owner): a result sealed before the previous flush was released by the
-checkpoint that followed it (or that checkpoint failed, and the result, still on Gym, is ACKed as
-an orphan by the next). Memory: one report per rollout sealed within the last two checkpoint
-intervals.
+report of each such sealed try, in two generations turned over once per checkpoint id, at its
+first flush (the gate's first call to every owner; later flushes of the same checkpoint, and a
+restarted ledger's gate sent the same id again, do not turn them): a result sealed before the
+previous checkpoint's flush was released by that checkpoint (or it failed, and the result, still
+on Gym, is ACKed as an orphan by the next). A restarted ledger's gate that finds a sealed result
+ACKed on Gym while the server is still held counts it released (by the gate before it).
+Memory: one report per rollout sealed within the last two checkpoint intervals.
 """
 
 from __future__ import annotations

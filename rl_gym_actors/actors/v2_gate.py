@@ -24,13 +24,17 @@ performs the protocol. One :class:`V2Gate` runs one checkpoint:
    runs), and the orphans' rollouts the book holds nothing of, are forgotten on every server in
    batches of :data:`FORGET_BATCH`: their retired marks
    (and our server's kept replies, (ext)) go away, and the book counts their sealed attempts as
-   released so it prunes them. A forget that fails leaves them for the next checkpoint.
+   released so it prunes them. A forget that fails leaves them for the next checkpoint, and so
+   does a sealed rollout whose result the checkpoint's part does not hold (``recorded``: it
+   finished while the gate ran; the orchestrator records it, and the next part holds it).
 
 Episodes a restore installed (:class:`RestoredPending`, see :mod:`.v2_restore`) whose
 replacement ``/run`` has not started are in every commit's scope, named by that replacement
 attempt (else Gym deletes them), and their rollouts are never forgotten, until the book knows
 that attempt (or a later one). Each commit answer says which attempts of this run were in flight
-on its server (``in_flight``, capture keys): what a restore starts over when not exported.
+on its server (``in_flight``, capture keys): what a restore starts over when not exported;
+and which of those finished before the cut (``ended``: sealed in the book once the owners
+flushed after the commit), whose results the orchestrator adds to the part.
 
 v2 has no ACK: a sealed reply is released by ``forget`` after a committed checkpoint.
 """
@@ -104,6 +108,7 @@ class V2Gate:
         restored: RestoredPending | None = None,
         clock: Callable[[], float] = time.time,
         healer: Healer | None = None,
+        recorded: frozenset[str] | None = None,
     ) -> None:
         if not len(endpoints) == len(labels) == len(participants):
             raise ValueError("endpoints, labels and participants must line up")
@@ -118,6 +123,7 @@ class V2Gate:
         self._restored = restored or RestoredPending()
         self._clock = clock
         self._healer = healer  # resumes a partition swallowed go on in the background
+        self._recorded = recorded  # rollouts whose results the part holds (None: no part)
 
     async def run(
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
@@ -125,7 +131,9 @@ class V2Gate:
         seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
         kept = [await self._kept_unsettled(part, deadline_ts) for part in self._parts]
         if any(seen) or any(kept):  # every run a live owner started before is reported now
-            await self._owners.flush(min(deadline_ts, self._clock() + self._control_s))
+            await self._owners.flush(
+                min(deadline_ts, self._clock() + self._control_s), checkpoint_id
+            )
         live = self._owners.live()
         retired = [
             await self._retire_unheld(ep, part, checkpoint_id, live, deadline_ts, running)
@@ -163,6 +171,7 @@ class V2Gate:
             clock=self._clock,
             unresumed=self._resume_later(checkpoint_id),
         )
+        ended = await self._ended_in_gate(in_flight, deadline_ts)
         pending = self._restored.rollouts()  # never forgotten before their replacement starts
         unknown = sorted(
             {rid for found in orphans for rid, _ in found if self._unknown(rid)} - pending
@@ -187,6 +196,7 @@ class V2Gate:
                         episode_ids=list(answer.episode_ids),
                         restarts=list(outcome.restarts),
                         in_flight=sorted(e.capture_key for e in in_flight[ep.url]),
+                        ended=ended.get(ep.url, []),
                     ),
                     protocol="v2",
                     renewals=outcome.renewals,
@@ -246,6 +256,42 @@ class V2Gate:
                 healer.resume_later(part.client, checkpoint_id)
 
         return later
+
+    async def _ended_in_gate(
+        self, in_flight: dict[str, list[EpisodeId]], deadline_ts: float
+    ) -> dict[str, list[str]]:
+        """Per endpoint URL, the attempts in flight when the gate started that the book has as
+        sealed once every owner flushed after the commit (capture keys): runs that finished
+        before the cut, whose results the orchestrator waits for and adds to the part. Nothing
+        without a part (``recorded`` None) or with nothing in flight."""
+        if self._recorded is None or not any(in_flight.values()):
+            return {}
+        left = max(1.0, deadline_ts - self._clock())
+        await self._owners.flush(self._clock() + min(self._control_s, left))
+        out: dict[str, list[str]] = {}
+        for url, episodes in in_flight.items():
+            keys = []
+            for e in episodes:
+                view = self._book.attempt(e.rollout_id, e.attempt)
+                if view is not None and view.state is AttemptState.SEALED:
+                    keys.append(e.capture_key)
+            out[url] = sorted(keys)
+        return out
+
+    def _unrecorded(self, rollouts: list[str]) -> set[str]:
+        """The sealed ones of ``rollouts`` whose results the part does not hold (they finished
+        while the gate ran): not forgotten yet; the next checkpoint's part holds them."""
+        if self._recorded is None:
+            return set()
+        out = set()
+        for rid in rollouts:
+            if rid in self._recorded:
+                continue
+            current = self._book.current_attempt(rid)
+            view = None if current is None else self._book.attempt(rid, current)
+            if view is not None and view.state is AttemptState.SEALED:
+                out.add(rid)
+        return out
 
     def _unknown(self, rollout_id: str) -> bool:
         """The book holds no attempt of the rollout (so forgetting it drops nothing it needs)."""
@@ -348,7 +394,7 @@ class V2Gate:
         whose kept replies were retired), in batches; how many were forgotten."""
         finished = self._book.finished_on({ep.url for ep in self._endpoints}, self._owners.live())
         pending = self._restored.rollouts()  # a replacement may still come: not finished
-        finished = sorted(set(finished).union(orphans) - pending)
+        finished = sorted(set(finished).union(orphans) - pending - self._unrecorded(finished))
         done = 0
         for i in range(0, len(finished), self._batch):
             chunk = finished[i : i + self._batch]

@@ -19,6 +19,14 @@ servers back to that cut for a new trainer of the same run, before it sends any 
    last one retired. Restored episodes stay in the next commits' scope until their replacement
    starts (:class:`~rl_gym_actors.actors.v2_gate.RestoredPending`).
 
+An interrupted restore is finished, not repeated: a restorer of this run killed after its
+restore (and its resume, which the next trainer's start does for it otherwise: see
+:mod:`.checkpoint_abort`) left its replacement attempts installed on the server, pending
+(``restored_pending`` in the status). On a server where this run has such episodes, nothing is
+installed again (Gym restores only into a participant without them): those the checkpoint
+exported are taken over as they are (their replacement ``/run`` continues from the boundary),
+and any other is retired (it starts over).
+
 Every retire is recorded in the book, so the rollouts are forgotten once finished for good.
 """
 
@@ -71,9 +79,23 @@ async def restore(
         for key in (*scope.exported, *scope.start_over):
             e = EpisodeId.from_capture_key(key)
             start_over(e.rollout_id, e.attempt + 1)
+    left = await asyncio.gather(
+        *(_left_pending(part, restore_id, deadline_ts, own) for _, part in targets)
+    )
+    taken: dict[str, list[EpisodeId]] = {}  # url -> replacements taken over as they are
+    drop: dict[str, list[EpisodeId]] = {}  # url -> this run's other pending ones: retired
+    for (ep, _), pending_there in zip(targets, left, strict=True):
+        if not pending_there:
+            continue
+        found = by_url.get(ep.url)
+        continued = set() if found is None else {_next(k) for k in found.exported}
+        taken[ep.url] = sorted((e for e in pending_there if e in continued), key=_key)
+        drop[ep.url] = sorted((e for e in pending_there if e not in continued), key=_key)
     retired = await asyncio.gather(
         *(
-            _retire_own(book, ep, part, by_url.get(ep.url), restore_id, deadline_ts, own)
+            _retire_own(
+                book, ep, part, by_url.get(ep.url), restore_id, deadline_ts, own, drop.get(ep.url)
+            )
             for ep, part in targets
         )
     )
@@ -82,10 +104,29 @@ async def restore(
             start_over(rid, att + 1)
     asked = [(ep, part, by_url[ep.url]) for ep, part in targets if by_url.get(ep.url)]
     asked = [(ep, part, scope) for ep, part, scope in asked if scope.exported]
+    asked = [(ep, part, scope) for ep, part, scope in asked if ep.url not in taken]
     entries = {
-        ep.url: EndpointRestore(endpoint=ep.url, label=ep.label, retired=len(done))
+        ep.url: EndpointRestore(
+            endpoint=ep.url,
+            label=ep.label,
+            retired=len(done),
+            taken_over=[e.capture_key for e in taken.get(ep.url, [])],
+        )
         for (ep, _), done in zip(targets, retired, strict=True)
     }
+    placed: dict[str, str] = {}
+    for url, replacements in taken.items():
+        for e in replacements:
+            pending.add(url, e.rollout_id, e.attempt)
+            placed[e.rollout_id] = url
+            start_over(e.rollout_id, e.attempt)
+        if replacements:
+            logger.warning(
+                "restore %s: %d episodes an interrupted restore installed on %s continue",
+                restore_id,
+                len(replacements),
+                url,
+            )
     if not asked:
         return RestoreReport(
             restore_id=restore_id,
@@ -93,6 +134,7 @@ async def restore(
             restored=True,
             endpoints=list(entries.values()),
             next_attempts=next_attempts,
+            placed=placed,
         )
     episodes = [EpisodeId.from_capture_key(k) for _, _, s in asked for k in s.exported]
     parts = [part for _, part, _ in asked]
@@ -135,7 +177,6 @@ async def restore(
         if error is not None:
             await _discard(parts, restore_id, episodes, deadline_ts, clock)
     replacements = [e.next_attempt() for e in episodes]
-    placed: dict[str, str] = {}
     if error is None:
         for ep, _, scope in asked:
             for key in scope.exported:
@@ -184,6 +225,30 @@ async def _discard(
         logger.warning("restore %s: resume after the failure failed: %s", restore_id, exc)
 
 
+def _key(e: EpisodeId) -> str:
+    return e.capture_key
+
+
+def _next(capture_key: str) -> EpisodeId:
+    return EpisodeId.from_capture_key(capture_key).next_attempt()
+
+
+async def _left_pending(
+    part: Participant, restore_id: str, deadline_ts: float, own: Callable[[str], bool] | None
+) -> list[EpisodeId]:
+    """This run's replacement attempts an earlier restore installed on ``part`` that no
+    replacement claimed (its status's ``restored_pending``; none where the status does not
+    list them, or cannot be read)."""
+    try:
+        status = await part.client.status(deadline_ts=deadline_ts)
+    except RlGymError as exc:
+        logger.warning("restore %s: status of %s failed: %s", restore_id, part.name, exc)
+        return []
+    keys = (status.model_extra or {}).get("restored_pending") or []
+    found = [EpisodeId.from_capture_key(k) for k in keys if isinstance(k, str)]
+    return [e for e in found if own is None or own(e.rollout_id)]
+
+
 async def _retire_own(
     book: AttemptBook,
     endpoint: GymEndpoint,
@@ -192,11 +257,13 @@ async def _retire_own(
     restore_id: str,
     deadline_ts: float,
     own: Callable[[str], bool] | None,
+    also: Sequence[EpisodeId] | None = None,
 ) -> list[tuple[str, int]]:
-    """Retire this run's attempts on one server (step 1 of the module docstring); the
-    (rollout id, attempt) pairs retired."""
+    """Retire this run's attempts on one server (step 1 of the module docstring), and ``also``
+    (pending replacements not continued); the (rollout id, attempt) pairs retired."""
     named = [] if scope is None else [*scope.exported, *scope.start_over]
     wanted = {(e.rollout_id, e.attempt) for e in map(EpisodeId.from_capture_key, named)}
+    wanted.update((e.rollout_id, e.attempt) for e in also or ())
     done: set[tuple[str, int]] = set()
     for _ in range(STATUS_ROUNDS):
         try:

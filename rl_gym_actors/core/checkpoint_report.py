@@ -71,7 +71,10 @@ class CheckpointReport(BaseModel):
 class EndpointRestore(BaseModel):
     """What a restore did on one v2 endpoint: this run's attempts it ``retired`` first (those a
     dead trainer left running, and each checkpointed attempt), the replacement attempts Gym
-    installed (``restored``: capture keys) and the checkpoint Gym says it read them from."""
+    installed (``restored``: capture keys) and the checkpoint Gym says it read them from.
+    ``taken_over``: replacement attempts an earlier restore of this run had installed there and
+    no replacement claimed (its restorer died), continued as they are (``restored`` is then
+    empty: nothing was installed again)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -80,6 +83,7 @@ class EndpointRestore(BaseModel):
     retired: int = 0
     restored: list[str] = []
     source_checkpoint_id: str | None = None
+    taken_over: list[str] = []
 
 
 class RestoreReport(BaseModel):

@@ -177,14 +177,35 @@ class RolloutMemory:
             rec.move(RolloutEvent.UNTAKEN, outcome.rollout_id)
             rec.kept, rec.result = outcome, None
 
-    def forget_settled(self) -> int:
+    def running_ids(self) -> set[str]:
+        """The rollouts with a dispatch in flight."""
+        return {rid for rid, rec in self._records.items() if rec.state is RolloutState.RUNNING}
+
+    def result_of(self, rollout_id: str) -> Outcome | None:
+        """The rollout's result this memory holds: handed out (sealed) or not yet (kept)."""
+        rec = self._records.get(rollout_id)
+        if not isinstance(rec, RolloutRecord):
+            return None
+        if rec.state is RolloutState.SEALED:
+            return rec.result
+        return rec.kept if rec.state is RolloutState.KEPT else None
+
+    def handed(self) -> set[str]:
+        """The rollouts whose sealed result was handed out and not yet forgotten."""
+        return {rid for rid, rec in self._records.items() if rec.state is RolloutState.SEALED}
+
+    def forget_settled(self, consumed: set[str] | None = None) -> int:
         """Forget every rollout whose sealed result was handed out (a committed checkpoint holds
-        it now) and that waits for no abandon. Rollouts that failed stay (their current try and
-        next fresh index matter to their next row). Returns how many went."""
+        it now) and that waits for no abandon; with ``consumed``, only those among it (the
+        trainer keeps the others: they stay, and go into every later part). Rollouts that failed
+        stay (their current try and next fresh index matter to their next row). Returns how
+        many went."""
         keep = OrderedDict(
             (rid, rec)
             for rid, rec in self._records.items()
-            if rec.state is not RolloutState.SEALED or rec.abandons
+            if rec.state is not RolloutState.SEALED
+            or rec.abandons
+            or (consumed is not None and rid not in consumed)
         )
         gone = len(self._records) - len(keep)
         if self.sealed is not None:  # what outlives the record: 8 bytes per id
@@ -194,8 +215,9 @@ class RolloutMemory:
         return gone
 
     def results(self) -> tuple[list[Outcome], list[Outcome]]:
-        """What a checkpoint part holds: the sealed results handed out since the last commit,
-        and the results nobody took yet (kept for their rollouts' next rows)."""
+        """What a checkpoint part holds: the sealed results handed out and not yet forgotten
+        (since the last commit, and those the trainer keeps), and the results nobody took yet
+        (kept for their rollouts' next rows)."""
         handed: list[Outcome] = []
         undelivered: list[Outcome] = []
         for rec in self._records.values():

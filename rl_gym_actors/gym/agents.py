@@ -4,9 +4,13 @@ An agent may return :class:`LineagedReply` (the reply and its model lineage) to 
 completion receipt carry ``manifest_capture_key`` and ``terminal_model_call_id``.
 
 - :func:`simulated_agent`: ``{"id": "r-<rollout_id>", "reward": <reward>}`` after ``sleep_s``;
-  raises when ``fail`` is true. Every other row field is ignored.
+  fails the row as data (:class:`SimulatedAgentError`, an ``AgentDataError``) when ``fail`` is
+  true. Every other row field is ignored. A row past its bounds (:data:`MAX_SIMULATED_S`, a
+  number that is no finite number) is :class:`SimulatedRowInvalid`.
 - :func:`load_callable`: a Python callable named ``module:function`` (async, or sync and then run
-  in a worker thread).
+  in a worker thread). An async agent runs on the server's event loop, as every route does: one
+  that computes without awaiting holds up the control plane too, so CPU-bound work belongs in a
+  sync function (a worker thread) or off the loop by the agent's own means.
 - :class:`HttpAgent`: forwards the row to an existing Gym agent's ``/run`` URL, so that an agent
   without checkpoint participation gains it by standing behind our server. The identity fields
   are taken off the forwarded row: this server owns the key, and an upstream that tracked it too
@@ -23,13 +27,14 @@ import functools
 import importlib
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from rl_gym_actors.errors import ConfigError
+from rl_gym_actors.errors import AgentDataError, ConfigError, InvalidRequest
 from rl_gym_actors.gym.transport import KEEPALIVE_S
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ModelLineage
 
@@ -47,25 +52,51 @@ class LineagedReply:
 SIMULATED = "simulated"
 
 
-class SimulatedAgentError(RuntimeError):
-    """The simulated agent was asked to fail (row field ``fail``)."""
+class SimulatedAgentError(AgentDataError):
+    """The simulated agent was asked to fail (row field ``fail``): a data failure of the row."""
 
 
 class UpstreamAgentError(RuntimeError):
-    """The upstream Gym agent answered with a non-2xx status or a body that is no JSON object."""
+    """The upstream Gym agent answered with a non-2xx status (``status``; 5xx, 408 and 429 are
+    transient, any other a data failure) or a body that is no JSON object (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-def _number(row: Mapping[str, Any], name: str, default: float) -> float:
+#: the longest a simulated agent works on one row (``sleep_s``; v2: ``steps * step_s``)
+MAX_SIMULATED_S = 86_400.0
+#: the most steps a simulated v2 row may ask for (each step yields the loop, even at step_s 0)
+MAX_SIMULATED_STEPS = 100_000
+
+
+class SimulatedRowInvalid(InvalidRequest):
+    """A row asks the simulated agent for something past its bounds (a number that is no finite
+    number, a sleep past :data:`MAX_SIMULATED_S`, steps past :data:`MAX_SIMULATED_STEPS`): refused
+    before any work (v2: 422 ``invalid_request``)."""
+
+
+def bounded_number(
+    row: Mapping[str, Any], name: str, default: float, *, low: float, high: float
+) -> float:
+    """Row field ``name`` as a finite number in ``low..high``; else :class:`SimulatedRowInvalid`."""
     value = row.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"row field {name!r} must be a number, got {value!r}")
-    return value
+        raise SimulatedRowInvalid(f"row field {name!r} must be a number, got {value!r}", status=422)
+    if not (math.isfinite(value) and low <= value <= high):
+        raise SimulatedRowInvalid(
+            f"row field {name!r} must be a finite number in {low:g}..{high:g}, got {value!r}",
+            status=422,
+        )
+    return float(value)
 
 
 async def simulated_agent(row: dict[str, Any]) -> dict[str, Any]:
-    """Reads ``sleep_s`` (default 0), ``reward`` (default 1.0) and ``fail`` (default false)."""
-    sleep_s = _number(row, "sleep_s", 0)
-    reward = _number(row, "reward", 1.0)
+    """Reads ``sleep_s`` (default 0, at most :data:`MAX_SIMULATED_S`), ``reward`` (default 1.0,
+    finite) and ``fail`` (default false)."""
+    sleep_s = bounded_number(row, "sleep_s", 0, low=0, high=MAX_SIMULATED_S)
+    reward = bounded_number(row, "reward", 1.0, low=-math.inf, high=math.inf)
     if sleep_s > 0:
         await asyncio.sleep(sleep_s)
     if row.get("fail"):
@@ -130,7 +161,9 @@ class HttpAgent:
             raw = await resp.read()
         if not 200 <= resp.status < 300:
             text = raw[:500].decode("utf-8", "replace")
-            raise UpstreamAgentError(f"upstream {self.url} answered {resp.status}: {text}")
+            raise UpstreamAgentError(
+                f"upstream {self.url} answered {resp.status}: {text}", status=resp.status
+            )
         try:
             reply = json.loads(raw)
         except ValueError as exc:

@@ -143,11 +143,25 @@ def read_checkpoint(checkpoint_dir: str | os.PathLike[str], name: str | None) ->
         raise CheckpointUnreadable(f"{directory}: the records fail their digest")
     if hashlib.sha256(continuations).hexdigest() != index.get("sha256"):
         raise CheckpointUnreadable(f"{directory}: the continuation index fails its digest")
+    # the counts, against what was read (a digest covers the files, not the manifest's numbers)
+    for what, count, raw in (
+        ("records", manifest.get("records"), records),
+        ("continuation index records", index.get("records"), continuations),
+    ):
+        if type(count) is not int or count != _lines(raw):
+            raise CheckpointUnreadable(
+                f"{directory}: the manifest says {count!r} {what}, the file holds {_lines(raw)}"
+            )
     return {
-        "records": int(manifest["records"]),
+        "records": manifest["records"],
         "source_checkpoint_id": manifest["checkpoint_id"],
         "continuation_index": index,
     }
+
+
+def _lines(raw: bytes) -> int:
+    """Lines of a JSON-lines file (each ends with a newline)."""
+    return raw.count(b"\n")
 
 
 def confine(root: str | os.PathLike[str] | None, checkpoint_dir: str) -> Path:

@@ -29,12 +29,15 @@ from fastapi import FastAPI
 
 from rl_gym_actors.config import TOKEN_ENV
 from rl_gym_actors.gym.agent_checkpoint.routes import create_app
+from rl_gym_actors.gym.body_limit import BodyLimit
 from rl_gym_actors.gym.clock import Clock, ServerTimeHeaders
+from rl_gym_actors.gym.connections import ConnectionLimits, guarded_protocol
 from rl_gym_actors.gym.web import DEFAULT_MAX_BODY_BYTES, Extension
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "AppFactory",
+    "ConnectionLimits",
     "GymServer",
     "Served",
     "bind_socket",
@@ -229,7 +232,10 @@ class GymServer:
     construction, so ``url`` is known before :meth:`serve`; :meth:`serve` runs until
     :meth:`stop` (or a signal, with ``handle_signals``) and then closes the participant (its
     store included). Every answer carries the server's time from ``clock`` (the participant's;
-    see :mod:`rl_gym_actors.gym.clock`)."""
+    see :mod:`rl_gym_actors.gym.clock`). No request body over ``max_body_bytes`` reaches
+    the app (:mod:`rl_gym_actors.gym.body_limit`); ``limits`` are each connection's timeouts
+    and the connection cap (:class:`~rl_gym_actors.gym.connections.ConnectionLimits`; its
+    defaults when None)."""
 
     def __init__(
         self,
@@ -246,6 +252,7 @@ class GymServer:
         graceful_s: float = 5.0,
         http: str = "auto",
         clock: Clock = time.time,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.participant = participant
         self.token = token
@@ -260,15 +267,21 @@ class GymServer:
             if ":" in bound_host
             else f"http://{bound_host}:{bound_port}"
         )
+        self.limits = limits = ConnectionLimits() if limits is None else limits
         config = uvicorn.Config(
-            ServerTimeHeaders(self.app, clock),  # x-gym-time and Date from the server's clock
+            # x-gym-time and Date from the server's clock, on every answer; inside them, no body
+            # over the limit reaches anything of the app (extensions included)
+            ServerTimeHeaders(BodyLimit(self.app, max_body_bytes), clock),
             date_header=False,
             log_config=None,
             log_level=log_level.lower(),
             access_log=False,
             lifespan="off",
             proxy_headers=False,  # nothing here reads the client's address or scheme
-            http=http_protocol(http),
+            # uvicorn's protocol with read timeouts, an idle limit and a connection cap
+            http=guarded_protocol(http_protocol(http), limits),
+            # (annotated int; uvicorn hands it to call_later, which takes a float)
+            timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
             loop="asyncio",
             # annotated int, but uvicorn only hands it to asyncio.wait_for, which takes a float
             timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rl_gym_actors.errors import GymError, GymRejected, InvalidRequest, Unauthorized
 
@@ -129,6 +130,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        # the client left mid-body (or a body limit or read timeout cut it): no one to answer,
+        # nothing to log
+        return error_response(400, "client_disconnected", "the client left before its body was in")
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:

@@ -5,7 +5,8 @@ anything from here (tests/test_import_floors.py checks).
   :mod:`.v2_server` (a v2 server in a thread), :mod:`.real_gym` (our server answering as a real
   NeMo Gym does), :mod:`.counting_agent` (a simulated agent that counts its runs),
   :mod:`.inspect_gym` (what a server holds for one key), :mod:`.loop_thread` (the thread and
-  loop a stand-in proxy serves on).
+  loop a stand-in proxy serves on), :mod:`.failing_agents` (user agents that fail their row,
+  each in one way).
 - Faults: :mod:`.store_faults` (a store whose writes fail on demand), :mod:`.chaos` (one fault
   per scenario on real processes, each a row of the chaos table); the row fields a server honours
   with ``--allow-faults`` are :mod:`rl_gym_actors.gym.agent_checkpoint.faults`'.

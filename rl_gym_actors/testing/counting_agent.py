@@ -2,12 +2,13 @@
 
 Give it to :class:`~rl_gym_actors.testing.gym_process.GymServerThread` as ``agent=``. It runs
 :func:`~rl_gym_actors.gym.agents.simulated_agent` (``sleep_s``, ``reward``, ``fail``) and reads
-two fields more: ``first_try_sleep_s``: extra sleep for attempt 0 only (a first try that outlives
-its deadline while the next one is quick); and ``hold`` (true): the run waits, after its
-sleeps, until the test calls :meth:`CountingAgent.release` for its rollout (a run that finishes
-only once the test says so). It counts agent starts per key and
-records which runs were cancelled (retired) and which finished, so a test can say "the agent ran
-this key once" or "the retired try was really cancelled".
+three fields more: ``transient`` (true): the agent raises ``AgentTransientError`` (a failure that
+is not the row's, tried again); ``first_try_sleep_s``: extra sleep for attempt 0 only (a first try
+that outlives its deadline while the next one is quick); and ``hold`` (true): the run waits, after
+its sleeps, until the test calls :meth:`CountingAgent.release` for its rollout (a run that finishes
+only once the test says so). It counts agent starts per key and records which runs were cancelled
+(retired) and which finished, so a test can say "the agent ran this key once" or "the retired try
+was really cancelled".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from rl_gym_actors.errors import AgentTransientError
 from rl_gym_actors.gym.agents import simulated_agent
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD, ExecutionKey
 
@@ -52,6 +54,8 @@ class CountingAgent:
         try:
             if key[1] == 0 and float(row.get("first_try_sleep_s", 0)) > 0:
                 await asyncio.sleep(float(row["first_try_sleep_s"]))
+            if row.get("transient"):  # a failure that is not the row's: tried again
+                raise AgentTransientError("the row asked for a transient failure")
             reply = await simulated_agent(row)
             while row.get("hold") is True and self._held(key[0]):
                 await asyncio.sleep(0.02)  # released from the test's thread

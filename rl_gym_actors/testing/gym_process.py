@@ -283,8 +283,10 @@ class GymServerThread(InProcessServer):
         max_body_bytes: int | None = None,
         store_factory: Any = None,
         clock_offset_s: float = 0.0,
+        extensions: Sequence[Any] = (),
     ) -> None:
         self.agent = agent
+        self.extensions = list(extensions)  # more gym.web.Extension (e.g. testing.hold)
         self.clock_offset_s = clock_offset_s  # the server's clock runs this far off (skew tests)
         self.token = token
         self.state_dir = None if state_dir is None else str(state_dir)
@@ -304,6 +306,7 @@ class GymServerThread(InProcessServer):
         from rl_gym_actors.gym.agent_checkpoint.participant import Participant
         from rl_gym_actors.gym.agents import make_agent
         from rl_gym_actors.gym.clock import shifted
+        from rl_gym_actors.gym.connections import limits_from_args
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.store import open_store
 
@@ -323,10 +326,12 @@ class GymServerThread(InProcessServer):
                 token=self.token,
                 host=HOST,
                 port=port,
-                extensions=faults,
+                extensions=[*faults, *self.extensions],
                 max_body_bytes=self.max_body_bytes or cli.max_body_bytes,
                 graceful_s=2.0,
                 clock=clock,
+                http=cli.http,
+                limits=limits_from_args(cli),
             )
         except OSError:
             store.close()

@@ -18,7 +18,8 @@ front of one of our servers that rewrites its answers into the real Gym's forms:
 - the caller of a ``/run`` that a ``retire`` (sent through this proxy) cancelled gets a 500
   whose body is the JSON string ``"RuntimeError('No response returned.')"`` instead of a 409
   (a real Gym's agent server finds no response from the cancelled handler);
-- an agent that raises: the caller gets a 500 whose body is the exception's repr as a JSON
+- an agent that raises (a data failure or a transient one alike: a real Gym has no
+  ``agent_data_failed``): the caller gets a 500 whose body is the exception's repr as a JSON
   string (``agent_error="repr"``, the default, as behind Gym's exception middleware) or plain
   ``Internal Server Error`` (``agent_error="plain"``), with no ``agent_failed`` code. Our server
   behind the proxy tombstones the key, which a retire cannot tell from a real Gym that stored
@@ -217,7 +218,10 @@ class RealGymStandIn(LoopThread):
             self._cancelled_keys.discard(key)
             self.retired_while_running += 1
             return _json(500, RETIRED_RUN_BODY)
-        if key is not None and status == 500 and code == "agent_failed":
+        if key is not None and (status, code) in (
+            (500, "agent_failed"),
+            (422, "agent_data_failed"),
+        ):
             self.agent_failures += 1
             if self.agent_error == "plain":
                 return web.Response(status=500, text="Internal Server Error")

@@ -155,7 +155,7 @@ class StandInOwner:
         await self._seal_and_ack(rollout_id, attempt_index, result.digest, adopted=True)
         return True
 
-    async def flush_reports(self) -> int:
+    async def flush_reports(self, checkpoint_id: str | None = None) -> int:
         batch, self._pending, self._late = self._pending, self._late, []
         if batch:
             await self._ledger.report.remote(batch)

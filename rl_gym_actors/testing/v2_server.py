@@ -32,8 +32,10 @@ class V2ServerThread(InProcessServer):
         args: Sequence[str] = (),
         lease_grace_s: float | None = None,
         allow_faults: bool = False,
+        extensions: Sequence[Any] = (),
     ) -> None:
         self.agent = agent
+        self.extensions = list(extensions)  # more gym.web.Extension (e.g. testing.hold)
         self.allow_faults = allow_faults  # the ``drop_reply`` row field, as on the agent server
         self.faults: Any = None
         self.token = token
@@ -46,6 +48,7 @@ class V2ServerThread(InProcessServer):
 
     def _build(self, port: int) -> None:
         from rl_gym_actors.cli import build_parser
+        from rl_gym_actors.gym.connections import limits_from_args
         from rl_gym_actors.gym.server import GymServer
         from rl_gym_actors.gym.v2.participant import V2Participant
         from rl_gym_actors.gym.v2.routes import create_app
@@ -56,8 +59,9 @@ class V2ServerThread(InProcessServer):
             make_step_agent(self.agent),
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
+            export_every_session=cli.export_every_session,
         )
-        extensions = []
+        extensions = list(self.extensions)
         if self.allow_faults:
             from rl_gym_actors.gym.agent_checkpoint.faults import FaultInjector, fault_injection
 
@@ -78,6 +82,7 @@ class V2ServerThread(InProcessServer):
             host=HOST,
             port=port,
             graceful_s=2.0,
+            limits=limits_from_args(cli),
         )
         self.url = self.server.url
         self._port = self.server.port

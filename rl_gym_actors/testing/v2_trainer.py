@@ -141,6 +141,13 @@ async def _second(args: argparse.Namespace, orch: Any, endpoints: list[Any]) -> 
     )
 
 
+async def _restore_only(args: argparse.Namespace, orch: Any) -> None:
+    """``--phase restore``: restore ``--dir`` and hold, before any row, until killed."""
+    report = await orch.arestore(args.dir)
+    _say(event="restored", report=None if report is None else report.model_dump(mode="json"))
+    await asyncio.sleep(3600)
+
+
 async def _main(args: argparse.Namespace) -> int:
     from rl_gym_actors.config import GymEndpoint, TryPolicy
     from rl_gym_actors.orchestrator import Orchestrator
@@ -162,6 +169,8 @@ async def _main(args: argparse.Namespace) -> int:
             await asyncio.sleep(0.02)  # started early (Ray, actors), waits for its turn
         if args.phase == "first":
             await _first(args, orch, endpoints)
+        elif args.phase == "restore":
+            await _restore_only(args, orch)
         else:
             await _second(args, orch, endpoints)
     _say(event="done")
@@ -170,7 +179,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=["first", "second"], required=True)
+    p.add_argument("--phase", choices=["first", "second", "restore"], required=True)
     p.add_argument("--url", action="append", required=True)
     p.add_argument("--token", default=None)
     p.add_argument("--run-id", required=True)

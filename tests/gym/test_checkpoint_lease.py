@@ -15,6 +15,7 @@ import pytest
 from rl_gym_actors.errors import CheckpointConflict
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
+from rl_gym_actors.testing.polling import scaled
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
@@ -95,7 +96,9 @@ async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
 
 @pytest.mark.slow
 async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(tmp_path, wire_for):
-    with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", "15"]) as srv:
+    # the lease outlasts a SIGKILL and restart (15 s quiet; at load 40 a restart took longer)
+    lease_s = f"{scaled(15.0):.1f}"
+    with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", lease_s]) as srv:
         wire = wire_for(srv)
         assert (await wire.run("done")).status == 200
         assert (await wire.prepare("cp-k", deadline_s=0.5)).code == "agent_prepare_incomplete"

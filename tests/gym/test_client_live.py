@@ -22,7 +22,7 @@ from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.errors import (
     AckRejected,
     AdmissionClosed,
-    AgentFailed,
+    AgentDataFailed,
     CheckpointConflict,
     CheckpointNotReady,
     ConnectionLost,
@@ -230,12 +230,13 @@ async def test_unknown_keys_and_tombstones(client):
 
 
 @aio
-async def test_an_agent_failure_is_agent_failed_and_tombstones_the_key(client):
+async def test_a_data_failure_of_the_agent_is_agent_data_failed_and_tombstones_the_key(client):
     r = rid()
     err = await expect(
-        AgentFailed, client.run({"fail": True}, rollout_id=r, attempt_index=0, deadline_ts=soon())
+        AgentDataFailed,
+        client.run({"fail": True}, rollout_id=r, attempt_index=0, deadline_ts=soon()),
     )
-    assert err.status == 500 and "fail" in err.detail
+    assert err.status == 422 and "fail" in err.detail
     await expect(StaleAttempt, client.receipt(r, 0, deadline_ts=soon()))
 
 

@@ -26,7 +26,7 @@ async def test_kill_9_and_restart_keeps_every_promise(tmp_path, wire_for):
         receipt_c = await wire.receipt("rC")
         await wire.ack(await wire.complete("rA"))
         assert (await wire.retire("rT")).status == 200
-        assert (await wire.run("rF", fail=True)).code == "agent_failed"
+        assert (await wire.run("rF", fail=True)).code == "agent_data_failed"
         await wire.ack(await wire.complete("rP"))
         assert (await wire.prepare("c1")).status == 409  # rC blocks; no matter
         assert (await wire.resume("c1")).status == 200

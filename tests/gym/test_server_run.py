@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from rl_gym_actors.protocol import canonical_json
+from rl_gym_actors.testing import failing_agents
 from rl_gym_actors.testing.gym_process import GymServerThread
 
 
@@ -85,22 +86,41 @@ async def test_the_order_of_decisions_during_prepare(wire, agent):
     assert agent.starts == {("rA", 0): 1, ("rC", 0): 1}
 
 
-async def test_an_agent_that_raises_gives_500_agent_failed_and_tombstones_the_key(wire, agent):
+async def test_a_row_the_simulated_agent_fails_is_422_agent_data_failed_and_tombstones_it(
+    wire, agent
+):
     got = await wire.run("rF", fail=True)
-    assert (got.status, got.code) == (500, "agent_failed")
+    assert (got.status, got.code) == (422, "agent_data_failed")
     assert "SimulatedAgentError" in got.json["error"]["detail"]
     assert (await wire.run("rF")).code == "stale_attempt"
     assert (await wire.receipt("rF")).code == "stale_attempt"
     assert agent.starts[("rF", 0)] == 1
 
 
-async def test_a_reply_that_is_not_json_is_agent_failed(wire_for):
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        ("fails_as_data", (422, "agent_data_failed")),
+        ("raises_value_error", (422, "agent_data_failed")),  # unexpected: data
+        ("raises_key_error", (422, "agent_data_failed")),
+        ("fails_transiently", (500, "agent_failed")),
+        ("times_out", (500, "agent_failed")),  # infrastructure
+    ],
+)
+async def test_what_an_agent_raises_decides_the_answer(wire_for, name, answer):
+    with GymServerThread(agent=getattr(failing_agents, name)) as server:
+        got = await wire_for(server).run("rX")
+        assert (got.status, got.code) == answer
+        assert (await wire_for(server).run("rX")).code == "stale_attempt"  # tombstoned
+
+
+async def test_a_reply_that_is_not_json_is_a_data_failure(wire_for):
     async def bad_agent(row):
         return {"reward": float("nan")}
 
     with GymServerThread(agent=bad_agent) as server:
         got = await wire_for(server).run("rN")
-        assert (got.status, got.code) == (500, "agent_failed")
+        assert (got.status, got.code) == (422, "agent_data_failed")
         assert (await wire_for(server).run("rN")).code == "stale_attempt"
 
 

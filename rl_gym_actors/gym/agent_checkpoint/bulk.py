@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from rl_gym_actors.gym.store import Execution
 from rl_gym_actors.listing import ACK_ENDS as ACK_TEXT_ENDS
 from rl_gym_actors.listing import TEXT_LISTING
 from rl_gym_actors.protocol import (
+    DEADLINE_TS_MAX,
     ID_PATTERN,
     MAX_RETIRE_BATCH,
     ROLLOUT_ID_MAX,
@@ -179,7 +179,7 @@ def retire_batch_keys(raw: bytes) -> tuple[str, float, list[ExecutionKey]] | Non
         and version == 1
         and is_valid_checkpoint_id(cid)
         and type(deadline) is float
-        and math.isfinite(deadline)
+        and 0 <= deadline <= DEADLINE_TS_MAX  # (NaN fails it; the model names what is wrong)
         and type(executions) is list
         and 0 < len(executions) <= MAX_RETIRE_BATCH
         and set(map(type, executions)) == {dict}

@@ -442,6 +442,11 @@ class GymClient(BulkCalls):
                 exc.active_checkpoint_id = await self._holder(deadline_ts)
             raise
 
+    async def active_checkpoint_id(self, *, deadline_ts: float) -> str | None:
+        """The checkpoint id that holds the server now (from capabilities); None when none
+        does or the server does not say."""
+        return await self._holder(deadline_ts)
+
     async def _holder(self, deadline_ts: float) -> str | None:
         """The checkpoint id holding the server, from capabilities; None when unknown."""
         try:

@@ -323,6 +323,13 @@ class ParticipantCore:
 
     # ------------------------------------------------------------ status and checkpoints
 
+    def is_active(self, key: ExecutionKey) -> bool:
+        """Whether a status lists ``key`` (running, parked or completed, not yet released)."""
+        return key in self._active
+
+    def active_count(self) -> int:
+        return len(self._active)
+
     def active(self) -> list[Execution]:
         """The records a status lists, by key: a snapshot (a transition replaces a record)."""
         return sorted(self._active.values(), key=lambda e: e.key)

@@ -191,10 +191,10 @@ class FaultMiddleware:
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks, more = [], True
-        while more:  # the whole body, then handed to the app as it came
+        while more:  # the whole body (the server's body limit holds it), then handed on
             message = await receive()
             if message["type"] != "http.request":
-                break
+                return None  # the client is gone, or its body was cut at the limit (413 sent)
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         raw = b"".join(chunks)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_gym_actors.errors import (
-    AgentFailed,
     GymError,
     GymRejected,
     InvalidRequest,
@@ -33,6 +32,7 @@ from rl_gym_actors.gym.agent_checkpoint.bulk import (
 )
 from rl_gym_actors.gym.agent_checkpoint.core import ParticipantCore, Replay, encode_reply
 from rl_gym_actors.gym.agent_checkpoint.lease import LeaseTimer
+from rl_gym_actors.gym.agent_failure import agent_failure
 from rl_gym_actors.gym.agents import LineagedReply
 from rl_gym_actors.gym.checkpoint_files import (
     CheckpointUnreadable,
@@ -61,6 +61,7 @@ Agent = Callable[[dict[str, Any]], Awaitable[Any]]
 
 S = ExecutionState
 START_WRITE_DELAY_S = 0.002  # a run's start record waits this long to share a write
+_SINCE_SLACK = 1024  # start times of keys no status lists, at most, beyond as many as it lists
 
 
 class ServerUnavailable(GymError):
@@ -118,7 +119,9 @@ class Participant:
         # row's agent to) and the instance whose files a commit writes (None: unnamed)
         self.name = name
         self._born = time.monotonic()
-        self._since: dict[ExecutionKey, float] = {}  # when this process began each run
+        # when this process began each run, for status's age_seconds: kept for the keys a status
+        # lists (running, parked, completed), pruned as runs begin (:meth:`_began`)
+        self._since: dict[ExecutionKey, float] = {}
         self.store: Store = store or MemoryStore()
         # (ext) this process's id, and the store's epoch (its state dir's; in memory: the id)
         self.instance_id = uuid.uuid4().hex
@@ -203,7 +206,7 @@ class Participant:
         task = asyncio.create_task(
             self._execute(key, decision.generation, row), name=f"gym-run-{key[0]}-{key[1]}"
         )
-        self._since[key] = time.monotonic()
+        self._began(key)
         self._runs[key] = task
         try:
             # shield: the caller going away (which cancels this handler) never cancels the run
@@ -212,6 +215,14 @@ class Participant:
             if task.cancelled():  # retired before its first step: the run never began
                 raise self._cancelled(key) from None
             raise
+
+    def _began(self, key: ExecutionKey) -> None:
+        """Note when ``key``'s run began; drop the start times of keys no status lists any more
+        (ACKed, tombstoned) once they are as many as the listed ones (amortized O(1) a run)."""
+        since = self._since
+        since[key] = time.monotonic()
+        if len(since) > 2 * self.core.active_count() + _SINCE_SLACK:
+            self._since = {k: t for k, t in since.items() if self.core.is_active(k)}
 
     def knows(self, key: ExecutionKey) -> bool:
         """Whether ``key`` was ever seen (run, retired, or loaded from the store)."""
@@ -239,7 +250,7 @@ class Participant:
                 logger.info("agent failed for %s: %r", _label(key), exc, exc_info=True)
                 self.core.fail_run(key, generation)
                 await self._durable()
-                raise AgentFailed(repr(exc), status=500) from exc
+                raise agent_failure(exc) from exc
             finally:
                 flush.cancel()
             self.core.finish_run(key, generation, raw, receipt)
@@ -395,7 +406,7 @@ class Participant:
             answer = self.core.finish_commit(checkpoint_id, CommitAnswer.model_validate(written))
             self._lease.renew(checkpoint_id, deadline_ts)
             await self._durable()
-            self._since = {k: t for k, t in self._since.items() if self.knows(k)}
+            self._since = {k: t for k, t in self._since.items() if self.core.is_active(k)}
             return answer
 
     async def restore(

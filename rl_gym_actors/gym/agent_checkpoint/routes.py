@@ -11,8 +11,10 @@ fields. Every error body is ``{"error": {"code", "detail"}}``: 401 ``unauthorize
 ``payload_too_large``, 422 ``invalid_request`` for any body or query that fails validation
 (integers beyond the store's 64 bits included), 404 and 405 for unknown routes, 409 for the
 participant's rejections (a prepare 409 also carries the full status as ``report``; a
-``checkpoint_conflict`` names ``active_checkpoint_id`` and its ``phase``), 500 ``agent_failed``,
-503 ``unavailable``, ``store_write_failed`` or ``store_unavailable``. Bad input never gets a 500.
+``checkpoint_conflict`` names ``active_checkpoint_id`` and its ``phase``), 422
+``agent_data_failed`` and 500 ``agent_failed`` (an agent that failed its row as data or
+transiently: :mod:`rl_gym_actors.gym.agent_failure`), 503 ``unavailable``,
+``store_write_failed`` or ``store_unavailable``. Bad input never gets a 500.
 ``GET /metrics`` serves the counts of :class:`rl_gym_actors.metrics.GymServerMetrics`;
 ``GET /ready`` answers 200 while the store takes writes, else 503 ``store_unavailable``.
 """

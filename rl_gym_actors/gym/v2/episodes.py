@@ -58,6 +58,7 @@ class EpisodeTable:
 
     restart_only: bool = False
     keep_replies: bool = True  # (ext) False when an owner behind keeps them (``--protocol both``)
+    export_every_session: bool = False  # as NeMo Gym's agent: the scope limits restored ones only
     accepting: bool = True
     retired: RetiredMarks = field(default_factory=RetiredMarks)
     live: dict[str, Episode] = field(default_factory=dict)
@@ -199,11 +200,16 @@ class EpisodeTable:
         """Records of every parked episode the scope names (all without a scope: Gym exports
         within the commit's scope, and NeMo RL's adapter refuses an export outside it), and of
         restored ones still pending that the scope continues (under their replacement attempt,
-        the one the scope names)."""
+        the one the scope names). With ``export_every_session`` every parked episode is
+        exported, as NeMo Gym's agent participant exports every live session: on a shared
+        server the answer names other runs' episodes too."""
+        live_scope = None if self.export_every_session else scope
         records = [
             record(e.episode_id, e.boundary)
             for e in self.live.values()
-            if e.state == PARKED and not e.retiring and (scope is None or e.episode_id in scope)
+            if e.state == PARKED
+            and not e.retiring
+            and (live_scope is None or e.episode_id in live_scope)
         ]
         for e in self.restored.values():
             if scope is None or e.episode_id in scope:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rl_gym_actors.errors import (
-    AgentFailed,
     CheckpointConflict,
     CheckpointDeadlinePassed,
     CheckpointRejected,
@@ -32,8 +31,9 @@ from rl_gym_actors.errors import (
     RestartInScope,
     StaleAttempt,
 )
+from rl_gym_actors.gym.agent_failure import agent_failure
 from rl_gym_actors.gym.v2 import records as files
-from rl_gym_actors.gym.v2.episodes import Episode, EpisodeTable, Replay
+from rl_gym_actors.gym.v2.episodes import RUNNING, Episode, EpisodeTable, Replay
 from rl_gym_actors.gym.v2.machine import Machine
 from rl_gym_actors.gym.v2.state import V2State
 from rl_gym_actors.gym.v2.stepped import RawReply, StepAgent
@@ -95,6 +95,7 @@ class V2Participant:
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         restart_only: bool = False,
         keep_replies: bool = True,
+        export_every_session: bool = False,
         state: V2State | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -103,9 +104,14 @@ class V2Participant:
         self.restart_only = restart_only
         self.machine = Machine(lease_grace_s=lease_grace_s)
         self.table = EpisodeTable(
-            restart_only=restart_only, keep_replies=keep_replies, retired=self.machine.retired
+            restart_only=restart_only,
+            keep_replies=keep_replies,
+            export_every_session=export_every_session,
+            retired=self.machine.retired,
         )
         self.steps_run = 0  # (ext) boundaries reached by agents, all episodes together
+        self.agent_starts = 0  # agent calls begun by this process (GET /metrics)
+        self.completions = 0  # of those, the ones that ended with a reply
         self.state = state
         if state is not None:
             self._load(state)
@@ -187,6 +193,7 @@ class V2Participant:
         try:
             await self._boundary(episode, episode.boundary)  # the start is a boundary
             try:
+                self.agent_starts += 1
                 reply = await self.agent(row, _EpisodeSteps(self, episode))
                 if isinstance(reply, RawReply):
                     raw, headers = reply.body, reply.headers
@@ -201,8 +208,9 @@ class V2Participant:
             except Exception as exc:
                 logger.info("agent failed for %s: %r", episode.episode_id, exc)
                 self.table.finish(episode, None)
-                raise AgentFailed(repr(exc), status=500) from exc
+                raise agent_failure(exc) from exc
             self.table.finish(episode, raw)
+            self.completions += 1
             e = episode.episode_id
             if self.state is not None and self.table.kept.get(e.rollout_id, {}).get(e.attempt):
                 await self.state.keep(e, raw)  # durable before it is answered
@@ -233,6 +241,14 @@ class V2Participant:
             for a in attempts
         )
         return {"kept": keys[: max(0, limit)], "count": len(keys)}
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts ``GET /metrics`` reads (v2 has no ACK: the ACK series read 0)."""
+        return {
+            "agent_starts": self.agent_starts,
+            "completions": self.completions,
+            "running": sum(e.state == RUNNING for e in self.table.live.values()),
+        }
 
     def status(self) -> dict[str, Any]:
         m = self.machine

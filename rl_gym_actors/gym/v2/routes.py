@@ -50,11 +50,14 @@ from rl_gym_actors.gym.web import (
     reject_constant,
     validation_detail,
 )
+from rl_gym_actors.metrics import GymServerMetrics, MetricsMiddleware
 from rl_gym_actors.protocol import (
     ATTEMPT_INDEX_FIELD,
     MAX_JSON_DEPTH,
     REPLAYED_HEADER,
     ROLLOUT_ID_FIELD,
+    WIRE_INT_MAX,
+    is_valid_attempt_index,
     too_deep,
 )
 
@@ -76,8 +79,11 @@ def episode_of(row: Any) -> EpisodeId:
         attempt = row.get(ATTEMPT_INDEX_FIELD)
         if attempt is None:
             return from_key
-        if isinstance(attempt, bool) or not isinstance(attempt, int):
-            raise InvalidRequest(f"{ATTEMPT_INDEX_FIELD} must be an integer", status=422)
+        if not is_valid_attempt_index(attempt):  # the agent-checkpoint side's bounds
+            raise InvalidRequest(
+                f"{ATTEMPT_INDEX_FIELD} must be an integer in 0..{WIRE_INT_MAX}; got {attempt!r}",
+                status=422,
+            )
         if from_key.attempt not in (0, attempt):
             raise InvalidRequest(
                 f"{ROLLOUT_ID_FIELD} {given!r} names attempt {from_key.attempt}, "
@@ -118,7 +124,10 @@ def install_control_routes(
     @app.get(ROUTE_PREFIX + KEPT_ROUTE, dependencies=guarded)
     async def kept(request: Request) -> Response:  # (ext)
         raw = request.query_params.get("limit", str(MAX_KEPT_LISTED))
-        if not raw.isdigit() or not 0 < int(raw) <= MAX_KEPT_LISTED:
+        # ASCII digits only ("²".isdigit() is true, int("²") raises), and few of them
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not (
+            0 < int(raw) <= MAX_KEPT_LISTED
+        ):
             raise InvalidRequest(f"limit must be 1..{MAX_KEPT_LISTED}, got {raw!r}", status=422)
         return json_response(participant.kept_keys(int(raw)))
 
@@ -149,16 +158,24 @@ def create_app(
     extensions: Sequence[Extension] = (),
 ) -> FastAPI:
     """The v2 participant's app (the :class:`~rl_gym_actors.gym.server.AppFactory` of
-    ``--protocol v2``)."""
+    ``--protocol v2``), with ``GET /metrics`` (runs started and completed, runs in progress,
+    request latency)."""
     app = new_app("rl_gym_actors Gym v2 server")
     app.state.participant = participant
+    # GET /metrics as on every server (unauthenticated, counts only), inside the extensions
+    app.add_middleware(MetricsMiddleware, metrics=GymServerMetrics(participant.snapshot))
     add_extensions(app, extensions)
     install_error_handlers(app)
 
     @app.post("/run")
     async def run(request: Request) -> Response:
         row = await read_row(request, max_body_bytes)
-        if request.query_params.get(REPLAY_ONLY_PARAM) == "1":  # (ext): never starts anything
+        replay_only = request.query_params.get(REPLAY_ONLY_PARAM, "0")
+        if replay_only not in ("0", "1"):
+            raise InvalidRequest(
+                f"{REPLAY_ONLY_PARAM} must be 0 or 1, got {replay_only!r}", status=422
+            )
+        if replay_only == "1":  # (ext): never starts anything
             outcome = participant.kept_reply(episode_of(row))
         else:
             outcome = await participant.run(episode_of(row), row)
@@ -182,6 +199,7 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
     import os
 
     from rl_gym_actors.gym.clock import fault_clock
+    from rl_gym_actors.gym.connections import limits_from_args
     from rl_gym_actors.gym.v2.participant import DEFAULT_LEASE_GRACE_S
     from rl_gym_actors.gym.v2.state import V2State
     from rl_gym_actors.gym.v2.stepped import make_step_agent
@@ -194,6 +212,7 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         make_step_agent(args.agent),
         lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
         restart_only=args.restart_only,
+        export_every_session=bool(getattr(args, "export_every_session", False)),
         state=None if args.state_dir is None else V2State(args.state_dir),
         clock=clock,
     )
@@ -207,4 +226,5 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         log_level=args.log_level,
         handle_signals=True,
         http=args.http,
+        limits=limits_from_args(args),
     )

@@ -20,12 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rl_gym_actors.errors import ConfigError
-from rl_gym_actors.gym.agents import SIMULATED, Agent, SimulatedAgentError, make_agent
+from rl_gym_actors.gym.agents import (
+    MAX_SIMULATED_S,
+    MAX_SIMULATED_STEPS,
+    SIMULATED,
+    Agent,
+    SimulatedAgentError,
+    SimulatedRowInvalid,
+    bounded_number,
+    make_agent,
+)
 from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
@@ -49,24 +59,27 @@ class RawReply:
     headers: Mapping[str, str]
 
 
-def _number(row: dict[str, Any], name: str, default: float) -> float:
-    value = row.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"row field {name!r} must be a number, got {value!r}")
-    return float(value)
-
-
 async def stepped_simulated_agent(row: dict[str, Any], steps: Steps) -> dict[str, Any]:
-    total = int(_number(row, "steps", 1))
-    step_s = _number(row, "step_s", _number(row, "sleep_s", 0) / max(total, 1))
-    reward = _number(row, "reward", 1.0)
+    """The simulated agent in steps (see the module docstring). A row past the bounds
+    (:data:`~rl_gym_actors.gym.agents.MAX_SIMULATED_STEPS` steps, ``steps * step_s`` past
+    :data:`~rl_gym_actors.gym.agents.MAX_SIMULATED_S`) is refused before any step
+    (:class:`~rl_gym_actors.gym.agents.SimulatedRowInvalid`); every step yields the loop, so
+    the control plane answers while it runs, even at ``step_s`` 0."""
+    total = int(bounded_number(row, "steps", 1, low=0, high=MAX_SIMULATED_STEPS))
+    sleep_s = bounded_number(row, "sleep_s", 0, low=0, high=MAX_SIMULATED_S)
+    step_s = bounded_number(row, "step_s", sleep_s / max(total, 1), low=0, high=MAX_SIMULATED_S)
+    reward = bounded_number(row, "reward", 1.0, low=-math.inf, high=math.inf)
+    if total * step_s > MAX_SIMULATED_S:
+        raise SimulatedRowInvalid(
+            f"{total} steps of {step_s:g} s is past {MAX_SIMULATED_S:g} s", status=422
+        )
     done = 0
     if isinstance(steps.continuation, dict):
         done = int(steps.continuation.get("step", 0))
     ran = 0
     while done < total:
-        if step_s > 0:
-            await asyncio.sleep(step_s)
+        # a step of 0 s still yields: a boundary that does not park returns without waiting
+        await asyncio.sleep(step_s)
         done += 1
         ran += 1
         await steps.boundary({"step": done})

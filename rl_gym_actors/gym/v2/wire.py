@@ -18,9 +18,15 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from rl_gym_actors.protocol import CHECKPOINT_ID_MAX, ID_PATTERN
+from rl_gym_actors.protocol import (
+    CHECKPOINT_ID_MAX,
+    DEADLINE_TS_MAX,
+    ID_PATTERN,
+    ROLLOUT_ID_MAX,
+    WIRE_INT_MAX,
+)
 
 ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 STATUS_PATH = ROUTE_PREFIX + "/status"
@@ -79,8 +85,9 @@ class EpisodeId(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rollout_id: str = Field(min_length=1, pattern=ID_PATTERN)
-    attempt: int = Field(default=0, ge=0)
+    # the agent-checkpoint side's bounds: what a store holds (a signed 64-bit attempt)
+    rollout_id: str = Field(min_length=1, max_length=ROLLOUT_ID_MAX, pattern=ID_PATTERN)
+    attempt: int = Field(default=0, ge=0, le=WIRE_INT_MAX)
 
     @field_validator("attempt", mode="before")
     @classmethod
@@ -105,7 +112,9 @@ class EpisodeId(BaseModel):
         match = _ATTEMPT_SUFFIX.search(key)
         if match is None:
             return cls(rollout_id=key)
-        return cls(rollout_id=key[: match.start()], attempt=int(match.group(1)))
+        digits = match.group(1)  # more than 19 digits: past 64 bits (and never int() of 5,000)
+        attempt = int(digits) if len(digits) <= 19 else WIRE_INT_MAX + 1
+        return cls(rollout_id=key[: match.start()], attempt=attempt)
 
     def next_attempt(self) -> EpisodeId:
         return EpisodeId(rollout_id=self.rollout_id, attempt=self.attempt + 1)
@@ -123,16 +132,19 @@ def is_valid_v2_rollout_id(value: object) -> bool:
     )
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("deadline_ts must be finite")
+def _deadline(value: Any) -> Any:
+    # requests are parsed lax (strict=False): without this, true and "5" would be deadlines
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("deadline_ts must be a number (Unix seconds)")
+    if not math.isfinite(value) or not 0 <= value <= DEADLINE_TS_MAX:
+        raise ValueError(f"deadline_ts must be a finite Unix time in 0..{DEADLINE_TS_MAX:.0f}")
     return value
 
 
 CheckpointIdField = Annotated[
     str, Field(min_length=1, max_length=CHECKPOINT_ID_MAX, pattern=ID_PATTERN)
 ]
-Deadline = Annotated[float, AfterValidator(_finite)]
+Deadline = Annotated[float, BeforeValidator(_deadline)]
 
 
 class _Request(BaseModel):
@@ -155,6 +167,13 @@ class CommitRequest(CheckpointRequest):
 class RestoreRequest(CheckpointRequest):
     checkpoint_dir: str = Field(min_length=1)
     episode_ids: list[EpisodeId]  # the checkpointed attempts to continue (may be empty)
+
+    @field_validator("episode_ids")
+    @classmethod
+    def _has_next_attempt(cls, value: list[EpisodeId]) -> list[EpisodeId]:
+        if any(e.attempt >= WIRE_INT_MAX for e in value):  # each continues as its next attempt
+            raise ValueError(f"an episode to restore has no next attempt past {WIRE_INT_MAX}")
+        return value
 
 
 class RetireRequest(CheckpointRequest):

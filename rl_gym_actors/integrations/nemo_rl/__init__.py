@@ -34,8 +34,10 @@ _HOME = {
 __all__ = ["DropInConfig", "GymRolloutEnv", "NemoGymDropIn", "use_in_nemo_rl"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any name as Any
+
+    def __getattr__(name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.integrations.nemo_rl.config import section_of
 
 NEMO_GYM_MODULE = "nemo_rl.environments.nemo_gym"
@@ -87,10 +88,36 @@ class NemoGymChooser:
         return getattr(self.original, name)
 
 
+class NemoRlNotFound(ConfigError):
+    """``use_in_nemo_rl()`` found no NeMo RL to install into: its module is not importable in
+    this Python, or has no ``NemoGym``. ``module`` names what was looked for."""
+
+    def __init__(self, message: str, *, module: str) -> None:
+        super().__init__(message)
+        self.module = module
+
+
 def use_in_nemo_rl(module: ModuleType | str = NEMO_GYM_MODULE) -> NemoGymChooser:
-    """Install the chooser in NeMo RL's module (idempotent); returns it."""
-    mod = importlib.import_module(module) if isinstance(module, str) else module
-    current = mod.NemoGym
+    """Install the chooser in NeMo RL's module (idempotent); returns it. Raises
+    :class:`NemoRlNotFound` (a ``ConfigError``) when NeMo RL is not installed here."""
+    name = module if isinstance(module, str) else module.__name__
+    try:
+        mod = importlib.import_module(module) if isinstance(module, str) else module
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not name.startswith(exc.name):
+            raise  # something NeMo RL itself imports is missing: its own error says what
+        raise NemoRlNotFound(
+            f"use_in_nemo_rl(): NeMo RL is not installed in this Python ({exc.name!r} is not "
+            f"importable; looked for {name!r}): call it in the Python that runs NeMo RL, or "
+            f"install NeMo RL there",
+            module=name,
+        ) from None
+    current = getattr(mod, "NemoGym", None)
+    if current is None:
+        raise NemoRlNotFound(
+            f"use_in_nemo_rl(): {name!r} has no NemoGym: not NeMo RL's Gym environment module",
+            module=name,
+        )
     if isinstance(current, NemoGymChooser):
         return current
     chooser = NemoGymChooser(current)

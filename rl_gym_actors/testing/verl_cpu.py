@@ -1,0 +1,361 @@
+"""verl's real v1 trainer loop on CPU, for the adapter's tests and benchmark (verl 0.9.1).
+
+What is verl's own here: the config (``ppo_trainer.yaml`` composed by hydra), the dataset and
+its ``StatefulDataLoader``, TransferQueue, ``AgentLoopManagerTQ`` and its ``AgentLoopWorkerTQ``
+actors building the agent loop from the packaged loop config, the replay buffer, ``fit()``,
+``_save_checkpoint`` / ``_load_checkpoint`` (``resume_mode``) and the checkpoint callback call.
+What stands in for the GPUs: :class:`CpuTrainerMixin` replaces ``init()`` (no worker groups, no
+LLM servers: a stand-in actor worker group that saves a small file) and ``_step_once``'s model
+work (the sampled batch is read back from TransferQueue and logged to ``trained.jsonl``); the
+policy is :func:`agent`, a Gym agent (``gym serve --agent rl_gym_actors.testing.verl_cpu:agent``)
+that "samples" tokens from the rollout id and logs each start and finish.
+
+Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-url U --token T
+--mode sync|colocate_async --steps N`` (one incarnation of a trainer; kill it with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
+
+AGENT_LOG_ENV = "RLGA_VERL_AGENT_LOG"
+VOCAB = 64
+PROMPTS = 12
+
+
+# ---------------------------------------------------------------- the policy (a Gym agent)
+
+
+def expected_reward(rollout_id: str) -> float:
+    """The reward the stand-in policy earns for a rollout (a test compares every trained one)."""
+    return (zlib.crc32(rollout_id.encode()) % 1000) / 1000.0
+
+
+def tokens_for(rollout_id: str, count: int, salt: int) -> list[int]:
+    seed = zlib.crc32(f"{rollout_id}:{salt}".encode())
+    return [3 + (seed >> (i % 24)) % (VOCAB - 3) for i in range(count)]
+
+
+def _log(event: str, key: tuple[str, int]) -> None:
+    path = os.environ.get(AGENT_LOG_ENV)
+    if path:
+        line = json.dumps({"event": event, "rid": key[0], "attempt": key[1], "t": time.time()})
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+async def agent(row: dict[str, Any]) -> dict[str, Any]:
+    """Two model turns in NeMo Gym's reply shape, tokens and reward derived from the rollout id;
+    sleeps ``sleep_s`` (a row field, from the dataset's extra_info)."""
+    rid = str(row.get(ROLLOUT_ID_FIELD))
+    key = (rid, int(row.get(ATTEMPT_INDEX_FIELD, 0)))
+    _log("start", key)
+    try:
+        await asyncio.sleep(float(row.get("sleep_s", 0.0)))
+    except asyncio.CancelledError:
+        _log("cancelled", key)
+        raise
+    prompt = tokens_for(rid, 6, 0)
+    first = tokens_for(rid, 4, 1)
+    tool = tokens_for(rid, 2, 2)
+    second = tokens_for(rid, 3, 3)
+    output = [
+        {
+            "type": "message",
+            "prompt_token_ids": prompt,
+            "generation_token_ids": first,
+            "generation_log_probs": [-0.5] * len(first),
+        },
+        {
+            "type": "message",
+            "prompt_token_ids": prompt + first + tool,
+            "generation_token_ids": second,
+            "generation_log_probs": [-0.25] * len(second),
+        },
+    ]
+    _log("finish", key)
+    return {"id": f"r-{rid}", "response": {"output": output}, "reward": expected_reward(rid)}
+
+
+# ---------------------------------------------------------------- files verl reads
+
+
+def write_model_dir(path: Path) -> Path:
+    """A tokenizer and a model config verl's ``HFModelConfig`` loads (nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(str(path))
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": VOCAB,
+        "n_embd": 8,
+        "n_layer": 1,
+        "n_head": 1,
+        "n_positions": 256,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def write_dataset(path: Path, prompts: int = PROMPTS, sleep_s: float = 0.5) -> Path:
+    import pandas as pd
+
+    rows = [
+        {
+            "data_source": "rlga",
+            "prompt": [{"role": "user", "content": f"w{3 + i % 60} w{4 + i % 59}"}],
+            "extra_info": {"index": i, "sleep_s": sleep_s},
+        }
+        for i in range(prompts)
+    ]
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def compose(overrides: list[str]) -> Any:
+    import verl.trainer
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir = str(Path(verl.trainer.__file__).parent / "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def trainer_config(
+    workdir: Path,
+    endpoints: list[dict[str, str]],
+    mode: str,
+    steps: int,
+    batch: int = 4,
+    n: int = 2,
+    save_freq: int = 1,
+    sleep_s: float = 0.5,
+    run_id: str = "vcpu",
+    extra: list[str] | None = None,
+) -> Any:
+    from omegaconf import OmegaConf, open_dict
+
+    from rl_gym_actors.integrations.verl.agent_loop import LOOP_CONFIG
+
+    model = write_model_dir(workdir / "model")
+    data = workdir / "train.parquet"
+    if not data.exists():
+        write_dataset(data, sleep_s=sleep_s)
+    overrides = [
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"data.train_batch_size={batch}",
+        "data.filter_overlong_prompts=False",
+        "data.dataloader_num_workers=0",
+        "data.max_prompt_length=64",
+        "data.max_response_length=64",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.prompt_length=64",
+        "actor_rollout_ref.rollout.response_length=64",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={LOOP_CONFIG}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=rl_gym_actors",
+        "trainer.checkpoint_callback_class="
+        "rl_gym_actors.integrations.verl.checkpoints.GymCheckpointCallback",
+        f"trainer.v1.trainer_mode={mode}",
+        f"trainer.default_local_dir={workdir / 'ckpt'}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={save_freq}",
+        "trainer.resume_mode=auto",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console]",
+        "trainer.n_gpus_per_node=0",
+        "algorithm.adv_estimator=grpo",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+        *(extra or []),
+    ]
+    config = compose(overrides)
+    with open_dict(config):
+        config.rl_gym_actors = {"endpoints": endpoints, "run_id": run_id}
+        config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    return config
+
+
+# ---------------------------------------------------------------- the trainer's stand-ins
+
+
+class _StandInWorkerGroup:
+    """The actor worker group's checkpoint calls, on CPU: a file per save."""
+
+    def save_checkpoint(self, local_path: str, *args: Any, **kwargs: Any) -> None:
+        Path(local_path).mkdir(parents=True, exist_ok=True)
+        (Path(local_path) / "weights.json").write_text(json.dumps({"saved": time.time()}))
+
+    def load_checkpoint(self, local_path: str, *args: Any, **kwargs: Any) -> None:
+        if not (Path(local_path) / "weights.json").is_file():
+            raise FileNotFoundError(local_path)
+
+
+class _StandInWeights:
+    def update_weights(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def sleep_replicas(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def abort_replicas(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def resume_generation_replicas(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _NoRewardWorkers:
+    # not None: verl then computes no colocated reward (the agent loop's reward is the one used)
+    reward_loop_worker_handles: tuple[object, ...] = (object(),)
+
+
+class CpuTrainerMixin:
+    """``init()`` and the model work of ``_step_once`` on CPU (see the module docstring)."""
+
+    def init(self) -> None:
+        me: Any = self
+        me._init_tokenizer()
+        me._init_dataloader()
+        me._init_dump_executor()
+        me.actor_rollout_wg = _StandInWorkerGroup()
+        me.checkpoint_manager = _StandInWeights()
+        me.reward_loop_manager = _NoRewardWorkers()
+        me.use_critic = False
+        me.curr_step_profile = False
+        me._load_checkpoint()
+        me.on_init_end()
+
+    def get_llm_client(self) -> Any:
+        return None
+
+    def get_teacher_client(self) -> Any:
+        return None
+
+    def get_reward_handles(self) -> Any:
+        return None
+
+    def _start_profiling(self) -> None:
+        return None
+
+    def _stop_profiling(self) -> None:
+        return None
+
+    def _compute_metrics(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_step_begin(self) -> None:
+        me: Any = self
+        _append(Path(me.config.trainer.default_local_dir).parent / "steps.jsonl", me.global_steps)
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> Any:
+        import transfer_queue as tq
+
+        me: Any = self
+        batch, _ = me.replay_buffer.sample(
+            global_steps=me.global_steps, partition_id="train", batch_size=sample_batch_size
+        )
+        tags = zip(batch.keys, batch.tags, strict=True)
+        keys = [k for k, tag in tags if not tag.get("is_padding", False)]
+        data = tq.kv_batch_get(keys=keys, partition_id="train") if keys else None
+        log = Path(me.config.trainer.default_local_dir).parent / "trained.jsonl"
+        for i, key in enumerate(keys):
+            extra = data["extra_fields"][i] if data is not None else {}
+            extra = getattr(extra, "data", extra)
+            reward = float(data["rm_scores"][i].sum()) if data is not None else None
+            record = {
+                "step": me.global_steps,
+                "key": key,
+                "rid": extra.get("rlga_rollout_id"),
+                "reward": reward,
+                "adopted": extra.get("rlga_adopted"),
+                "repeated": extra.get("rlga_repeated"),
+            }
+            with open(log, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return batch
+
+
+def _append(path: Path, step: int) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": step, "t": time.time()}) + "\n")
+
+
+def trainer_class(mode: str) -> type:
+    from rl_gym_actors.integrations.verl import trainer as gym_trainers
+
+    base = {
+        "rlga_sync": gym_trainers.GymPPOTrainerSync,
+        "rlga_colocate_async": gym_trainers.GymPPOTrainerColocateAsync,
+    }[mode]
+    return type(f"Cpu{base.__name__}", (CpuTrainerMixin, base), {})
+
+
+def run(config: Any) -> None:
+    """One trainer incarnation, as verl's ``TaskRunnerV1.run`` does it (in this process)."""
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+    tq.init(config.transfer_queue)
+    try:
+        trainer = trainer_class(str(config.trainer.v1.trainer_mode))(config=config)
+        trainer.init()
+        manager = AgentLoopManagerTQ.create(
+            config=config, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
+        )
+        trainer.fit(manager)
+    finally:
+        tq.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_gym_actors.testing.verl_cpu")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--gym-url", required=True)
+    parser.add_argument("--token", default=None)
+    parser.add_argument("--mode", default="rlga_sync")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sleep-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    from rl_gym_actors.actors.runtime import start_local_ray
+
+    workdir = Path(args.workdir)
+    endpoint = {"url": args.gym_url, **({"token": args.token} if args.token else {})}
+    config = trainer_config(workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s)
+    start_local_ray(num_cpus=16, include_dashboard=False, log_to_driver=False)
+    run(config)
+    (workdir / "done").write_text("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
