@@ -23,7 +23,12 @@ from typing import Any
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
 from rl_gym_actors.integrations.skyrl.ids import trajectory_rollout_id
-from rl_gym_actors.integrations.skyrl.replies import ReplyMapper, output_from, trajectory_from_reply
+from rl_gym_actors.integrations.skyrl.replies import (
+    PLACEHOLDER_PREFIX,
+    ReplyMapper,
+    output_from,
+    trajectory_from_reply,
+)
 from rl_gym_actors.orchestrator import Orchestrator
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
@@ -142,9 +147,10 @@ class GymGenerator(GeneratorInterface):
         meta = input_batch.get("batch_metadata")
         if getattr(meta, "training_phase", "train") == "train":
             epoch = self.current_epoch()
-            with self._lock:
-                for row, group in zip(rows, groups, strict=True):
-                    self._handed.setdefault((epoch, group), []).append(row[ROLLOUT_ID_FIELD])
+            with self._lock:  # the results handed out (a masked placeholder is none)
+                for row, group, stop in zip(rows, groups, out["stop_reasons"], strict=True):
+                    if not str(stop).startswith(PLACEHOLDER_PREFIX):
+                        self._handed.setdefault((epoch, group), []).append(row[ROLLOUT_ID_FIELD])
         return out  # a plain dict with GeneratorOutput's keys
 
     def untrained(self, epoch: int, trained: Sequence[str]) -> list[str]:
