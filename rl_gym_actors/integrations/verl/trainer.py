@@ -60,13 +60,15 @@ class GymUids:
         loader = me.train_dataloader
         if me.train_dataloader_it is None:
             me.train_dataloader_it = iter(loader)
-        if self._rlga_batch >= len(loader):  # restored at an epoch's end
-            self._rlga_epoch, self._rlga_batch = self._rlga_epoch + 1, 0
         try:
             batch_dict = next(me.train_dataloader_it)
+            new_epoch = False
         except StopIteration:
             me.train_dataloader_it = iter(loader)
             batch_dict = next(me.train_dataloader_it)
+            new_epoch = True
+        # a new epoch: the loader ran out, or it was restored at an epoch's end (once, not twice)
+        if new_epoch or self._rlga_batch >= len(loader):
             self._rlga_epoch, self._rlga_batch = self._rlga_epoch + 1, 0
         count = len(batch_dict["raw_prompt"])
         uids = [prompt_uid(self._rlga_epoch, self._rlga_batch, i) for i in range(count)]
