@@ -66,7 +66,11 @@ async def main_async(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(write_tokenizer(work / "tokenizer"))
     server = GymServerProcess(agent="rl_gym_actors.testing.skyrl_cpu:policy_agent")
     server.start()
-    await asyncio.to_thread(ensure_ray)
+    try:
+        await asyncio.to_thread(ensure_ray)
+    except BaseException:
+        server.stop()  # no Ray (an overloaded machine): the server goes too
+        raise
     orch = Orchestrator(
         [server.endpoint],
         pool_size=pool,
