@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the lazy names, as the type checker sees them (no __getattr
     from rl_gym_actors.orchestrator import IndexedOutcome, Orchestrator
     from rl_gym_actors.outcome import Outcome
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Heavier pieces load on first use so that `import rl_gym_actors` stays cheap (no Ray import).
 _LAZY = {
