@@ -24,12 +24,13 @@ import logging
 from collections.abc import Callable, Sequence, Set
 
 from rl_gym_actors.actors.gate_endpoint import EndpointTally
+from rl_gym_actors.actors.handover import replay_receipt
 from rl_gym_actors.core.attempt_book import AttemptBook
 from rl_gym_actors.core.prepare_plan import Step
 from rl_gym_actors.core.rollout.events import Seal, outcome_of
 from rl_gym_actors.errors import RlGymError, StaleAttempt
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.listing import receipt_digest, receipt_model
+from rl_gym_actors.listing import receipt_digest
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.protocol import result_digest
 
@@ -89,10 +90,7 @@ async def unrecorded_results(
                 return None
             except RlGymError as exc:
                 raise NotRecorded(step.key, f"{type(exc).__name__}: {exc}") from exc
-        receipt = got.receipt
-        if receipt is None and step.receipt is not None:
-            with contextlib.suppress(ValueError):  # the listing's, malformed: none
-                receipt = receipt_model(step.receipt)
+        receipt = replay_receipt(got, step)
         expected = book.sealed_digest(*step.key)
         if expected is None and step.receipt is not None:
             with contextlib.suppress(ValueError, KeyError, TypeError):

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rl_gym_actors.actors.gate_endpoint import EndpointTally
 from rl_gym_actors.core.attempt_book import AttemptBook
@@ -33,6 +34,16 @@ logger = logging.getLogger(__name__)
 
 CONCURRENCY = 16
 REASON = "handed over unsettled; its run finished and the checkpoint gate adopted it"
+
+
+def replay_receipt(got: Any, step: Step) -> Any:
+    """The receipt of a replayed held attempt: the replay's own, else the one the listing gave
+    (none when that one is malformed)."""
+    receipt = got.receipt
+    if receipt is None and step.receipt is not None:
+        with contextlib.suppress(ValueError):
+            receipt = receipt_model(step.receipt)
+    return receipt
 
 
 def handed_over(book: AttemptBook, held: Sequence[Step]) -> list[Step]:
@@ -82,11 +93,7 @@ async def adopt_handed_over(
             # the server ran it afresh: it did not hold the key completed after all
             logger.warning("%s: handed-over %s was not a replay", tally.endpoint.label, step.key)
             return None
-        receipt = got.receipt
-        if receipt is None and step.receipt is not None:
-            with contextlib.suppress(ValueError):  # the listing's, malformed: none
-                receipt = receipt_model(step.receipt)
-        seal = Seal(step.attempt_index, got.reply, receipt, adopted=True)
+        seal = Seal(step.attempt_index, got.reply, replay_receipt(got, step), adopted=True)
         return outcome_of(
             step.rollout_id,
             "abandoned",
