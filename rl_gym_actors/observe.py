@@ -174,7 +174,7 @@ def snapshot_table(name: str, snap: LedgerSnapshot) -> str:
 def snapshot_summary(snap: Any) -> str:
     """An orchestrator's snapshot in a few lines: the pool, what the driver received, the live
     rollout actors' counters, the ledger and each endpoint (actor names and leases stay in
-    ``snap.pool``). ACKs are named where they happen: the actors' own (``ack="immediate"``) on
+    ``snap.pool``). ACKs are named where they happen: the actors' own (``ack="on_seal"``) on
     their line, every ACK of an endpoint on its line; a v2 endpoint, which has no ACK, counts
     results kept until a checkpoint and results forgotten at one instead."""
     p, led, a, got = snap.pool, snap.ledger, snap.actors, snap.received

@@ -22,7 +22,7 @@ from rl_gym_actors.received import Received, ReceivedCounts
 class ActorTotals(RolloutCounters):
     """The rollout actors' counters, summed over the actors alive now (what a dead actor
     counted is gone with it: :attr:`OrchestratorSnapshot.received` is what the driver got).
-    ``acks`` counts the ACKs the actors sent themselves (``ack="immediate"``); the checkpoint
+    ``acks`` counts the ACKs the actors sent themselves (``ack="on_seal"``); the checkpoint
     gate's ACKs are the ledger's (each endpoint's ``acked``)."""
 
     actors: int = 0
