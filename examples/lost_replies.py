@@ -77,6 +77,10 @@ def gym(endpoint: GymEndpoint, method: str, *args, **kwargs):
 async def wire_steps(endpoint: GymEndpoint, check: Checks) -> None:
     say = check.say
     say("== 0. The protocol's seven-step example, against the Gym server ==")
+    say("  (words used below: '(rD, 0)' is one try, rollout id rD, attempt index 0;")
+    say("   'execution_generation' counts how many times Gym's agent ran that try;")
+    say("   'ACKed': the trainer told Gym it has the result, so Gym may let it go;")
+    say("   'tombstoned': a try cancelled for good, never run or stored again)")
     async with GymClient(endpoint) as c:
         soon = lambda: time.time() + 10  # noqa: E731
         try:
@@ -276,6 +280,10 @@ def run_demo(say: Say = print) -> bool:
         say(f"Gym server: {ep.url} (pid {server.pid})")
         asyncio.run(wire_steps(ep, check))
         t = time.perf_counter()
+        say(
+            "Starting a local Ray and 2 rollout actors (one process each; 10-40 s on a busy "
+            "machine, nothing to see meanwhile) ..."
+        )
         with Orchestrator(
             [ep], policy=POLICY, pool_size=2, rollouts_per_actor=2, progress=False
         ) as orch:

@@ -397,6 +397,16 @@ def gym_abort(args: argparse.Namespace) -> int:
                 if found.protocol is CheckpointProtocol.V2
                 else client.resume
             )
+            if found.protocol is CheckpointProtocol.V2 and found.status is not None:
+                _check_holds(args.checkpoint_id, found.status.checkpoint_id, endpoint.url)
+            else:
+                from rl_gym_actors.observe import STATUS_CHECKPOINT_ID
+
+                # the token first (capabilities take none): a wrong one is named as such
+                await client.status(STATUS_CHECKPOINT_ID, deadline_ts=deadline_ts)
+                caps = await client.capabilities(deadline_ts=deadline_ts)
+                if caps is not None:  # (a server without capabilities: resumed as asked)
+                    _check_holds(args.checkpoint_id, caps.active_checkpoint_id, endpoint.url)
             answer = await resume(args.checkpoint_id, deadline_ts=deadline_ts)
         return answer.model_dump(mode="json", exclude_none=True)
 
@@ -406,6 +416,23 @@ def gym_abort(args: argparse.Namespace) -> int:
         raise cli_support.gym_failure(exc, endpoint.url, args.timeout_s) from None
     print(json.dumps({"checkpoint_id": args.checkpoint_id, "url": endpoint.url, **answer}))
     return 0
+
+
+class CheckpointNotHeld(cli_support.CliError):
+    """``gym abort --checkpoint-id ID`` for a checkpoint that does not hold the server (a
+    mistyped id, or one already resumed): nothing is sent, so the id is not spent. Exit 2."""
+
+
+def _check_holds(asked: str, holding: str | None, url: str) -> None:
+    """Refuse to resume ``asked`` on a server that says ``holding`` holds it instead (resume
+    spends any id it is given: a mistyped one would be spent and the real one left holding)."""
+    if holding == asked:
+        return
+    now = f"{holding} does (gym abort --checkpoint-id {holding})" if holding else "none does"
+    raise CheckpointNotHeld(
+        f"checkpoint_not_held: checkpoint {asked} does not hold {url}, {now}; nothing was "
+        f"resumed and {asked} is not spent"
+    )
 
 
 # ---------------------------------------------------------------- the entry point

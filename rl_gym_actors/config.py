@@ -213,12 +213,20 @@ def policy_with_ack(policy: TryPolicy, ack: str | None) -> TryPolicy:
 
 
 class PoolConfig(_Settings):
-    """The warm pool of rollout actors. ``size * rollouts_per_actor`` caps rollouts in flight."""
+    """The warm pool of rollout actors. ``size * rollouts_per_actor`` caps rollouts in flight.
+    ``log_level``: the level of the actors' ``rl_gym_actors`` loggers (``WARNING`` by default;
+    ``INFO`` or ``DEBUG`` to see each try); their lines go to stderr in Ray's worker logs."""
 
     size: Annotated[int, Field(ge=1)] = 16
     rollouts_per_actor: Annotated[int, Field(ge=1)] = 1
     num_cpus: Annotated[float, Field(ge=0)] = 0.0
     spread: bool = True  # SPREAD scheduling across nodes
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
 
 def pool_with(pool: PoolConfig, size: int | None, rollouts_per_actor: int | None) -> PoolConfig:

@@ -172,27 +172,41 @@ def snapshot_table(name: str, snap: LedgerSnapshot) -> str:
 
 
 def snapshot_summary(snap: Any) -> str:
-    """An orchestrator's snapshot in a few lines: the pool, the rollouts, the ledger and each
-    endpoint (actor names and leases stay in ``snap.pool``)."""
-    p, led, a = snap.pool, snap.ledger, snap.actors
+    """An orchestrator's snapshot in a few lines: the pool, what the driver received, the live
+    rollout actors' counters, the ledger and each endpoint (actor names and leases stay in
+    ``snap.pool``). ACKs are named where they happen: the actors' own (``ack="on_seal"``) on
+    their line, every ACK of an endpoint on its line; a v2 endpoint, which has no ACK, counts
+    results kept until a checkpoint and results forgotten at one instead."""
+    p, led, a, got = snap.pool, snap.ledger, snap.actors, snap.received
     lines = [
         f"orchestrator {snap.orchestrator_id}: {len(p.actors)} rollout actor(s) x "
         f"{p.rollouts_per_actor} slot(s), {p.leased} leased, {p.replaced} replaced, "
         f"started in {p.startup_s:.1f} s; {snap.known_rollouts} rollouts known, "
         f"{snap.in_flight} in flight",
-        f"  rollouts: {a.sealed} sealed, {a.failed} failed, {a.abandoned} abandoned; "
-        f"{a.tries} tries, {a.adoptions} adopted, {a.acks} ACKed",
+        f"  received by the driver: {got.sealed} sealed, {got.failed} failed, "
+        f"{got.abandoned} abandoned",
+        f"  rollout actors ({a.actors} alive; a dead one's counts go with it): {a.sealed} "
+        f"sealed, {a.failed} failed, {a.abandoned} abandoned; {a.tries} tries, "
+        f"{a.adoptions} adopted, {a.acks} ACKed by the actors themselves",
         f"  ledger: {led.rollouts} rollouts, {led.attempts} attempts; checkpoints "
         f"{led.checkpoints_committed} committed, {led.checkpoints_failed} failed "
         f"(last: {led.last_checkpoint_id or '-'}); book "
         f"{'consistent' if led.invariant_ok else 'BROKEN'}",
     ]
+    protocols = getattr(snap, "protocols", {}) or {}
     for e in led.endpoints.values():
-        lines.append(
-            f"  {e.endpoint}: {e.dispatched} dispatched = {e.running} running + "
-            f"{e.completed_unacked} un-ACKed + {e.acked} ACKed + {e.tombstoned} tombstoned "
-            f"({e.adopted} adopted)"
-        )
+        if protocols.get(e.endpoint) == "v2":
+            lines.append(
+                f"  {e.endpoint} (v2, no ACK): {e.dispatched} dispatched = {e.running} running "
+                f"+ {e.completed_unacked} sealed, kept until a checkpoint + {e.acked} forgotten "
+                f"at a checkpoint + {e.tombstoned} tombstoned ({e.adopted} adopted)"
+            )
+        else:
+            lines.append(
+                f"  {e.endpoint}: {e.dispatched} dispatched = {e.running} running + "
+                f"{e.completed_unacked} un-ACKed + {e.acked} ACKed (by the actors or a "
+                f"checkpoint) + {e.tombstoned} tombstoned ({e.adopted} adopted)"
+            )
     return "\n".join(lines)
 
 

@@ -79,6 +79,7 @@ from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
 from rl_gym_actors.protocol import is_valid_rollout_id
 from rl_gym_actors.ray_attach import check_env_address
+from rl_gym_actors.received import Received
 from rl_gym_actors.rows import (
     ENDPOINT_FIELD,
     RowPlanner,
@@ -160,6 +161,7 @@ class Orchestrator:
         self._runner: RowRunner | None = None
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
         parts.load_part(self._memory, part, sealed)
+        self._received = Received()  # the outcomes handed to the trainer (snapshot())
         self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
         self._dead = None if part is None else (restore_from, part.checkpoint_id)
         self.restore_report: RestoreReport | None = None  # what the last v2 restore did
@@ -505,10 +507,10 @@ class Orchestrator:
         that :meth:`Stream.add` feeds."""
         _, runner, _ = await self._ready()
         if rows is None:
-            return Stream(runner, self._planner, self._memory, fail_fast, None)
+            return Stream(runner, self._planner, self._memory, fail_fast, None, self._received)
         items = self._planner.plan(rows)
         bar = bar_for(len(items), self.progress)
-        stream = Stream(runner, self._planner, self._memory, fail_fast, bar)
+        stream = Stream(runner, self._planner, self._memory, fail_fast, bar, self._received)
         for item in items:
             stream.dispatch(item)
         stream.end_of_rows_now()
@@ -657,4 +659,6 @@ class Orchestrator:
 
     async def _snapshot(self) -> OrchestratorSnapshot:
         pool, _, client = await self._ready()
-        return await OrchestratorSnapshot.take(self.id, pool, client, self._memory, START_TIMEOUT_S)
+        return await OrchestratorSnapshot.take(
+            self.id, pool, client, self._memory, self._received, START_TIMEOUT_S
+        )

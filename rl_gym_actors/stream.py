@@ -24,6 +24,7 @@ from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.dispatch import Batch, RowRunner
 from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.outcome import Outcome
+from rl_gym_actors.received import Received
 from rl_gym_actors.rows import RowItem, RowPlanner
 
 
@@ -45,8 +46,10 @@ class Stream:
         memory: RolloutMemory,
         fail_fast: bool,
         bar: Any,
+        received: Received | None = None,
     ) -> None:
         self._runner, self._planner, self._memory, self._bar = runner, planner, memory, bar
+        self._received = received or Received()  # what was handed out (snapshot()'s counts)
         self._batch = Batch(fail_fast)
         self._tasks: set[asyncio.Task] = set()
         self._ended: list[IndexedOutcome] = []
@@ -103,6 +106,7 @@ class Stream:
                 raise self._error
             if self._ended:
                 ended, self._ended = self._ended, []
+                self._received.add(o.outcome for o in ended)
                 return ended
             if self._rows_done and not self._tasks:
                 return None
@@ -139,6 +143,8 @@ class Stream:
             return
         self._stopped = True
         self._rows_done = True
+        untaken = list(untaken)
+        self._received.add((o.outcome for o in untaken), -1)  # returned by next(), not taken
         if self._tasks and not self._cancelled:
             self._runner.stop(self._batch)
         if self._tasks:

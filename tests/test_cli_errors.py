@@ -132,6 +132,40 @@ def test_a_wrong_token_exits_2_for_status_and_abort_alike(capsys, gym):
         assert "refused the control-plane token" in one_line(err, "rl-gym-actors ")
 
 
+def test_abort_of_a_checkpoint_that_does_not_hold_the_server_is_refused_and_spends_nothing(
+    capsys, gym
+):
+    """A mistyped id: exit 2, one line naming the checkpoint that holds the server (or none),
+    and nothing sent: the id is not spent (it can still prepare) and the holder still holds."""
+    token = ("--token", "test-token")
+    code, out, err = cli(capsys, "gym", "abort", gym.url, *token, "--checkpoint-id", "cp-typo")
+    assert (code, out) == (2, "")
+    line = one_line(err, "rl-gym-actors gym abort: checkpoint_not_held: ")
+    assert "none does" in line and "cp-typo is not spent" in line
+
+    async def prepare(checkpoint_id: str) -> None:
+        async with GymClient(gym.endpoint) as client:
+            await client.prepare(checkpoint_id, deadline_ts=soon())
+
+    async def held() -> str | None:
+        async with GymClient(gym.endpoint) as client:
+            caps = await client.capabilities(deadline_ts=soon())
+            return None if caps is None else caps.active_checkpoint_id
+
+    asyncio.run(prepare("cp-held"))
+    try:
+        code, _, err = cli(capsys, "gym", "abort", gym.url, *token, "--checkpoint-id", "cp-typo")
+        assert code == 2
+        assert "cp-held does (gym abort --checkpoint-id cp-held)" in one_line(err, "rl-gym")
+        assert asyncio.run(held()) == "cp-held"  # still held: nothing was resumed
+    finally:
+        code, _, err = cli(capsys, "gym", "abort", gym.url, *token, "--checkpoint-id", "cp-held")
+    assert code == 0, err
+    asyncio.run(prepare("cp-typo"))  # never spent: it prepares (a spent id is stale)
+    code, _, err = cli(capsys, "gym", "abort", gym.url, *token, "--checkpoint-id", "cp-typo")
+    assert code == 0, err
+
+
 def test_no_server_exits_1_for_status_and_abort_alike_with_either_timeout_flag(capsys):
     url = f"http://127.0.0.1:{closed_port()}"
     for argv in (["status", url], ["gym", "abort", url, "--checkpoint-id", "c"]):

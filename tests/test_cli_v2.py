@@ -71,6 +71,20 @@ def test_gym_abort_resumes_the_v2_checkpoint_that_holds_the_server(capsys, v2):
     assert asyncio.run(_phase(v2)) == "idle"
 
 
+def test_gym_abort_of_another_v2_checkpoint_id_is_refused(capsys, v2):
+    asyncio.run(_prepare(v2, "held-v2"))
+    code, out, err = cli(capsys, "gym", "abort", v2.url, "--token", "t", "--checkpoint-id",
+                         "typo-v2")  # fmt: skip
+    assert (code, out) == (2, "")
+    assert "checkpoint_not_held: checkpoint typo-v2 does not hold" in err
+    assert "held-v2 does" in err and err.count("\n") == 1
+    assert asyncio.run(_phase(v2)) != "idle"  # still held
+    code, _, err = cli(capsys, "gym", "abort", v2.url, "--token", "t", "--checkpoint-id",
+                       "held-v2")  # fmt: skip
+    assert code == 0, err
+    assert asyncio.run(_phase(v2)) == "idle"
+
+
 def test_a_v2_server_serves_metrics(v2):
     asyncio.run(_run_one(v2, "m-v2"))
 

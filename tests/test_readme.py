@@ -63,3 +63,8 @@ def test_a_readme_block_runs_as_pasted(line, tmp_path):
         assert " committed in " in done.stdout
         assert "book consistent" in done.stdout
         assert len(done.stdout.splitlines()) < 40
+    if "orch.astream(" in code:  # the async snippet: 4 rows streamed, one sent again
+        streamed = [line for line in done.stdout.splitlines() if " step-1-row-" in line]
+        assert len(streamed) == 4 and all(" sealed " in line for line in streamed)
+        assert "sent again: sealed repeated" in done.stdout
+        assert "received by the driver: 5 sealed, 0 failed" in done.stdout

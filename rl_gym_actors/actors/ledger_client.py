@@ -136,6 +136,10 @@ class LedgerClient:
     async def snapshot(self, *, timeout_s: float) -> LedgerSnapshot:
         return await self._call("snapshot", lambda: self.handle.snapshot.remote(), timeout_s)
 
+    async def protocols(self, *, timeout_s: float) -> dict[str, str]:
+        """Each endpoint's checkpoint protocol (``"agent"`` or ``"v2"``), by URL."""
+        return await self._call("protocols", lambda: self.handle.protocols.remote(), timeout_s)
+
     async def current_attempt(self, rollout_id: str, *, timeout_s: float) -> int | None:
         return await self._call(
             "current_attempt", lambda: self.handle.current_attempt.remote(rollout_id), timeout_s

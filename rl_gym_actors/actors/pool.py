@@ -134,6 +134,7 @@ class WarmPool:
             self._ledger,
             self._ledger_config,
             self._config.rollouts_per_actor,
+            log_level=self._config.log_level,
         )
         return _Member(generation, name, handle, asyncio.Event())
 

@@ -438,6 +438,18 @@ async def _discard(batch: list) -> None:
     return None
 
 
+def set_actor_log_level(level: str) -> None:
+    """The ``rl_gym_actors`` loggers of this actor process at ``level`` (PoolConfig.log_level),
+    written to stderr (Ray's worker log) when below WARNING: Python's last-resort handler shows
+    WARNING and up only."""
+    root = logging.getLogger("rl_gym_actors")
+    root.setLevel(level)
+    if logging.getLevelName(level) < logging.WARNING and not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class RolloutActor(RolloutWorker):
     """A :class:`RolloutWorker` as a Ray actor, reporting to the ledger actor ``ledger``.
@@ -452,7 +464,11 @@ class RolloutActor(RolloutWorker):
         ledger: Any,
         ledger_config: LedgerConfig | None = None,
         slots: int = 1,
+        *,
+        log_level: str = "WARNING",
     ) -> None:
+        set_actor_log_level(log_level)
+
         async def send(batch: list) -> None:
             await ledger.report.remote(batch)
 
