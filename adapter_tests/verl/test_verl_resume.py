@@ -183,9 +183,10 @@ def test_sync_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
 
 @pytest.mark.adapters
 @pytest.mark.xfail(
-    strict=True,
-    reason="issue 27: rows in flight at a checkpoint are ACKed before they are durable, and "
-    "handed results are kept one interval only (orch.checkpoint(keep=...) is not in main yet)",
+    strict=False,
+    reason="issue 28: the layer's keep= (issue 27) is in, but this case's kill instants are the "
+    "sync mode's: the async trainer has saved global_step_2 by the time A's step-2 sessions "
+    "finish on Gym (seen with verl 0.9.1), so the test must pick its instants anew",
 )
 def test_colocate_async_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
     _resume_twice(tmp_path, "rlga_colocate_async")
