@@ -68,6 +68,7 @@ FLOORS = {
     "stream": 5,
     "dispatch": 5,
     "held_results": 5,
+    "received": 5,
     "checkpoint_part": 5,
     "observe": 5,
     "progress": 5,
