@@ -271,39 +271,16 @@ def test_ledger_against_nothing_is_one_line_exit_1():
     assert "start it (`ray start --head" in one_line(err, "rl-gym-actors ledger: nothing answers")
 
 
-RAY_HEAD = """
-import sys, time, ray
-ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
-print(ray.get_runtime_context().gcs_address, flush=True)
-time.sleep(600)
-"""
-
-
 @pytest.mark.slow  # a Ray of its own, with token authentication on
 def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
-    import signal
+    from rl_gym_actors.testing.token_ray import token_ray_head
 
-    env = {
-        **os.environ,
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": "a" * 64,
-    }
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(
-        [sys.executable, "-c", RAY_HEAD],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-        start_new_session=True,  # its Ray processes share its process group
-    )
-    try:
-        assert head.stdout is not None
-        address = head.stdout.readline().strip()
-        if not address:  # Ray's own start-up timed out (a machine at load 20+): not under test
-            pytest.skip(f"the token-authenticated Ray head did not start (exit {head.wait()})")
-        client_env = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+    with token_ray_head("a" * 64) as address:
+        if address is None:  # Ray's own start-up timed out (a machine at load 20+): not under test
+            pytest.skip("the token-authenticated Ray head did not start")
+        client_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        client_env.pop("RAY_ADDRESS", None)
+        client_env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         client_env["RAY_AUTH_TOKEN"] = "b" * 64
         client_env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token of this machine's
         done = subprocess.run(
@@ -327,9 +304,6 @@ def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
             done.stderr, "rl-gym-actors ledger: Ray at"
         )
         assert "RAY_AUTH_TOKEN" in done.stderr
-    finally:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
 
 
 def test_status_refuses_a_negative_limit_in_one_line(capsys):

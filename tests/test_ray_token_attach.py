@@ -7,7 +7,6 @@ group of its own (killed by its id at the end)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ import time
 import pytest
 
 from rl_gym_actors.testing.polling import scaled
+from rl_gym_actors.testing.token_ray import token_ray_head
 
 pytestmark = pytest.mark.slow  # a Ray of its own, with token authentication on
 
 TOKEN = "c" * 64
-HEAD = """
-import time, ray
-ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
-print(ray.get_runtime_context().gcs_address, flush=True)
-time.sleep(900)
-"""
 CLIENT = """
 import time
 from rl_gym_actors import Orchestrator, TryPolicy
@@ -59,22 +53,9 @@ def client(address: str, token: str, home) -> subprocess.CompletedProcess[str]:
 
 
 def test_attach_with_the_token_file_works_and_a_wrong_token_fails_fast(tmp_path):
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)
-    env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen(
-        [sys.executable, "-c", HEAD],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-        start_new_session=True,  # its Ray processes share its process group
-    )
-    try:
-        assert head.stdout is not None
-        address = head.stdout.readline().strip()
-        if not address:  # Ray's own start-up timed out (a machine at load 20+): not under test
-            pytest.skip(f"the token-authenticated Ray head did not start (exit {head.wait()})")
+    with token_ray_head(TOKEN, num_cpus=4) as address:
+        if address is None:  # Ray's own start-up timed out (a machine at load 20+): not under test
+            pytest.skip("the token-authenticated Ray head did not start")
         (tmp_path / "good").mkdir()
         good = client(address, TOKEN, tmp_path / "good")
         assert good.stdout.startswith("ran sealed 0.25"), good.stdout + good.stderr[-2000:]
@@ -85,6 +66,3 @@ def test_attach_with_the_token_file_works_and_a_wrong_token_fails_fast(tmp_path)
         assert "RAY_AUTH_TOKEN" in bad.stdout and "RAY_AUTH_MODE=token" in bad.stdout
         assert "Traceback" not in bad.stderr
         assert time.monotonic() - started < scaled(30)  # not Ray's 20 s of retries and more
-    finally:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
