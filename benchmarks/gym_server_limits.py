@@ -26,6 +26,8 @@ from typing import Any
 
 from common import MB, Result, bench_main, fmt, progress
 
+from rl_gym_actors.testing.raw_http import until_closed
+
 MIB = 1 << 20
 ANNOUNCE = 64 * MIB
 BIG = 200 * 1000 * 1000
@@ -65,19 +67,6 @@ class RssPeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-async def _until_closed(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
-    got = b""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                chunk = await reader.read(65536)
-            except ConnectionError:
-                return got
-            if not chunk:
-                return got
-            got += chunk
 
 
 async def _run_latencies(url: str, n: int, stop: asyncio.Event | None = None) -> list[float]:
@@ -135,7 +124,7 @@ async def big_body(url: str, pid: int, chunked: bool) -> dict[str, Any]:
     with RssPeak(pid) as rss:
         latency = asyncio.ensure_future(_run_latencies(url, 0, stop))
         sender = asyncio.ensure_future(send())
-        answer = await _until_closed(reader, 60)
+        answer = await until_closed(reader, 60)
         await asyncio.wait_for(sender, 60)
         stop.set()
         during = await latency
@@ -167,7 +156,7 @@ async def slow_loris(url: str, n: int, header_s: float) -> dict[str, Any]:
                     return
 
         dripping = asyncio.ensure_future(drip())
-        await _until_closed(reader, header_s * 20)
+        await until_closed(reader, header_s * 20)
         dripping.cancel()
         writer.close()
         return time.perf_counter() - opened
@@ -191,7 +180,7 @@ async def idle(url: str, n: int, idle_s: float) -> dict[str, float]:
     async def one() -> float:
         opened = time.perf_counter()  # (before the connect: this loop resumes it late)
         reader, writer = await asyncio.open_connection(*_host_port(url))
-        await _until_closed(reader, idle_s * 20)
+        await until_closed(reader, idle_s * 20)
         writer.close()
         return time.perf_counter() - opened
 

@@ -20,6 +20,7 @@ from gym_test_helpers import rid
 from rl_gym_actors.protocol import CONTROL_PREFIX
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.polling import scaled, until
+from rl_gym_actors.testing.raw_http import until_closed
 from rl_gym_actors.testing.v2_server import V2ServerThread
 
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -52,20 +53,6 @@ def _answer(raw: bytes) -> tuple[int, dict[str, Any] | None]:
         return status, None
 
 
-async def _until_closed(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
-    """Everything the server sends until it closes (EOF or reset), within ``timeout_s``."""
-    got = b""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                chunk = await reader.read(65536)
-            except ConnectionError:
-                return got
-            if not chunk:
-                return got
-            got += chunk
-
-
 def _code(body: dict[str, Any] | None) -> str | None:
     return body["error"]["code"] if isinstance(body, dict) and "error" in body else None
 
@@ -91,7 +78,7 @@ async def _announce_64_mib(url: str, path: str) -> None:
         writer.write(b"x" * (64 * 1024))  # 64 KiB of it, then the test waits
         await writer.drain()
         started = time.monotonic()
-        raw = await _until_closed(reader, scaled(5))
+        raw = await until_closed(reader, scaled(5))
         status, body = _answer(raw)
         assert (status, _code(body)) == (413, "payload_too_large"), (path, raw[:300])
         assert time.monotonic() - started < scaled(2), path  # answered at once, then closed
@@ -117,7 +104,7 @@ async def test_an_unreadable_content_length_is_400():
         reader, writer = await _connect(srv.url)
         writer.write(_head("POST", "/run", {"Content-Length": "12abc"}) + b"{}")
         await writer.drain()
-        raw = await _until_closed(reader, scaled(5))
+        raw = await until_closed(reader, scaled(5))
         writer.close()
         assert _answer(raw)[0] == 400
 
@@ -147,7 +134,7 @@ async def test_a_chunked_body_is_cut_at_the_limit_and_nothing_more_is_read(fault
         reader, writer = await _connect(srv.url)
         writer.write(_head("POST", "/run", {"Transfer-Encoding": "chunked"}))
         sender = asyncio.ensure_future(_send_chunked(writer, total, 256 * 1024))
-        raw = await _until_closed(reader, scaled(10))
+        raw = await until_closed(reader, scaled(10))
         status, body = _answer(raw)
         assert (status, _code(body)) == (413, "payload_too_large"), raw[:300]
         sent = await asyncio.wait_for(sender, scaled(10))
@@ -177,7 +164,7 @@ async def _slow_loris(url: str, stop: asyncio.Event) -> float:
 
     dripping = asyncio.ensure_future(drip())
     try:
-        raw = await _until_closed(reader, scaled(30))
+        raw = await until_closed(reader, scaled(30))
         closed = time.monotonic()
         if raw:
             status, body = _answer(raw)
@@ -229,7 +216,7 @@ async def test_a_body_that_stalls_is_408_and_closed():
         writer.write(_head("POST", "/run", {"Content-Length": "100"}) + b'{"_ng_rollout')
         await writer.drain()
         started = time.monotonic()
-        raw = await _until_closed(reader, scaled(10))
+        raw = await until_closed(reader, scaled(10))
         writer.close()
         status, body = _answer(raw)
         assert (status, _code(body)) == (408, "request_body_timeout"), raw[:300]
@@ -261,7 +248,7 @@ async def test_idle_connections_are_closed_by_the_idle_limit():
     with GymServerThread(args=["--idle-timeout-s", "1"]) as srv:
         started = time.monotonic()
         held = [await _connect(srv.url) for _ in range(300)]
-        closed = await asyncio.gather(*(_until_closed(r, scaled(15)) for r, _ in held))
+        closed = await asyncio.gather(*(until_closed(r, scaled(15)) for r, _ in held))
         elapsed = time.monotonic() - started
         assert closed == [b""] * 300  # closed without a word: they asked nothing
         assert 1.0 <= elapsed < 1 + scaled(5)
