@@ -61,7 +61,6 @@ from rl_gym_actors.config import (
     LedgerConfig,
     PoolConfig,
     TryPolicy,
-    checkpoint_id_arg,
     deadline_s_arg,
     policy_with_ack,
     pool_with,
@@ -71,9 +70,8 @@ from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.core.sealed_ids import DEFAULT_RETENTION
 from rl_gym_actors.dispatch import CALL_SLACK_S, RowRunner, UnackedCount
-from rl_gym_actors.errors import CheckpointFailed, ConfigError, LedgerLost, PoolClosed
+from rl_gym_actors.errors import ConfigError, LedgerLost, PoolClosed
 from rl_gym_actors.gym.probe import probe_endpoints
-from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.held_results import warn_if_held
 from rl_gym_actors.outcome import Outcome
 from rl_gym_actors.progress import bar_for
@@ -87,6 +85,7 @@ from rl_gym_actors.rows import (
     endpoint_list,
     row_list,
 )
+from rl_gym_actors.run_checkpoints import RunCheckpoints, checkpoint_args
 from rl_gym_actors.snapshot import OrchestratorSnapshot
 from rl_gym_actors.stream import IndexedOutcome, Stream
 
@@ -100,11 +99,8 @@ __all__ = [
 ]
 
 MEMORY = 1_000_000  # rollout ids remembered (oldest forgotten first)
-DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before its cut
-DRAIN_POLL_S = 0.02
 WARN_UNACKED = 50_000  # sealed results held un-ACKed on Gym before a warning
 START_TIMEOUT_S = 120.0
-CLEAR_S = 10.0  # resuming a dead trainer's open checkpoint at start
 
 
 class Orchestrator:
@@ -147,13 +143,9 @@ class Orchestrator:
         self.id = orchestrator_id or uuid.uuid4().hex[:12]
         if not is_valid_rollout_id(self.id):
             raise ConfigError(f"invalid orchestrator id {self.id!r}")
-        self.keep_results = bool(keep_results)  # restore_from: run id, results, sealed ids
-        self._sealed_retention = sealed_retention
         run_id, part, sealed = parts.restore_run(restore_from, run_id, sealed_retention)
         self.run_id = run_id_arg(self.id if run_id is None else run_id)
         self._claims: set[str] = set()  # dispatched ids without the prefix, since a commit
-        self._done: dict[str, tuple[str, CheckpointReport]] = {}  # committed: id -> dir, report
-        self._note_committed(part, restore_from)
         self.progress = progress
         self._loop = LoopThread(name=f"rlga-orchestrator-{self.id}")
         self._ledger: LedgerClient | None = None
@@ -164,9 +156,18 @@ class Orchestrator:
         self._received = Received()  # the outcomes handed to the trainer (snapshot())
         self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
         self._dead = None if part is None else (restore_from, part.checkpoint_id)
-        self.restore_report: RestoreReport | None = None  # what the last v2 restore did
-        self.cleared: list[EndpointAbort] = []  # what a dead trainer of the run left open
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
+        self._checkpoints = RunCheckpoints(
+            self.run_id,
+            self.endpoints,
+            self._memory,
+            self._planner,
+            self._claims,
+            self._unacked,
+            bool(keep_results),  # restore_from: run id, results, sealed ids
+            sealed_retention,
+        )
+        self._checkpoints.note_committed(part, restore_from)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
@@ -369,40 +370,29 @@ class Orchestrator:
         return await self._async(self._restore(checkpoint_dir))
 
     async def _restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
-        args = (checkpoint_dir, self.run_id, self._sealed_retention)
-        _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
-        parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
-        self._note_committed(part, checkpoint_dir)
+        part = await self._checkpoints.load(checkpoint_dir)
         if part is None:
             return None
         _, _, ledger = await self._ready()
-        await self._clear_dead(ledger, checkpoint_dir, part.checkpoint_id)
+        await self._checkpoints.clear_dead(ledger, checkpoint_dir, part.checkpoint_id)
         if not part.gym_v2:
             return None
-        return await self._restore_v2(ledger, part)
+        return await self._checkpoints.restore_v2(ledger, part)
 
-    async def _clear_dead(self, ledger: LedgerClient, where: Any, checkpoint_id: str) -> None:
-        """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
-        the part restored or a newer one of the run beside it; a v2 restore of the run): see
-        actors/checkpoint_abort.py."""
-        ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
-        self.cleared = await ledger.clear_own_checkpoints(
-            ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
-        )
+    @property
+    def keep_results(self) -> bool:
+        """Whether parts keep the replies of handed results (the constructor's argument)."""
+        return self._checkpoints.keep_results
 
-    async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
-        urls, claims = [e.url for e in self.endpoints], sorted(self._claims)
-        args = (ledger, self._memory, self._planner.placed, urls, part, claims)
-        self.restore_report = await parts.restore_gym_v2(*args)
-        return self.restore_report
+    @property
+    def restore_report(self) -> RestoreReport | None:
+        """What the last Gym v2 restore did (None: none ran)."""
+        return self._checkpoints.restore_report
 
-    def _note_committed(self, part: Any, checkpoint_dir: str | os.PathLike[str] | None) -> None:
-        """A restored part whose checkpoint committed: its id asked again answers its report."""
-        if part is None or checkpoint_dir is None:
-            return
-        report = parts.committed_report(checkpoint_dir, part.checkpoint_id)
-        if report is not None:
-            self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
+    @property
+    def cleared(self) -> list[EndpointAbort]:
+        """What a dead trainer of this run left open on Gym, resumed at start or restore."""
+        return self._checkpoints.cleared
 
     def snapshot(self) -> OrchestratorSnapshot:
         return self._sync(self._snapshot())
@@ -453,7 +443,7 @@ class Orchestrator:
             try:
                 if self._dead is not None:  # what a dead trainer of this run left open, first
                     where, cid = self._dead
-                    await self._clear_dead(ledger, where, cid)
+                    await self._checkpoints.clear_dead(ledger, where, cid)
                     self._dead = None
                 pool = WarmPool(
                     self.id,
@@ -474,7 +464,7 @@ class Orchestrator:
             self._pool = pool
             if self._v2_part is not None:  # restore_from's v2 episodes, before any row
                 part, self._v2_part = self._v2_part, None
-                await self._restore_v2(ledger, part)
+                await self._checkpoints.restore_v2(ledger, part)
 
     async def _close(self) -> None:
         if self._closed:
@@ -524,126 +514,13 @@ class Orchestrator:
         deadline_s: float,
         sweep_foreign: bool,
     ) -> CheckpointReport:
-        checkpoint_id_arg(checkpoint_id)
-        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
-            raise ConfigError("checkpoint_dir must be a non-empty path")
-        checkpoint_dir = str(checkpoint_dir)
-        deadline_s = deadline_s_arg(deadline_s)
-        done = await self._committed_before(checkpoint_id, checkpoint_dir)
-        if done is not None:
-            return done
-        consumed = self._consumed(keep)  # what was handed out before now, less what is kept
-        _, _, ledger = await self._ready()
-        started = time.monotonic()
-        # the layer's part first: nothing is released before it is durable
-        kept = set() if consumed is None else self._memory.handed() - consumed
-        part = await parts.write_memory_part(
-            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results, kept
+        deadline_s = checkpoint_args(checkpoint_id, checkpoint_dir, deadline_s)
+        return await self._checkpoints.checkpoint(
+            self._ledger_ready, checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign
         )
-        recorded = sorted((r, a) for r, a in part.holds() if a is not None)
-        claims = sorted(self._claims)
-        try:
-            report = await ledger.checkpoint(
-                checkpoint_id,
-                checkpoint_dir,
-                deadline_s,
-                bool(sweep_foreign),
-                claims,
-                timeout_s=deadline_s + CALL_SLACK_S,
-                # the results the gate releases that the part lacks (handed-over tries it
-                # adopts, runs that finished while it waited): into the part first
-                keep_handed=parts.add_undelivered,
-                recorded=recorded,
-            )
-        except CheckpointFailed as exc:
-            exc.restore_from = checkpoint_dir  # the part holds all it released
-            raise
-        for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
-            self._memory.adopt_handed(outcome)
-        if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
-            await asyncio.to_thread(parts.add_gym_v2, checkpoint_dir, scopes)
-            left = deadline_s - (time.monotonic() - started)
-            await self._record_finished(checkpoint_dir, report, part.holds(), left)
-        await asyncio.to_thread(parts.add_report, checkpoint_dir, report)
-        self._done[checkpoint_id] = (checkpoint_dir, report)
-        # what the commit covered is settled on Gym; rollouts still running keep their claim
-        self._claims.difference_update(r for r in claims if not self._memory.running(r))
-        self._committed(consumed)
-        return report
 
-    async def _record_finished(
-        self,
-        checkpoint_dir: str,
-        report: CheckpointReport,
-        recorded: set[tuple[str, int | None]],
-        budget_s: float,
-    ) -> int:
-        """Gym v2: the attempts that ran when the gate started and finished before its cut
-        (each commit answer's ``ended``; their outcomes may still be on the way here): wait for
-        their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results to the
-        part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate forgot
-        none of them (see actors/v2_gate.py). How many were added."""
-        waits = {
-            EpisodeId.from_capture_key(k).rollout_id
-            for entry in report.endpoints
-            if entry.protocol == "v2"
-            for k in (entry.commit.model_extra or {}).get("ended") or []
-        }
-        until = time.monotonic() + max(0.0, min(budget_s, DRAIN_S))
-        while any(self._memory.running(r) for r in waits) and time.monotonic() < until:
-            await asyncio.sleep(DRAIN_POLL_S)
-        results = [o for r in sorted(waits) if (o := self._memory.result_of(r)) is not None]
-        new = [o for o in results if (o.rollout_id, o.attempt_index) not in recorded]
-        if not new:
-            return 0
-        return await asyncio.to_thread(parts.add_undelivered, checkpoint_dir, new)
-
-    async def _committed_before(
-        self, checkpoint_id: str, checkpoint_dir: str
-    ) -> CheckpointReport | None:
-        """The report of ``checkpoint_id`` when this run committed it before into the same dir
-        (read back from its part); ConfigError when into another dir."""
-        done = self._done.get(checkpoint_id)
-        if done is None:
-            return None
-        first_dir, report = done
-        if not parts.same_dir(first_dir, checkpoint_dir):
-            raise ConfigError(
-                f"checkpoint {checkpoint_id} was committed into {first_dir}, "
-                f"not {checkpoint_dir}: a committed checkpoint id cannot name another dir"
-            )
-        stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
-        return stored or report
-
-    def _consumed(self, keep: Iterable[str] | None) -> set[str] | None:
-        """The handed rollouts this checkpoint counts as consumed: every one handed out so far
-        but those in ``keep`` (None: every one). ConfigError naming the ids of ``keep`` that
-        were never handed out, or already released."""
-        handed = self._memory.handed()
-        if keep is None:
-            return handed
-        if isinstance(keep, (str, bytes)):
-            raise ConfigError("keep must be an iterable of rollout ids, not one string")
-        kept = set()
-        for rid in keep:
-            if not isinstance(rid, str):
-                raise ConfigError(f"keep holds {rid!r}: rollout ids are strings")
-            kept.add(rid)
-        if unknown := sorted(kept - handed):
-            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-            shown = ", ".join(unknown[:10]) + more
-            raise ConfigError(
-                f"keep names {len(unknown)} rollout id(s) this orchestrator holds no handed result "
-                f"of (never handed out, or released at an earlier checkpoint): {shown}"
-            )
-        return handed - kept
-
-    def _committed(self, consumed: set[str] | None = None) -> None:
-        """Committed: forget the sealed rollouts handed out that the trainer consumed (their ids
-        go to the sealed-id record: sent again, ``forgotten_rollout``, no run); keep the others
-        (kept, or handed out while the checkpoint ran: in the next part)."""
-        self._unacked.reset()
-        self._memory.forget_settled(consumed)
+    async def _ledger_ready(self) -> LedgerClient:
+        return (await self._ready())[2]
 
     async def _abort(self, checkpoint_id: str, deadline_s: float) -> AbortReport:
         _, _, ledger = await self._ready()

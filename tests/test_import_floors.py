@@ -70,6 +70,7 @@ FLOORS = {
     "held_results": 5,
     "received": 5,
     "checkpoint_part": 5,
+    "run_checkpoints": 5,
     "observe": 5,
     "progress": 5,
     "ray_attach": 5,

@@ -1,0 +1,235 @@
+"""One run's checkpoints and restores, for the orchestrator: the part written before anything is
+released, the gate, what a commit lets the trainer's memory forget, the same id committed again,
+and what a dead trainer of the run left open on Gym.
+
+Order of a checkpoint (docs/ARCHITECTURE.md, "A checkpoint"): the layer's part under the
+checkpoint dir first (:mod:`rl_gym_actors.checkpoint_part`), then the ledger's gate, whose
+releases the part lacks are added to it before they go out; on Gym v2 the exported episodes and
+the results that finished before the cut follow; then the report beside the part. Only then does
+the memory forget the handed results the trainer consumed (``keep``: the ones it still holds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from rl_gym_actors import checkpoint_part as parts
+from rl_gym_actors.actors.checkpoint_abort import EndpointAbort
+from rl_gym_actors.actors.ledger_client import LedgerClient
+from rl_gym_actors.config import GymEndpoint, checkpoint_id_arg, deadline_s_arg
+from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport
+from rl_gym_actors.core.rollout_memory import RolloutMemory
+from rl_gym_actors.dispatch import CALL_SLACK_S, UnackedCount
+from rl_gym_actors.errors import CheckpointFailed, ConfigError
+from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.rows import RowPlanner
+
+DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before its cut
+DRAIN_POLL_S = 0.02
+CLEAR_S = 10.0  # resuming a dead trainer's open checkpoint at start
+
+PathArg = str | os.PathLike[str]
+
+
+class RunCheckpoints:
+    """The checkpoints of run ``run_id``: see the module docstring. ``claims`` is the
+    orchestrator's set of dispatched ids since a commit (shared with its row planner)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        endpoints: Sequence[GymEndpoint],
+        memory: RolloutMemory,
+        planner: RowPlanner,
+        claims: set[str],
+        unacked: UnackedCount,
+        keep_results: bool,
+        sealed_retention: int,
+    ) -> None:
+        self.run_id = run_id
+        self._endpoints = endpoints
+        self._memory = memory
+        self._planner = planner
+        self._claims = claims
+        self._unacked = unacked
+        self.keep_results = keep_results
+        self.sealed_retention = sealed_retention
+        self._done: dict[str, tuple[str, CheckpointReport]] = {}  # committed: id -> dir, report
+        self.restore_report: RestoreReport | None = None  # what the last v2 restore did
+        self.cleared: list[EndpointAbort] = []  # what a dead trainer of the run left open
+
+    # ------------------------------------------------------------ checkpoint
+
+    async def checkpoint(
+        self,
+        ready: Callable[[], Awaitable[LedgerClient]],
+        checkpoint_id: str,
+        checkpoint_dir: PathArg,
+        keep: Iterable[str] | None,
+        deadline_s: float,
+        sweep_foreign: bool,
+    ) -> CheckpointReport:
+        """Gate ``checkpoint_id`` (see :meth:`Orchestrator.checkpoint`); ``ready`` answers the
+        ledger, starting the orchestrator when it has not started yet."""
+        checkpoint_dir = str(checkpoint_dir)
+        done = await self._committed_before(checkpoint_id, checkpoint_dir)
+        if done is not None:
+            return done
+        consumed = self._consumed(keep)  # what was handed out before now, less what is kept
+        ledger = await ready()
+        started = time.monotonic()
+        # the layer's part first: nothing is released before it is durable
+        kept = set() if consumed is None else self._memory.handed() - consumed
+        part = await parts.write_memory_part(
+            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results, kept
+        )
+        recorded = sorted((r, a) for r, a in part.holds() if a is not None)
+        claims = sorted(self._claims)
+        try:
+            report = await ledger.checkpoint(
+                checkpoint_id,
+                checkpoint_dir,
+                deadline_s,
+                bool(sweep_foreign),
+                claims,
+                timeout_s=deadline_s + CALL_SLACK_S,
+                # the results the gate releases that the part lacks (handed-over tries it
+                # adopts, runs that finished while it waited): into the part first
+                keep_handed=parts.add_undelivered,
+                recorded=recorded,
+            )
+        except CheckpointFailed as exc:
+            exc.restore_from = checkpoint_dir  # the part holds all it released
+            raise
+        for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
+            self._memory.adopt_handed(outcome)
+        if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
+            await asyncio.to_thread(parts.add_gym_v2, checkpoint_dir, scopes)
+            left = deadline_s - (time.monotonic() - started)
+            await self._record_finished(checkpoint_dir, report, part.holds(), left)
+        await asyncio.to_thread(parts.add_report, checkpoint_dir, report)
+        self._done[checkpoint_id] = (checkpoint_dir, report)
+        # what the commit covered is settled on Gym; rollouts still running keep their claim
+        self._claims.difference_update(r for r in claims if not self._memory.running(r))
+        self._committed(consumed)
+        return report
+
+    async def _record_finished(
+        self,
+        checkpoint_dir: str,
+        report: CheckpointReport,
+        recorded: set[tuple[str, int | None]],
+        budget_s: float,
+    ) -> int:
+        """Gym v2: the attempts that ran when the gate started and finished before its cut
+        (each commit answer's ``ended``; their outcomes may still be on the way here): wait for
+        their rollouts (at most ``budget_s``, :data:`DRAIN_S`) and add their results to the
+        part, as NeMo RL's coordinator drains the runs it did not export. The v2 gate forgot
+        none of them (see actors/v2_gate.py). How many were added."""
+        waits = {
+            EpisodeId.from_capture_key(k).rollout_id
+            for entry in report.endpoints
+            if entry.protocol == "v2"
+            for k in (entry.commit.model_extra or {}).get("ended") or []
+        }
+        until = time.monotonic() + max(0.0, min(budget_s, DRAIN_S))
+        while any(self._memory.running(r) for r in waits) and time.monotonic() < until:
+            await asyncio.sleep(DRAIN_POLL_S)
+        results = [o for r in sorted(waits) if (o := self._memory.result_of(r)) is not None]
+        new = [o for o in results if (o.rollout_id, o.attempt_index) not in recorded]
+        if not new:
+            return 0
+        return await asyncio.to_thread(parts.add_undelivered, checkpoint_dir, new)
+
+    async def _committed_before(
+        self, checkpoint_id: str, checkpoint_dir: str
+    ) -> CheckpointReport | None:
+        """The report of ``checkpoint_id`` when this run committed it before into the same dir
+        (read back from its part); ConfigError when into another dir."""
+        done = self._done.get(checkpoint_id)
+        if done is None:
+            return None
+        first_dir, report = done
+        if not parts.same_dir(first_dir, checkpoint_dir):
+            raise ConfigError(
+                f"checkpoint {checkpoint_id} was committed into {first_dir}, "
+                f"not {checkpoint_dir}: a committed checkpoint id cannot name another dir"
+            )
+        stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
+        return stored or report
+
+    def _consumed(self, keep: Iterable[str] | None) -> set[str] | None:
+        """The handed rollouts this checkpoint counts as consumed: every one handed out so far
+        but those in ``keep`` (None: every one). ConfigError naming the ids of ``keep`` that
+        were never handed out, or already released."""
+        handed = self._memory.handed()
+        if keep is None:
+            return handed
+        if isinstance(keep, (str, bytes)):
+            raise ConfigError("keep must be an iterable of rollout ids, not one string")
+        kept = set()
+        for rid in keep:
+            if not isinstance(rid, str):
+                raise ConfigError(f"keep holds {rid!r}: rollout ids are strings")
+            kept.add(rid)
+        if unknown := sorted(kept - handed):
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            shown = ", ".join(unknown[:10]) + more
+            raise ConfigError(
+                f"keep names {len(unknown)} rollout id(s) this orchestrator holds no handed result "
+                f"of (never handed out, or released at an earlier checkpoint): {shown}"
+            )
+        return handed - kept
+
+    def _committed(self, consumed: set[str] | None = None) -> None:
+        """Committed: forget the sealed rollouts handed out that the trainer consumed (their ids
+        go to the sealed-id record: sent again, ``forgotten_rollout``, no run); keep the others
+        (kept, or handed out while the checkpoint ran: in the next part)."""
+        self._unacked.reset()
+        self._memory.forget_settled(consumed)
+
+    # ------------------------------------------------------------ restore
+
+    def note_committed(self, part: Any, checkpoint_dir: PathArg | None) -> None:
+        """A restored part whose checkpoint committed: its id asked again answers its report."""
+        if part is None or checkpoint_dir is None:
+            return
+        report = parts.committed_report(checkpoint_dir, part.checkpoint_id)
+        if report is not None:
+            self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
+
+    async def load(self, checkpoint_dir: PathArg) -> Any:
+        """Read ``checkpoint_dir``'s part of this run into the memory (None: no part)."""
+        args = (checkpoint_dir, self.run_id, self.sealed_retention)
+        _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
+        parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
+        self.note_committed(part, checkpoint_dir)
+        return part
+
+    async def clear_dead(self, ledger: LedgerClient, where: Any, checkpoint_id: str) -> None:
+        """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
+        the part restored or a newer one of the run beside it; a v2 restore of the run): see
+        actors/checkpoint_abort.py."""
+        ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
+        self.cleared = await ledger.clear_own_checkpoints(
+            ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
+        )
+
+    async def restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
+        """Continue the part's exported Gym v2 episodes from their boundary."""
+        urls, claims = [e.url for e in self._endpoints], sorted(self._claims)
+        args = (ledger, self._memory, self._planner.placed, urls, part, claims)
+        self.restore_report = await parts.restore_gym_v2(*args)
+        return self.restore_report
+
+
+def checkpoint_args(checkpoint_id: str, checkpoint_dir: Any, deadline_s: float) -> float:
+    """Check a checkpoint call's arguments before anything starts (ConfigError); the deadline."""
+    checkpoint_id_arg(checkpoint_id)
+    if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
+        raise ConfigError("checkpoint_dir must be a non-empty path")
+    return deadline_s_arg(deadline_s)
