@@ -27,6 +27,8 @@
     │   │   └── AgentDataFailed         (422) agent_data_failed: the agent failed the row as data
     │   ├── AdmissionClosed         agent_admission_closed, (v2) admission_closed: wait for
     │   │                           resume, then try again
+    │   ├── ServerBusy              too_many_connections (503): refused before the request was
+    │   │                           read, nothing ran: any call may be sent again, /run too
     │   └── GymServerError          a 5xx with a JSON error body whose code is no known rejection
     ├── GymUnavailable              no usable answer: safe to repeat only if the call is idempotent
     │   ├── ConnectionLost              refused, reset, closed without a response, plain 5xx
@@ -215,6 +217,15 @@ class CheckpointRejected(GymRejected):
     """(v2) A checkpoint rejection with the base code ``checkpoint_error``."""
 
     code = "checkpoint_error"
+
+
+class ServerBusy(GymError):
+    """503 ``too_many_connections``: the server holds as many connections as it takes and
+    refused this one before reading its request, so nothing ran (not the agent, not a control
+    step). Infrastructure, not the row: any call may be sent again, a ``/run`` with the same key
+    too; the clients do so within the call's deadline."""
+
+    code = "too_many_connections"
 
 
 class GymServerError(GymError):
@@ -437,6 +448,7 @@ ERROR_BY_CODE: dict[str, type[GymError]] = {
         AgentFailed,
         AgentDataFailed,
         AdmissionClosed,
+        ServerBusy,
         RolloutIdRequired,
         InvalidPhase,
         RestartInScope,

@@ -57,6 +57,8 @@ class FailureKind(str, Enum):
     # name = (code, infrastructure?, who repeats it, the exceptions that raise it)
     LOST = ("connection_lost", True, Repeat.IN_CALL, errors.ConnectionLost, errors.GymUnavailable)
     SERVER_ERROR = ("server_error", True, Repeat.IN_CALL, errors.GymServerError)
+    BUSY = ("too_many_connections", True, Repeat.IN_CALL, errors.ServerBusy)  # refused before
+    # the request was read: nothing ran, so even /run (never retried otherwise) is sent again
     AGENT_FAILED = ("agent_failed", True, Repeat.NO, errors.AgentFailed)  # any 5xx to /run:
     # the rollout gives the row its next try (up to max_tries)
     DEADLINE = ("deadline_exceeded", True, Repeat.IN_CALL, errors.DeadlineExceeded, TimeoutError)

@@ -23,6 +23,7 @@ from rl_gym_actors.outcome import Outcome
         (errors.UnknownExecution("x", status=404), FailureKind.UNKNOWN),
         (errors.AgentFailed("x", status=500), FailureKind.AGENT_FAILED),
         (errors.GymServerError("x", status=500), FailureKind.SERVER_ERROR),
+        (errors.ServerBusy("x", status=503), FailureKind.BUSY),
         (errors.DeadlineExceeded("x"), FailureKind.DEADLINE),
         (TimeoutError("x"), FailureKind.DEADLINE),
         (errors.ConnectionLost("x"), FailureKind.LOST),

@@ -3,7 +3,8 @@
 Coping with a real Gym server (docs/PROTOCOL.md, section 7): FastAPI's default 422 body
 ``{"detail": [...]}`` -> ``InvalidRequest``; a 401 with ``{"detail": "..."}`` -> ``Unauthorized``;
 a 5xx whose body is not a JSON object -> ``ConnectionLost`` carrying the text; on ``/run`` any
-5xx is the agent or its server failing (:func:`run_failure`).
+5xx is the agent or its server failing (:func:`run_failure`), but for a 503
+``too_many_connections`` (``ServerBusy``: refused before the request was read, nothing ran).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rl_gym_actors.errors import (
     ConnectionLost,
     ProtocolViolation,
     RlGymError,
+    ServerBusy,
     StaleAttempt,
     gym_error,
 )
@@ -95,11 +97,15 @@ def error_for_response(status: int, raw: bytes, *, url: str = "") -> RlGymError:
 RETIRED_RUN_BODY = "RuntimeError('No response returned.')"
 
 
-def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed | StaleAttempt:
+def run_failure(
+    status: int, raw: bytes, *, url: str = ""
+) -> AgentFailed | StaleAttempt | ServerBusy:
     """A 5xx answer to ``/run`` (pure): the agent or its server failed. The text is the error
     body's ``detail``, a JSON string body itself (a real Gym's exception repr), or the plain
     text. A real Gym's answer to a retired run's caller (:data:`RETIRED_RUN_BODY`) is the
-    retire's outcome instead: ``StaleAttempt``, as our server says it."""
+    retire's outcome instead: ``StaleAttempt``, as our server says it. A 503
+    ``too_many_connections`` is ``ServerBusy``: refused before the request was read, the agent
+    never ran."""
     try:
         body = json.loads(raw) if raw else None
     except ValueError:
@@ -109,6 +115,8 @@ def run_failure(status: int, raw: bytes, *, url: str = "") -> AgentFailed | Stal
             "the run was retired (a real Gym's 500 for a cancelled run)", status=status, url=url
         )
     err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, Mapping) and err.get("code") == ServerBusy.code:
+        return ServerBusy(str(err.get("detail", "")), status=status, url=url, body=body)
     if isinstance(err, Mapping) and isinstance(err.get("detail"), str):
         text = err["detail"]
     elif isinstance(body, str):

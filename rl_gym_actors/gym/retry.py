@@ -11,8 +11,11 @@ Which errors a call may retry on is decided by its kind, never by the policy:
   ``ConnectionLost``, ``DeadlineExceeded`` of one try while the call's deadline has not passed,
   and ``GymServerError`` (a 5xx with a JSON error body that is no known rejection).
 - ``RetryOn.TRANSPORT`` (prepare, commit: safe to repeat with the same checkpoint id, but a
-  server-side failure should surface): ``ConnectionLost`` only.
-- ``RetryOn.NOTHING`` (run: a blind retry could start a second execution).
+  server-side failure should surface): ``ConnectionLost``, and ``ServerBusy``.
+- ``RetryOn.NOTHING`` (run: a blind retry could start a second execution): only
+  ``ServerBusy`` (503 ``too_many_connections``), the one answer that says nothing ran.
+
+Every kind retries ``ServerBusy``: the server refused the connection before it read the request.
 - ``RetryOn.CHECKPOINT_HELD`` (the checkpoint gate's prepare while another checkpoint id holds
   the server): ``CheckpointConflict`` only, until the deadline.
 
@@ -85,8 +88,8 @@ def check_deadline(deadline_ts: float) -> float:
 # the failure kinds each kind of call retries on (the failure table says which are repeated
 # within a call); TRANSPORT leaves a server-side failure to surface
 _RETRIED: dict[RetryOn, frozenset[FailureKind]] = {
-    RetryOn.NOTHING: frozenset(),
-    RetryOn.TRANSPORT: frozenset({FailureKind.LOST}),
+    RetryOn.NOTHING: frozenset({FailureKind.BUSY}),
+    RetryOn.TRANSPORT: frozenset({FailureKind.LOST, FailureKind.BUSY}),
     RetryOn.IDEMPOTENT: frozenset(k for k in FailureKind if k.repeat is Repeat.IN_CALL),
     RetryOn.CHECKPOINT_HELD: frozenset({FailureKind.CONFLICT}),
 }
@@ -133,13 +136,14 @@ async def call_with_retry(
     The last error is raised as is. ``on_retry`` hears each retried error before its backoff.
 
     Only an ``IDEMPOTENT`` call bounds its tries by ``try_timeout_s``: a single try has all the
-    time there is, and a ``TRANSPORT`` call (prepare) is one that the server itself lets wait
-    until the deadline. A ``CHECKPOINT_HELD`` wait is bounded by the deadline alone."""
+    time there is, a ``TRANSPORT`` call (prepare) is one that the server itself lets wait
+    until the deadline, and a ``NOTHING`` call (run) is the agent's work. A
+    ``CHECKPOINT_HELD`` wait is bounded by the deadline alone."""
     if kind is RetryOn.CHECKPOINT_HELD:
         policy = policy.model_copy(update={"try_timeout_s": None, "attempts": _UNBOUNDED})
-    if kind is RetryOn.NOTHING or policy.attempts == 1:
+    if policy.attempts == 1:
         return await attempt(deadline_ts)
-    if kind is RetryOn.TRANSPORT:
+    if kind in (RetryOn.TRANSPORT, RetryOn.NOTHING):
         policy = policy.model_copy(update={"try_timeout_s": None})
 
     def retry_on(exc: BaseException) -> bool:

@@ -34,10 +34,12 @@ from rl_gym_actors.errors import (
     PoolClosed,
     ProtocolViolation,
     RlGymError,
+    ServerBusy,
     StaleAttempt,
     Unauthorized,
     gym_error,
 )
+from rl_gym_actors.failures import failure_kind
 from rl_gym_actors.gym.agent_checkpoint.client import (
     GymClient,
     RunResult,
@@ -147,6 +149,14 @@ def test_a_5xx_to_run_is_agent_failed_with_status_and_text(status, raw, text):
     err = run_failure(status, raw, url="http://h/run")
     assert type(err) is AgentFailed and err.status == status and err.detail == text
     assert err.url == "http://h/run"
+
+
+def test_a_503_too_many_connections_to_run_is_server_busy_not_agent_failed():
+    err = run_failure(503, body("too_many_connections", "full"), url="http://h/run")
+    assert type(err) is ServerBusy and (err.status, err.detail) == (503, "full")
+    kind = failure_kind(err)
+    assert kind.is_transport and kind.may_pass  # nothing ran: not the row's, sent again
+    assert type(error_for_response(503, body("too_many_connections"))) is ServerBusy
 
 
 def test_json_5xx_maps_by_code_and_unknown_codes_are_server_errors():
@@ -276,6 +286,8 @@ def test_what_each_kind_retries():
         False,
     ]
     assert not any(is_retryable(e, RetryOn.NOTHING, **kw) for e in (lost, late, server))
+    busy = gym_error(503, "too_many_connections")  # refused unread: every kind sends it again
+    assert all(is_retryable(busy, k, **kw) for k in RetryOn if k is not RetryOn.CHECKPOINT_HELD)
     assert not is_retryable(late, RetryOn.IDEMPOTENT, deadline_ts=T0, now=T0)  # the call's own
     assert not is_retryable(asyncio.CancelledError(), RetryOn.IDEMPOTENT, **kw)
     assert not is_retryable(ProtocolViolation("x"), RetryOn.IDEMPOTENT, **kw)

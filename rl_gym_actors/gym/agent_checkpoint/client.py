@@ -12,7 +12,10 @@ Coping with a real Gym server (docs/PROTOCOL.md, section 7; the answers' mapping
 - On ``/run``, any 5xx is the server or its agent failing (a real Gym answers an agent that
   raised, and a run that ``retire`` cancelled, with a 500 whose body is a JSON string or plain
   text): ``AgentFailed`` carrying the status and the body's text. The caller retires the try
-  next, which confirms it did not complete. No answer at all stays ``ConnectionLost``. On a
+  next, which confirms it did not complete. Not so a 503 ``too_many_connections``: the server
+  refused the connection before it read the request, so the run is sent again within its
+  deadline, then raises ``ServerBusy`` (infrastructure: nothing ran). No answer at all stays
+  ``ConnectionLost``. On a
   control call, a non-JSON 5xx is ``ConnectionLost`` carrying the text (repeated if idempotent).
 - Its prepare 409 carries counts only; :meth:`GymClient.prepare` then reads the lists from
   ``status``.
@@ -105,10 +108,13 @@ class GymClient(BulkCalls):
     async def run(
         self, row: Mapping[str, Any], *, rollout_id: str, attempt_index: int, deadline_ts: float
     ) -> RunResult:
-        """``POST /run`` for the key (rollout_id, attempt_index). Never retried.
+        """``POST /run`` for the key (rollout_id, attempt_index). Never retried, but for a
+        refusal that says the agent never ran (``ServerBusy``).
 
         Raises ``StaleAttempt``, ``DuplicateExecution``, ``AdmissionClosed``, ``AgentFailed``
         (any 5xx: the agent or its server failed; ``status`` and ``detail`` say how);
+        ``ServerBusy`` when the server refused every connection (503 ``too_many_connections``,
+        sent again with backoff until the deadline: the agent never ran);
         ``ConnectionLost`` or ``DeadlineExceeded`` when no answer came (Gym may still finish the
         run: retire the try next, and its answer says whether to adopt or cancel).
         """
