@@ -136,3 +136,43 @@ def test_a_readme_block_runs_as_pasted(line, tmp_path):
     if "examples/train_loop.py" in code:  # both train loops check themselves and say so
         verdict = next(ln for ln in out.splitlines() if "no rollout counted twice" in ln)
         assert verdict.startswith("ok: ") and "no rollout counted twice True" in verdict
+
+
+@pytest.mark.slow  # a `gym serve` process
+def test_the_agent_snippet_served_as_module_function_fails_rows_as_the_table_says(
+    tmp_path, monkeypatch
+):
+    """The "When an agent fails a row" snippet, saved as mymodule.py and served as its comment
+    says (``gym serve --agent mymodule:agent``): a row with a prompt gets its reward, one
+    without fails as data (422 ``agent_data_failed``), a busy sandbox as transient (500)."""
+    import asyncio
+
+    from rl_gym_actors import local_gym_server
+    from rl_gym_actors.errors import AgentDataFailed, AgentFailed
+    from rl_gym_actors.gym.agent_checkpoint.client import GymClient
+    from rl_gym_actors.testing.polling import soon
+
+    (block,) = [b for b in blocks() if "--agent mymodule:agent" in b.code]
+    assert block.runs
+    (tmp_path / "mymodule.py").write_text(block.code + "\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(tmp_path), str(ROOT))))
+
+    async def run_rows(gym) -> list:
+        async with GymClient(gym.endpoint) as client:
+            got = []
+            for i, row in enumerate(({"prompt": "2+2"}, {}, {"prompt": "x", "sandbox": "busy"})):
+                try:
+                    answer = await client.run(
+                        row, rollout_id=f"agent-{i}", attempt_index=0, deadline_ts=soon(30)
+                    )
+                    got.append(answer.reply)
+                except (AgentDataFailed, AgentFailed) as exc:
+                    got.append(exc)
+            return got
+
+    with local_gym_server(agent="mymodule:agent") as gym:
+        ok, data, transient = asyncio.run(run_rows(gym))
+    assert ok == {"reward": 1.0}
+    assert isinstance(data, AgentDataFailed) and data.status == 422 and "no prompt" in str(data)
+    assert isinstance(transient, AgentFailed) and transient.status == 500
+    assert "no sandbox free" in str(transient)
