@@ -176,3 +176,25 @@ def test_the_agent_snippet_served_as_module_function_fails_rows_as_the_table_say
     assert isinstance(data, AgentDataFailed) and data.status == 422 and "no prompt" in str(data)
     assert isinstance(transient, AgentFailed) and transient.status == 500
     assert "no sandbox free" in str(transient)
+
+
+def test_the_nemo_rl_yaml_loads_and_its_values_are_the_defaults_it_says():
+    """The drop-in's YAML section loads through ``DropInConfig`` as pasted, and every value it
+    shows is the default but those the sentence after it names."""
+    import yaml
+
+    from rl_gym_actors.integrations.nemo_rl.config import DropInConfig
+
+    text = README.read_text()
+    (found,) = re.findall(r"```yaml\n(env:\n.*?)\n```", text, re.S)
+    section = yaml.safe_load(found)["env"]["nemo_gym"]["rl_gym_actors"]
+    shown = DropInConfig.model_validate(section)
+    default = DropInConfig(servers=section["servers"])
+    differ = {k for k in section if getattr(shown, k) != getattr(default, k)}
+    assert differ == {"run_id", "agent_name", "policy", "pool"}, differ
+    assert shown.pool.model_dump() == {**default.pool.model_dump(), "rollouts_per_actor": 8}
+    sentence = " ".join(text[text.index(found) :].split("`run_id` starts")[0].split())
+    assert "except `run_id`, `agent_name`, the `servers`' and `policy`'s, and `pool`'s" in (
+        sentence
+    )
+    assert "`rollouts_per_actor` (default 1" in sentence
