@@ -2,6 +2,10 @@
 # PY: the first Python present among 3.11, 3.13, 3.12 (python3.X on PATH, else pyenv's);
 # e.g. `make test PY=python3.13 VENV=.venv313` for another one (a venv per Python).
 PY ?= $(shell .ci/find-python 3.11 3.13 3.12)
+# what runs for a PY given by name: `PY=python3.13` under pyenv is a shim that refuses a version
+# that is not the active one, so a `pythonX.Y` that does not run is pyenv's install of X.Y
+# (.ci/resolve-python; the same for SKYRL_PY and VERL_PY)
+resolve = $(shell .ci/resolve-python '$(1)')
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -18,7 +22,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
-	$(PY) -m venv $(VENV)
+	$(call resolve,$(PY)) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,examples]'
 	touch $(STAMP)
@@ -84,7 +88,7 @@ LOWEST ?= .venv-lowest
 test-lowest:
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
 	rm -rf $(LOWEST)
-	$(PY) -m venv $(LOWEST)
+	$(call resolve,$(PY)) -m venv $(LOWEST)
 	$(LOWEST)/bin/pip install -q uv
 	$(LOWEST)/bin/uv pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct -e '.[dev,examples]'
 	$(LOWEST)/bin/uv pip freeze --python $(LOWEST)/bin/python | grep -iE '^(ray|pydantic|tenacity|fastapi|uvicorn|aiohttp|prometheus.client|httptools|uvloop|pytest|pytest.asyncio|pytest.xdist|hypothesis|numpy|psutil)=='
@@ -99,7 +103,7 @@ SKYRL_STAMP := $(SKYRL_VENV)/.installed
 
 $(SKYRL_STAMP): pyproject.toml
 	@test -n "$(SKYRL_PY)" || { echo "no Python 3.12-3.13 found: pass SKYRL_PY=..." >&2; exit 1; }
-	$(SKYRL_PY) -m venv $(SKYRL_VENV)
+	$(call resolve,$(SKYRL_PY)) -m venv $(SKYRL_VENV)
 	$(SKYRL_VENV)/bin/pip install -q --upgrade pip
 	$(SKYRL_VENV)/bin/pip install -q -e '.[dev,skyrl]'
 	touch $(SKYRL_STAMP)
@@ -116,7 +120,7 @@ VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 $(VERL_STAMP): pyproject.toml
 	@test -n "$(VERL_PY)" || { echo "no Python 3.11-3.12 found: pass VERL_PY=..." >&2; exit 1; }
-	$(VERL_PY) -m venv $(VERL_VENV)
+	$(call resolve,$(VERL_PY)) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
 	$(VERL_VENV)/bin/pip install -q 'torch==2.13.0'
 	$(VERL_VENV)/bin/pip install -q -e '.[dev,verl]'

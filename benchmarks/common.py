@@ -31,6 +31,16 @@ import psutil
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
+# where a benchmark run alone writes (ignored by git): only ``--write`` (which run_all.py, i.e.
+# ``make bench``, passes) writes the tracked files in RESULTS_DIR
+SCRATCH_DIR = REPO / "build" / "bench-results"
+_out_dir = SCRATCH_DIR
+
+
+def out_dir() -> Path:
+    """Where this run's result files go: RESULTS_DIR with ``--write``, else SCRATCH_DIR."""
+    return _out_dir
+
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -592,9 +602,12 @@ class Result:
         return self.name if self.mode == "quick" else f"{self.name}_full"
 
     def write(self) -> tuple[Path, Path]:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        jpath = RESULTS_DIR / f"{self.stem}.json"
-        mpath = RESULTS_DIR / f"{self.stem}.md"
+        """``<stem>.json`` and ``<stem>.md`` in :func:`out_dir` (the tracked results only with
+        ``--write``)."""
+        out = out_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        jpath = out / f"{self.stem}.json"
+        mpath = out / f"{self.stem}.md"
         payload = asdict(self)
         payload["tables"] = [{"caption": c, "markdown": t} for c, t in self.tables]
         tmp = jpath.with_suffix(".json.tmp")
@@ -612,17 +625,26 @@ def bench_main(
     *,
     extra_args: Callable[[Any], None] | None = None,
 ) -> Result:
-    """Parse ``--quick`` (and ``extra_args``), run ``body(result, args)``, time it, write the
-    result files."""
+    """Parse ``--quick``, ``--write`` (and ``extra_args``), run ``body(result, args)``, time
+    it, write the result files: into benchmarks/results/ (tracked) with ``--write``, else into
+    build/bench-results/, so that a benchmark run alone changes nothing git tracks."""
     import argparse
     import logging
 
+    global _out_dir
     parser = argparse.ArgumentParser(description=title)
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="write the tracked benchmarks/results/ files (run_all.py, i.e. make bench, passes "
+        "it; default: build/bench-results/, which git ignores)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     if extra_args is not None:
         extra_args(parser)
     args = parser.parse_args(argv)
+    _out_dir = RESULTS_DIR if args.write else SCRATCH_DIR
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(message)s",

@@ -28,7 +28,7 @@ from typing import Any
 
 import common
 import psutil
-from common import RESULTS_DIR, Result, bench_main, progress
+from common import Result, bench_main, out_dir, progress
 from fleet import Fleet
 
 PROCESSES = ("driver", "worker:RolloutActor", "worker:LedgerActor", "gym")
@@ -222,7 +222,7 @@ def body(result: Result, args: Any) -> None:
             thr0 = {k: _thread_cpu(p) for k, p in pids.items()}
             spies = {}
             for kind, pid in pids.items():
-                out = RESULTS_DIR / f"hotpath_{args.label}_{kind.split(':')[-1]}.txt"
+                out = out_dir() / f"hotpath_{args.label}_{kind.split(':')[-1]}.txt"
                 spies[kind] = (
                     out,
                     subprocess.Popen(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import common
-from common import RESULTS_DIR, Result, bench_main, progress
+from common import Result, bench_main, out_dir, progress
 from fleet import leave_running
 from hotpath_profile import _find, _own_cpu, _py_spy, parse_collapsed
 from scale import SERVERS, DurableFleet, _checkpoint, _state_lost_seen
@@ -52,7 +52,7 @@ def body(result: Result, args: Any) -> None:
         else:
             asyncio.run(leave_running(fleet.endpoints, n, prefix, concurrency=512))
         pids = {"ledger": _find("worker:LedgerActor", fleet.pids), "gym_host": fleet.pids[0]}
-        outs = {k: RESULTS_DIR / f"profile_checkpoint_{k}.txt" for k in pids}
+        outs = {k: out_dir() / f"profile_checkpoint_{k}.txt" for k in pids}
         spies = {
             k: subprocess.Popen(
                 [

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, Result, bench_main, progress
+from common import Result, bench_main, out_dir, progress
 from hotpath_profile import _find, _own_cpu, _py_spy, parse_collapsed
 from scale import (
     SERVERS,
@@ -87,7 +87,7 @@ def body(result: Result, args: Any) -> None:
             "rollout actor": _find("worker:RolloutActor", fleet.pids),
             "Gym host": fleet.pids[0],
         }
-        outs = {k: RESULTS_DIR / f"profile_scale_{k.replace(' ', '_')}.txt" for k in pids}
+        outs = {k: out_dir() / f"profile_scale_{k.replace(' ', '_')}.txt" for k in pids}
         stop = threading.Event()
         done = [0]
 

@@ -3,7 +3,8 @@
 - ``rl-gym-actors status URL [--token T] [--checkpoint-id C] [--json]``: the server's status
   object as a readable table (or its JSON), with the checkpoint holding the server, if any; on
   either protocol (a v2-only server answers its v2 status).
-- ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to a running Ray cluster, finds
+- ``rl-gym-actors ledger [--address ADDR] [--json]``: attaches to the running Ray cluster at
+  ``ADDR`` (else ``$RAY_ADDRESS``; with neither it refuses, exit 2, never picking one), finds
   every ledger actor (named ``rlga-ledger-<id>`` in namespace ``rl_gym_actors``) and prints its
   snapshot.
 
@@ -72,8 +73,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--address",
         default=None,
-        help="Ray cluster address, host:port of its GCS (default: $RAY_ADDRESS, else the "
-        "cluster this machine runs)",
+        help="Ray cluster address, host:port of its GCS (default: $RAY_ADDRESS; one of the "
+        "two is needed: the Ray this machine runs may be another user's)",
     )
     cli_support.add_timeout(p, "the cluster and each ledger")
     p.add_argument("--json", action="store_true", help="print the snapshots as JSON")
@@ -122,15 +123,13 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
 
 def _ledger(args: argparse.Namespace, out: TextIO) -> int:
     """``rl-gym-actors ledger``."""
-    from rl_gym_actors.ray_attach import RayAttachFailed
+    from rl_gym_actors.ray_attach import UNREACHABLE, RayAttachFailed
 
-    where = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    where = args.address or os.environ.get("RAY_ADDRESS") or "this process's Ray"
     try:
         found = fetch_ledgers(args.address, timeout_s=args.timeout_s)
     except RayAttachFailed as exc:
-        code = (
-            cli_support.EXIT_NO_ANSWER if exc.reason == "unreachable" else cli_support.EXIT_REFUSED
-        )
+        code = cli_support.EXIT_NO_ANSWER if exc.reason == UNREACHABLE else cli_support.EXIT_REFUSED
         raise CliError(str(exc), code) from None
     except (ConnectionError, RlGymError, RuntimeError, ValueError) as exc:
         raise CliError(

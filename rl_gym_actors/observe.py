@@ -12,7 +12,6 @@ Nothing here reads private state (status objects and snapshots only).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -286,20 +285,22 @@ def v2_status_table(answer: V2StatusAnswer, *, url: str, limit: int = 20) -> str
 
 
 def fetch_ledgers(address: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Every ledger actor's snapshot on the Ray cluster at ``address`` (``auto`` when None and
-    RAY_ADDRESS is unset), by actor name. A ledger that does not answer maps to its error text.
+    """Every ledger actor's snapshot on the Ray cluster at ``address`` (else
+    ``$RAY_ADDRESS``), by actor name. A ledger that does not answer maps to its error text.
 
-    Uses the Ray connection this process already has, if any.
+    Uses the Ray connection this process already has, if any; without one and without an
+    address it raises ``RayAttachFailed`` (``no_address``) rather than take whatever Ray
+    this machine runs (Ray's ``auto``), which may be another user's.
     """
     import ray
 
     if not ray.is_initialized():
-        from rl_gym_actors.ray_attach import check_ray_address
+        from rl_gym_actors.ray_attach import check_ray_address, require_address
 
-        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        target = require_address(address)
         check_ray_address(target, timeout_s)  # ray.init would retry, logging, for ~20 s
         ray.init(
-            address=address or "auto",
+            address=target,
             namespace=RAY_NAMESPACE,
             log_to_driver=False,
             logging_level=logging.ERROR,

@@ -20,6 +20,7 @@ from rl_gym_actors.errors import RlGymError
 UNREACHABLE = "unreachable"
 TOKEN_REFUSED = "token_refused"
 NO_TOKEN = "no_token"
+NO_ADDRESS = "no_address"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_HELP = (
     "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the cluster's token: "
@@ -30,7 +31,8 @@ TOKEN_HELP = (
 
 class RayAttachFailed(RlGymError):
     """The Ray cluster at ``address`` cannot be attached to; ``reason`` is one of
-    ``unreachable``, ``token_refused``, ``no_token``."""
+    ``unreachable``, ``token_refused``, ``no_token``, ``no_address`` (none was given, and
+    nothing picks one: see :func:`require_address`)."""
 
     def __init__(self, message: str, *, address: str = "", reason: str = UNREACHABLE) -> None:
         super().__init__(message)
@@ -100,6 +102,22 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
             reason=UNREACHABLE,
         )
     # any other answer: a GCS is there; ray.init handles the rest
+
+
+def require_address(address: str | None) -> str:
+    """The address to attach to: ``address``, else ``$RAY_ADDRESS``; with neither, raise
+    :class:`RayAttachFailed` (``no_address``). Ray's own ``address="auto"`` takes whatever
+    cluster this machine runs, which on a shared machine may be another user's: a command
+    that only looks at a cluster must be told which one."""
+    chosen = address or os.environ.get("RAY_ADDRESS")
+    if not chosen:
+        raise RayAttachFailed(
+            "no Ray cluster named: pass --address host:port (the GCS address `ray start "
+            "--head` printed, or `ray status` shows) or set RAY_ADDRESS; nothing is picked "
+            "by itself, since the Ray this machine runs may be another user's",
+            reason=NO_ADDRESS,
+        )
+    return chosen
 
 
 def check_env_address(timeout_s: float = 10.0) -> None:

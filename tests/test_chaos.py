@@ -78,6 +78,15 @@ def test_a_three_node_cluster_losing_a_node(tmp_path):
     row = chaos.ChaosRow(**json.loads(lines[-1][4:]))
     assert row.extra["lost_actors"] >= 1
     assert row.sealed + row.failed_reason == row.rows
+    # snapshot() right after the batch counts what the driver received (issue 31, item 8: it
+    # said "80 sealed, 0 failed" where the driver got 88 and 8), the lost actors' rows
+    # included, while the live actors' own counters lack the lost node's
+    got = {"sealed": 0, "failed": 0, "abandoned": 0, **row.extra["driver_received"]}
+    assert row.extra["snapshot_received"] == got and got["failed"] >= 1, row.extra
+    assert row.extra["live_actors_counted"] < row.rows
+    text = row.extra["snapshot_text"]
+    assert f"received by the driver: {got['sealed']} sealed, {got['failed']} failed" in text
+    assert "a dead one's counts go with it" in text
     assert_row(row)
 
 

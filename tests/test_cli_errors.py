@@ -271,6 +271,37 @@ def test_ledger_against_nothing_is_one_line_exit_1():
     assert "start it (`ray start --head" in one_line(err, "rl-gym-actors ledger: nothing answers")
 
 
+def test_ledger_without_an_address_picks_no_ray_by_itself():
+    """Neither --address nor $RAY_ADDRESS: Ray's ``auto`` would attach to whatever Ray this
+    machine runs, another user's on a shared one; ledger refuses instead, in one line, naming
+    both ways to say which (a process of its own, so that no Ray of the suite's is in it)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rl_gym_actors.cli", "ledger", "--timeout-s", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=scaled(60),
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    line = one_line(done.stderr, "rl-gym-actors ledger: no Ray cluster named")
+    assert "--address host:port" in line and "RAY_ADDRESS" in line
+
+
+def test_require_address_is_typed_and_takes_the_environment(monkeypatch):
+    from rl_gym_actors.ray_attach import NO_ADDRESS, RayAttachFailed, require_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(RayAttachFailed) as caught:
+        require_address(None)
+    assert caught.value.reason == NO_ADDRESS
+    assert require_address("127.0.0.1:7") == "127.0.0.1:7"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:8")
+    assert require_address(None) == "127.0.0.1:8"
+    assert require_address("127.0.0.1:7") == "127.0.0.1:7"
+
+
 @pytest.mark.slow  # a Ray of its own, with token authentication on
 def test_ledger_against_a_ray_with_another_token_is_one_line(tmp_path):
     from rl_gym_actors.testing.token_ray import token_ray_head

@@ -3,7 +3,9 @@ running once ``run_batch`` returned (the actors' pending reports are delivered f
 outcomes the driver received, also when a rollout actor died mid-batch and took its counters
 with it; ACKs named where they happen (the actors' own vs. an endpoint's, a checkpoint's
 included); a v2 endpoint, which has no ACK, said so, with results forgotten at a checkpoint
-instead. Real Ray, real Gym servers on loopback, a real ray.kill."""
+instead. Real Ray, real Gym servers on loopback, a real ray.kill. A real node loss (a second
+raylet on loopback SIGKILLed with rollout actors on it) checks the same counts in
+tests/test_chaos.py (test_a_three_node_cluster_losing_a_node): a cluster of its own."""
 
 from __future__ import annotations
 

@@ -3,13 +3,17 @@ the driver SIGKILLed, a node lost."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from rl_gym_actors.actors.runtime import LOCAL_RAY_TRIES, _child_pids, _stop_new_children
 from rl_gym_actors.config import TryPolicy
+from rl_gym_actors.errors import RayStartFailed
 from rl_gym_actors.testing.chaos.common import (
     ChaosRow,
     Sizes,
@@ -199,11 +203,64 @@ def driver_killed(sizes: Sizes, tmp: Path, *, use_lease: bool = False) -> ChaosR
     return row
 
 
-def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
-    """A 3-node cluster on loopback loses a worker node (with rollout actors) mid-batch. Starts
-    its own Ray cluster: run it in a process of its own (``ray`` must not be initialized)."""
-    import ray
+def loopback_cluster(workers: int, tries: int = LOCAL_RAY_TRIES) -> tuple[Any, list[Any]]:
+    """A ``ray.cluster_utils.Cluster`` on 127.0.0.1, a head and ``workers`` worker nodes of one
+    CPU each, started up to ``tries`` times: Ray gives each raylet a fixed 30 s to register,
+    which a loaded machine misses, and a failed start's processes are stopped before the next
+    (as :func:`~rl_gym_actors.actors.runtime.start_local_ray` does). Raises
+    :class:`RayStartFailed` after the last try."""
     from ray.cluster_utils import Cluster
+
+    for attempt in range(1, tries + 1):
+        before = _child_pids()
+        cluster = None
+        try:
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args=dict(
+                    num_cpus=1, include_dashboard=False, node_ip_address="127.0.0.1"
+                ),
+            )
+            nodes = [
+                cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(workers)
+            ]
+            return cluster, nodes
+        except Exception as exc:  # Ray's start-up timeout is a bare Exception
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.shutdown()
+            _stop_new_children(before)
+            if attempt == tries:
+                raise RayStartFailed(
+                    f"a {workers + 1}-node loopback cluster did not start in {tries} tries",
+                    tries=tries,
+                ) from exc
+    raise AssertionError("unreachable")
+
+
+def _sigkill_raylet(node: Any) -> int:
+    """A lost machine: SIGKILL a ``ray.cluster_utils`` node's raylet and, at once, every worker
+    process it started (the rollout actors on it), with no graceful shutdown (a worker alone
+    outlives its raylet for a while and still answers its owner). The node's other processes
+    are reaped by ``Cluster.shutdown``. Returns how many processes were killed."""
+    import psutil
+
+    (raylet,) = node.all_processes["raylet"]
+    root = psutil.Process(raylet.process.pid)
+    doomed = [root, *root.children(recursive=True)]
+    for proc in doomed:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
+    return len(doomed)
+
+
+def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
+    """A 3-node cluster on loopback loses a worker node (with rollout actors) mid-batch: its
+    raylet SIGKILLed. Starts its own Ray cluster: run it in a process of its own (``ray`` must
+    not be initialized). ``extra`` holds what the driver received (``driver_received``, by
+    status) beside what ``snapshot()`` said right after the batch (``snapshot_received``, and
+    the live actors' own counts, ``live_actors_counted``, which lack the lost node's)."""
+    import ray
 
     from rl_gym_actors.config import PoolConfig
 
@@ -212,11 +269,7 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
         "rows on the lost node fail with a reason, the rest seal; the checkpoint "
         "settles the lost owners' attempts and commits",
     )
-    loopback = dict(node_ip_address="127.0.0.1")
-    cluster = Cluster(
-        initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False, **loopback)
-    )
-    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
+    cluster, workers = loopback_cluster(2)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     cluster.wait_for_nodes()
     server = process_server(sizes, token="chaos").start()
@@ -254,9 +307,20 @@ def node_loss(sizes: Sizes, tmp: Path) -> ChaosRow:
         batch = _in_background(orch.run_batch, _rows("nl", sizes, sleep_s=2.0))
         _wait(lambda: _running(server.endpoint) > 0, 60, "runs on Gym")
         fault = time.monotonic()
-        cluster.remove_node(victim, allow_graceful=False)
+        row.extra["killed_processes"] = _sigkill_raylet(victim)
         outcomes = batch.result()
         row.count(outcomes)
+        snap = orch.snapshot()  # what a user prints after the batch
+        row.extra["driver_received"] = dict(Counter(o.status for o in outcomes))
+        row.extra["snapshot_received"] = {
+            "sealed": snap.received.sealed,
+            "failed": snap.received.failed,
+            "abandoned": snap.received.abandoned,
+        }
+        row.extra["live_actors_counted"] = (
+            snap.actors.sealed + snap.actors.failed + snap.actors.abandoned
+        )
+        row.extra["snapshot_text"] = str(snap)
         _after(row, orch, server.endpoint, tmp, "nl-after", fault, outcomes, deadline_s=180)
         row.extra["lost_actors"] = placed[victim.node_id]
         orch.close()
