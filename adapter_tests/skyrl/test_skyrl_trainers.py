@@ -179,3 +179,46 @@ def test_fully_async_trainer_killed_during_a_step_resumes_with_every_trajectory_
     from_layer = sum(s["metrics"]["rlga/adopted"] + s["metrics"]["rlga/repeated"] for s in resumed)
     assert from_layer > 0, [s["metrics"] for s in resumed]
     assert_the_layer_kept_everything(gym, policy, run, trained_steps(steps_before, resumed))
+
+
+EVAL_PROMPTS, EVAL_FAILING = 3, 1  # the evaluation set; prompt 1's agent always fails
+
+
+def test_sync_trainer_evaluates_through_the_layer_across_a_kill_during_an_evaluation(
+    gym, policy, ray_address, tmp_path
+):
+    """An evaluation after every step (``<run>-eval-s<step>-...`` ids through the generator), a
+    SkyRL checkpoint every second step, SIGKILLed while step 5's evaluation runs on Gym: SkyRL
+    resumes from global_step_4, trains step 5 again and evaluates it again, both from the layer
+    (adopted from Gym, no agent rerun); the failing evaluation prompt is masked and no evaluation
+    stops; the last evaluation (after the last checkpoint) is released before the run ends."""
+    work, run = workdir(tmp_path), "sync-eval"
+    evals = write_dataset(work / "eval.jsonl", EVAL_PROMPTS, sleep_s=SLEEP_S, fail=(EVAL_FAILING,))
+    extra = ("--eval-data", evals, "--ckpt-interval", "2")
+    first = trainer(gym, ray_address, work, run, *extra)
+    wait_until("global_step_4's part", lambda: committed(work, 4), INCARNATION_S)
+    wait_until(
+        "step 5's evaluation started on Gym",
+        lambda: any(f"{run}-eval-s5-" in rid for rid in policy.snapshot()[0]),
+    )
+    first.kill()
+    steps_before = drained(first)
+    evals_before = [e["step"] for e in first.events if e.get("event") == "eval"]
+    assert not (work / "ckpt" / "global_step_6").exists()
+    second = trainer(gym, ray_address, work, run, *extra)
+    resumed = finish(second)
+    assert resumed[0]["step"] == 5
+    evals_after = [e["step"] for e in second.events if e.get("event") == "eval"]
+    assert evals_before[:4] == [1, 2, 3, 4] and evals_after == [5, 6], (evals_before, evals_after)
+    starts, _ = policy.snapshot()
+    eval_ids = {rid: n for rid, n in starts.items() if rid.startswith(f"{run}-eval-")}
+    expected = {
+        f"{run}-eval-s{s}-i{k}-r0" for s in range(1, STEPS + 1) for k in range(EVAL_PROMPTS)
+    }
+    assert set(eval_ids) == expected, sorted(eval_ids)
+    healthy = {rid: n for rid, n in eval_ids.items() if f"-i{EVAL_FAILING}-" not in rid}
+    assert all(n == 1 for n in healthy.values()), f"evaluations ran again: {healthy}"
+    step5 = resumed[0]
+    from_layer = step5["metrics"]["rlga/adopted"] + step5["metrics"]["rlga/repeated"]
+    assert from_layer == step5["rows"] - step5["masked"], step5  # every result of step 5
+    assert_the_layer_kept_everything(gym, policy, run, trained_steps(steps_before, resumed))

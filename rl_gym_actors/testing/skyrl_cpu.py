@@ -16,10 +16,11 @@ logprobs, after ``sleep_s``; it raises for a row with ``fail``. :class:`PolicyAg
 runs per rollout id (in the test's process, given to a ``GymServerThread``).
 
 Run as ``python -m rl_gym_actors.testing.skyrl_cpu --workdir W --url U --token T --run-id R
-[--fully-async] [--fault on_save:N] [--ray-address A]``: one trainer incarnation, in the Ray at
-``A`` or a local Ray of its own (loopback).
+[--fully-async] [--ckpt-interval N] [--eval-data F] [--fault on_save:N] [--ray-address A]``: one
+trainer incarnation, in the Ray at ``A`` or a local Ray of its own (loopback).
 It prints JSON lines: ``{"event": "started"}``, ``{"event": "step", "step", "epoch", "metrics",
 "masked"}`` per trained step (``metrics``: the step's ``rlga/*`` rollout metrics), ``{"event":
+"eval", "step", "metrics"}`` per evaluation (``--eval-data``: after every step), ``{"event":
 "done"}``. ``--fault on_save:N`` SIGKILLs the process right after SkyRL made ``global_step_N``
 durable and before the layer's checkpoint (a crash between the two).
 """
@@ -250,6 +251,15 @@ class CpuTrainerMixin:
         )
         return {"policy_loss": 0.0}
 
+    async def eval(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        metrics = await super().eval(*args, **kwargs)  # type: ignore[misc]
+        say(
+            event="eval",
+            step=self.global_step,
+            metrics={k: v for k, v in metrics.items() if k.startswith("eval/")},
+        )
+        return metrics
+
     def _cleanup_old_checkpoints(self) -> None:
         from skyrl.train.utils.trainer_utils import cleanup_old_checkpoints
 
@@ -307,6 +317,16 @@ def cpu_classes() -> tuple[type, type, type]:
                 num_workers=1,
             )
 
+        def get_eval_dataset(self) -> Any:
+            if self.cfg.trainer.eval_interval <= 0 or not self.cfg.data.val_data:
+                return None
+            return PromptDataset(
+                datasets=self.cfg.data.val_data,
+                tokenizer=self.tokenizer,
+                max_prompt_length=self.cfg.trainer.max_prompt_length,
+                num_workers=1,
+            )
+
         def get_inference_client(self) -> Any:
             return StubInferenceClient()
 
@@ -318,7 +338,6 @@ def overrides(args: argparse.Namespace) -> list[str]:
     work = Path(args.workdir)
     out = [
         f"data.train_data=['{work / 'train.jsonl'}']",
-        "data.val_data=[]",
         f"trainer.policy.model.path={work / 'tokenizer'}",
         f"trainer.ckpt_path={work / 'ckpt'}",
         f"trainer.export_path={work / 'export'}",
@@ -328,10 +347,9 @@ def overrides(args: argparse.Namespace) -> list[str]:
         f"trainer.epochs={args.epochs}",
         f"trainer.train_batch_size={args.batch}",
         f"trainer.policy_mini_batch_size={args.batch}",
-        "trainer.ckpt_interval=1",
+        f"trainer.ckpt_interval={args.ckpt_interval}",
         "trainer.max_ckpts_to_keep=-1",
         "trainer.resume_mode=latest",
-        "trainer.eval_interval=-1",
         "trainer.hf_save_interval=-1",
         "trainer.max_prompt_length=64",
         "trainer.placement.colocate_all=false",
@@ -343,6 +361,15 @@ def overrides(args: argparse.Namespace) -> list[str]:
         "generator.rl_gym_actors.max_tries=2",
         "generator.rl_gym_actors.checkpoint_deadline_s=60",
     ]
+    if args.eval_data:  # an evaluation after every step, one sample per prompt
+        out += [
+            f"data.val_data=['{args.eval_data}']",
+            "trainer.eval_interval=1",
+            "trainer.eval_before_train=false",
+            "generator.eval_n_samples_per_prompt=1",
+        ]
+    else:
+        out += ["data.val_data=[]", "trainer.eval_interval=-1"]
     if args.fully_async:
         out += [
             "trainer.fully_async.enabled=true",
@@ -362,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--ckpt-interval", type=int, default=1)
+    parser.add_argument("--eval-data", default="", help="a prompt dataset to evaluate on")
     parser.add_argument("--fully-async", action="store_true")
     parser.add_argument("--fault", default="")
     parser.add_argument("--ray-address", default=None, help="a running Ray (default: a new one)")

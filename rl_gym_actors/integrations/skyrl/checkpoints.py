@@ -3,7 +3,9 @@
 - Sync ``RayPPOTrainer``: :class:`GymCheckpointCallback`. SkyRL's ``save_checkpoints()`` writes
   ``global_step_N/`` and ``latest_ckpt_global_step.txt``, then fires ``on_save`` with the folder:
   the layer's checkpoint commits there, after SkyRL's state is durable. ``on_train_start`` and
-  ``on_epoch_start`` give the generator its epoch (part of every rollout id).
+  ``on_epoch_start`` give the generator its epoch (part of every rollout id). ``on_train_end``
+  commits once more into the newest folder: SkyRL evaluates after a step's save, so the last
+  evaluation's results were handed out after the last commit, and would stay un-ACKed on Gym.
 - ``FullyAsyncRayPPOTrainer`` refuses callbacks; :class:`FullyAsyncGymTrainer` overrides
   ``save_checkpoints()`` (SkyRL runs it in a thread while generation goes on) to commit the
   layer's checkpoint after SkyRL's, handing it the rollout ids of groups generated but not yet
@@ -72,6 +74,7 @@ class GymCheckpointCallback(TrainingCallback):
     def __init__(self, generator: GymGenerator, *, deadline_s: float = 120.0) -> None:
         self.generator = generator
         self.deadline_s = deadline_s
+        self.last_dir: str | None = None  # the folder of the last commit
 
     def on_train_start(self, trainer: Any, callback_input: Any, control: Any) -> None:
         self.generator.epoch = int(callback_input.epoch)
@@ -82,6 +85,11 @@ class GymCheckpointCallback(TrainingCallback):
     def on_save(self, trainer: Any, callback_input: Any, control: Any) -> None:
         if callback_input.ckpt_path:
             commit_layer(self.generator, callback_input.ckpt_path, deadline_s=self.deadline_s)
+            self.last_dir = str(callback_input.ckpt_path)
+
+    def on_train_end(self, trainer: Any, callback_input: Any, control: Any) -> None:
+        if self.last_dir is not None:  # releases what came after it (the last evaluation)
+            commit_layer(self.generator, self.last_dir, deadline_s=self.deadline_s)
 
 
 class FullyAsyncGymTrainer(FullyAsyncRayPPOTrainer):
