@@ -320,6 +320,7 @@ class Orchestrator:
         keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
         forgotten runs, prepares, commits, resumes). Write the trainer's own state for the step
@@ -330,6 +331,10 @@ class Orchestrator:
         passed in ``keep``; every other result handed out before this call counts as consumed
         here and leaves the next part (None: all of them, a synchronous trainer's case). An id
         this orchestrator never handed out, or already released, is a ConfigError naming it.
+        ``keep_if_handed``: ids the trainer may hold, kept when their result was handed out by
+        the time this checkpoint counts, ignored else (a trainer that cannot tell a result on
+        its way to its buffer from a rollout still running: verl's async modes; the count and
+        the handing out happen on the orchestrator's loop, so none falls between).
 
         The same ``checkpoint_id`` again, once committed, answers its committed report (read
         back from the part, not gated again) for the same dir, and is a ConfigError for another.
@@ -339,7 +344,9 @@ class Orchestrator:
         ``active_checkpoint_id``; ``released`` says how many results it let go of first, all in
         the part under ``restore_from``), LedgerLost when the ledger is gone for good."""
         return self._sync(
-            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
+            self._checkpoint(
+                checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign, keep_if_handed
+            )
         )
 
     async def acheckpoint(
@@ -350,9 +357,12 @@ class Orchestrator:
         keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         return await self._async(
-            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
+            self._checkpoint(
+                checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign, keep_if_handed
+            )
         )
 
     def restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
@@ -523,6 +533,7 @@ class Orchestrator:
         keep: Iterable[str] | None,
         deadline_s: float,
         sweep_foreign: bool,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
@@ -532,7 +543,8 @@ class Orchestrator:
         done = await self._committed_before(checkpoint_id, checkpoint_dir)
         if done is not None:
             return done
-        consumed = self._consumed(keep)  # what was handed out before now, less what is kept
+        # what was handed out before now, less what is kept
+        consumed = self._consumed(keep, keep_if_handed)
         _, _, ledger = await self._ready()
         started = time.monotonic()
         # the layer's part first: nothing is released before it is durable
@@ -615,20 +627,17 @@ class Orchestrator:
         stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
         return stored or report
 
-    def _consumed(self, keep: Iterable[str] | None) -> set[str] | None:
+    def _consumed(
+        self, keep: Iterable[str] | None, keep_if_handed: Iterable[str] | None = None
+    ) -> set[str] | None:
         """The handed rollouts this checkpoint counts as consumed: every one handed out so far
-        but those in ``keep`` (None: every one). ConfigError naming the ids of ``keep`` that
-        were never handed out, or already released."""
+        but those in ``keep`` and the handed ones of ``keep_if_handed`` (both None: every one).
+        ConfigError naming the ids of ``keep`` that were never handed out, or already
+        released."""
         handed = self._memory.handed()
-        if keep is None:
+        if keep is None and keep_if_handed is None:
             return handed
-        if isinstance(keep, (str, bytes)):
-            raise ConfigError("keep must be an iterable of rollout ids, not one string")
-        kept = set()
-        for rid in keep:
-            if not isinstance(rid, str):
-                raise ConfigError(f"keep holds {rid!r}: rollout ids are strings")
-            kept.add(rid)
+        kept = _rollout_ids(keep, "keep")
         if unknown := sorted(kept - handed):
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             shown = ", ".join(unknown[:10]) + more
@@ -636,6 +645,7 @@ class Orchestrator:
                 f"keep names {len(unknown)} rollout id(s) this orchestrator holds no handed result "
                 f"of (never handed out, or released at an earlier checkpoint): {shown}"
             )
+        kept |= _rollout_ids(keep_if_handed, "keep_if_handed") & handed
         return handed - kept
 
     def _committed(self, consumed: set[str] | None = None) -> None:
@@ -662,3 +672,18 @@ class Orchestrator:
         return await OrchestratorSnapshot.take(
             self.id, pool, client, self._memory, self._received, START_TIMEOUT_S
         )
+
+
+def _rollout_ids(ids: Iterable[str] | None, what: str) -> set[str]:
+    """``keep`` / ``keep_if_handed`` as a set (None: empty); ConfigError for one string or a
+    non-string id."""
+    if ids is None:
+        return set()
+    if isinstance(ids, (str, bytes)):
+        raise ConfigError(f"{what} must be an iterable of rollout ids, not one string")
+    out = set()
+    for rid in ids:
+        if not isinstance(rid, str):
+            raise ConfigError(f"{what} holds {rid!r}: rollout ids are strings")
+        out.add(rid)
+    return out
