@@ -321,6 +321,7 @@ class Orchestrator:
         keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint (the ledger adopts, ACKs orphans, retires
         forgotten runs, prepares, commits, resumes). Write the trainer's own state for the step
@@ -331,6 +332,10 @@ class Orchestrator:
         passed in ``keep``; every other result handed out before this call counts as consumed
         here and leaves the next part (None: all of them, a synchronous trainer's case). An id
         this orchestrator never handed out, or already released, is a ConfigError naming it.
+        ``keep_if_handed``: ids the trainer may hold, kept when their result was handed out by
+        the time this checkpoint counts, ignored else (a trainer that cannot tell a result on
+        its way to its buffer from a rollout still running: verl's async modes; the count and
+        the handing out happen on the orchestrator's loop, so none falls between).
 
         The same ``checkpoint_id`` again, once committed, answers its committed report (read
         back from the part, not gated again) for the same dir, and is a ConfigError for another.
@@ -340,7 +345,9 @@ class Orchestrator:
         ``active_checkpoint_id``; ``released`` says how many results it let go of first, all in
         the part under ``restore_from``), LedgerLost when the ledger is gone for good."""
         return self._sync(
-            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
+            self._checkpoint(
+                checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign, keep_if_handed
+            )
         )
 
     async def acheckpoint(
@@ -351,9 +358,12 @@ class Orchestrator:
         keep: Iterable[str] | None = None,
         deadline_s: float = 120.0,
         sweep_foreign: bool = False,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         return await self._async(
-            self._checkpoint(checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign)
+            self._checkpoint(
+                checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign, keep_if_handed
+            )
         )
 
     def restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
@@ -513,10 +523,17 @@ class Orchestrator:
         keep: Iterable[str] | None,
         deadline_s: float,
         sweep_foreign: bool,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         deadline_s = checkpoint_args(checkpoint_id, checkpoint_dir, deadline_s)
         return await self._checkpoints.checkpoint(
-            self._ledger_ready, checkpoint_id, checkpoint_dir, keep, deadline_s, sweep_foreign
+            self._ledger_ready,
+            checkpoint_id,
+            checkpoint_dir,
+            keep,
+            deadline_s,
+            sweep_foreign,
+            keep_if_handed,
         )
 
     async def _ledger_ready(self) -> LedgerClient:

@@ -72,6 +72,7 @@ class RunCheckpoints:
         keep: Iterable[str] | None,
         deadline_s: float,
         sweep_foreign: bool,
+        keep_if_handed: Iterable[str] | None = None,
     ) -> CheckpointReport:
         """Gate ``checkpoint_id`` (see :meth:`Orchestrator.checkpoint`); ``ready`` answers the
         ledger, starting the orchestrator when it has not started yet."""
@@ -79,7 +80,8 @@ class RunCheckpoints:
         done = await self._committed_before(checkpoint_id, checkpoint_dir)
         if done is not None:
             return done
-        consumed = self._consumed(keep)  # what was handed out before now, less what is kept
+        # what was handed out before now, less what is kept
+        consumed = self._consumed(keep, keep_if_handed)
         ledger = await ready()
         started = time.monotonic()
         # the layer's part first: nothing is released before it is durable
@@ -162,20 +164,17 @@ class RunCheckpoints:
         stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
         return stored or report
 
-    def _consumed(self, keep: Iterable[str] | None) -> set[str] | None:
+    def _consumed(
+        self, keep: Iterable[str] | None, keep_if_handed: Iterable[str] | None = None
+    ) -> set[str] | None:
         """The handed rollouts this checkpoint counts as consumed: every one handed out so far
-        but those in ``keep`` (None: every one). ConfigError naming the ids of ``keep`` that
-        were never handed out, or already released."""
+        but those in ``keep`` and the handed ones of ``keep_if_handed`` (both None: every one).
+        ConfigError naming the ids of ``keep`` that were never handed out, or already
+        released."""
         handed = self._memory.handed()
-        if keep is None:
+        if keep is None and keep_if_handed is None:
             return handed
-        if isinstance(keep, (str, bytes)):
-            raise ConfigError("keep must be an iterable of rollout ids, not one string")
-        kept = set()
-        for rid in keep:
-            if not isinstance(rid, str):
-                raise ConfigError(f"keep holds {rid!r}: rollout ids are strings")
-            kept.add(rid)
+        kept = _rollout_ids(keep, "keep")
         if unknown := sorted(kept - handed):
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             shown = ", ".join(unknown[:10]) + more
@@ -183,6 +182,7 @@ class RunCheckpoints:
                 f"keep names {len(unknown)} rollout id(s) this orchestrator holds no handed result "
                 f"of (never handed out, or released at an earlier checkpoint): {shown}"
             )
+        kept |= _rollout_ids(keep_if_handed, "keep_if_handed") & handed
         return handed - kept
 
     def _committed(self, consumed: set[str] | None = None) -> None:
@@ -233,3 +233,18 @@ def checkpoint_args(checkpoint_id: str, checkpoint_dir: Any, deadline_s: float) 
     if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
         raise ConfigError("checkpoint_dir must be a non-empty path")
     return deadline_s_arg(deadline_s)
+
+
+def _rollout_ids(ids: Iterable[str] | None, what: str) -> set[str]:
+    """``keep`` / ``keep_if_handed`` as a set (None: empty); ConfigError for one string or a
+    non-string id."""
+    if ids is None:
+        return set()
+    if isinstance(ids, (str, bytes)):
+        raise ConfigError(f"{what} must be an iterable of rollout ids, not one string")
+    out = set()
+    for rid in ids:
+        if not isinstance(rid, str):
+            raise ConfigError(f"{what} holds {rid!r}: rollout ids are strings")
+        out.add(rid)
+    return out

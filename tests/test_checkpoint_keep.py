@@ -2,7 +2,8 @@
 real local Ray: ``checkpoint(..., keep=ids)`` keeps handed results the trainer has not trained on
 in this part and every later one while they are kept, with their replies (``keep_results`` is
 the default); a handed result not kept is consumed and leaves the next part (the part stays
-flat); an id never handed out is refused before anything is written; the same checkpoint id
+flat); an id never handed out is refused before anything is written, and ignored in
+``keep_if_handed`` (kept only when handed out); the same checkpoint id
 asked again with the same dir answers its committed report (also after a restore), with
 another dir a ConfigError; and a checkpoint that fails after it released results says so."""
 
@@ -96,6 +97,25 @@ def test_keep_naming_a_result_never_handed_out_is_refused_before_anything(
         orch.checkpoint("kr-ck-1", str(tmp_path / "a"), deadline_s=30)
         with pytest.raises(ConfigError, match="kr-s0-1"):  # released at kr-ck-1
             orch.checkpoint("kr-ck-2", str(tmp_path / "b"), keep=["kr-s0-1"])
+
+
+def test_keep_if_handed_keeps_the_handed_ids_and_ignores_the_others(ray_session, gym, tmp_path):
+    # verl's async TransferQueue names every session of a prompt still running: some were
+    # handed out (their result on its way to the trainer), some not yet
+    with _orch(gym, "kh") as orch:
+        orch.run_batch(_rows("kh", 0, 2))
+        may_hold = ["kh-s0-0", "kh-not-yet"]
+        orch.checkpoint("kh-ck-1", str(tmp_path / "a"), keep_if_handed=may_hold, deadline_s=30)
+        part = _part(tmp_path / "a")
+        assert [o["rollout_id"] for o in part["undelivered"]] == ["kh-s0-0"]
+        orch.checkpoint("kh-ck-2", str(tmp_path / "b"), keep=["kh-s0-0"], deadline_s=30)
+        with pytest.raises(ConfigError, match="kh-s0-1"):  # consumed at kh-ck-1: not kept
+            orch.checkpoint("kh-ck-3", str(tmp_path / "c"), keep=["kh-s0-1"])
+        with pytest.raises(ConfigError):
+            orch.checkpoint("kh-ck-3", str(tmp_path / "c"), keep_if_handed="kh-s0-0")
+        with pytest.raises(ConfigError):
+            orch.checkpoint("kh-ck-3", str(tmp_path / "c"), keep_if_handed=[7])
+        assert not (tmp_path / "c").exists()
 
 
 def test_the_same_checkpoint_id_again_answers_its_committed_report(ray_session, gym, tmp_path):

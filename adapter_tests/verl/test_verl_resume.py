@@ -1,5 +1,6 @@
 """verl's real v1 trainer (verl 0.9.1, ``fit()``, TransferQueue, ``AgentLoopManagerTQ``) on the
-layer, killed with SIGKILL twice and resumed with ``resume_mode=auto``.
+layer, killed with SIGKILL twice and resumed with ``resume_mode=auto``, in sync mode and in
+``colocate_async`` mode.
 
 One durable ``gym serve`` (the CPU stand-in policy of ``rl_gym_actors.testing.verl_cpu`` as its
 agent, logging every start and finish); the trainer is a subprocess in a session of its own (its
@@ -10,6 +11,9 @@ step 2 and finishes. Then: every trained sample of every step has the reward the
 policy gave that rollout (none made up), each step trained its 8 sessions (no
 ``forgotten_rollout``, no failed group), no finished run of the agent was run again, the
 resumed step 2 took A's finished runs from Gym (adopted), and Gym holds nothing un-ACKed.
+
+The async case picks its instants for verl's async trainer, which runs a batch ahead (see
+:func:`_resume_async`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +35,12 @@ import rl_gym_actors.integrations.verl.agent_loop  # noqa: F401  (fails here whe
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess
 from rl_gym_actors.testing.polling import wait_for
-from rl_gym_actors.testing.verl_cpu import AGENT_LOG_ENV, expected_reward
+from rl_gym_actors.testing.verl_cpu import (
+    AGENT_HOLD_ENV,
+    AGENT_LOG_ENV,
+    PAUSE_AFTER_SAVE_ENV,
+    expected_reward,
+)
 
 STEPS = 4
 SESSIONS_PER_STEP = 8  # batch 4 x rollout.n 2
@@ -44,7 +54,9 @@ def _lines(path: Path) -> list[dict]:
 
 
 class Trainer:
-    def __init__(self, workdir: Path, gym: GymServerProcess, mode: str) -> None:
+    def __init__(
+        self, workdir: Path, gym: GymServerProcess, mode: str, env: dict[str, str] | None = None
+    ) -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -62,7 +74,7 @@ class Trainer:
         ]
         self.log_path = workdir / f"trainer-{time.time():.0f}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
-        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **(env or {})}
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -82,6 +94,45 @@ class Trainer:
             pass
         self.proc.wait(timeout=60)
         self.log.close()
+
+
+def _batch_of(rid: str) -> str:
+    """``e<epoch>-b<batch>`` of a session's rollout id (``<run>-e0-b2-p1-s0``)."""
+    match = re.search(r"-(e\d+-b\d+)-p\d+-s\d+$", rid)
+    assert match, rid
+    return match.group(1)
+
+
+def _by_step(work: Path) -> dict[int, list[dict]]:
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for record in _lines(work / "trained.jsonl"):
+        by_step[record["step"]].append(record)
+    return by_step
+
+
+def _check_trained(by_step: dict[int, list[dict]], agent_log: Path) -> Counter:
+    """Every step trained once, 8 distinct sessions, each with the reward the policy gave it
+    (none made up), and no finished run of the agent was started again. The starts per rollout."""
+    # every training of a step is logged, whichever incarnation did it: 16 would show a step
+    # trained twice
+    assert sorted(by_step) == list(range(1, STEPS + 1)), sorted(by_step)
+    for step, records in by_step.items():
+        rids = [r["rid"] for r in records]
+        assert len(rids) == SESSIONS_PER_STEP == len(set(rids)), (step, rids)
+        for r in records:
+            assert r["reward"] == pytest.approx(expected_reward(r["rid"]), abs=1e-6), r
+    events = _lines(agent_log)
+    finished: set[str] = set()
+    reruns = []
+    for e in events:
+        if e["event"] == "start" and e["rid"] in finished:
+            reruns.append((e["rid"], e["attempt"]))
+        if e["event"] == "finish":
+            finished.add(e["rid"])
+    assert reruns == [], reruns
+    starts = Counter(e["rid"] for e in events if e["event"] == "start")
+    assert set(starts) >= {r["rid"] for rs in by_step.values() for r in rs}
+    return starts
 
 
 def _unacked(gym: GymServerProcess) -> tuple[int, int]:
@@ -133,46 +184,120 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
             b.kill9()
 
         # C: resumes from step 2 and finishes
-        c = Trainer(work, gym, mode)
-        wait_for(
-            lambda: (work / "done").exists() or c.proc.poll() is not None,
-            timeout_s=INCARNATION_S,
-            what="C to finish",
-        )
-        c.proc.wait(timeout=60)
-        assert c.proc.returncode == 0, c.tail()
-        c.log.close()
-        unacked, running = _unacked(gym)
+        unacked, running = _finish(work, gym, mode)
 
-    trained = _lines(work / "trained.jsonl")
-    by_step: dict[int, list[dict]] = defaultdict(list)
-    for record in trained:
-        by_step[record["step"]].append(record)
-    # the last time each step trained (step 2: by B; steps 3-4: by C)
-    assert sorted(by_step) == [1, 2, 3, 4], sorted(by_step)
-    for step, records in by_step.items():
-        rids = [r["rid"] for r in records]
-        # each step trains 8 sessions (a step trained twice would show 16: none is)
-        assert len(rids) == SESSIONS_PER_STEP == len(set(rids)), (step, rids)
-        for r in records:
-            assert r["reward"] == pytest.approx(expected_reward(r["rid"]), abs=1e-6), r
+    by_step = _by_step(work)
+    _check_trained(by_step, agent_log)
     # deterministic uids: step k trains batch k-1 of epoch 0, then batch 0 of epoch 1
     assert all("-e0-b1-" in r["rid"] for r in by_step[2])
     assert all("-e1-b0-" in r["rid"] for r in by_step[4])
     # the resumed step 2 took A's finished runs from Gym instead of running them again
     assert any(r["adopted"] for r in by_step[2]), by_step[2]
-    events = _lines(agent_log)
-    finished: set[tuple[str, int]] = set()
-    reruns = []
-    for e in events:
-        key = (e["rid"], e["attempt"])
-        if e["event"] == "start" and any(k[0] == e["rid"] for k in finished):
-            reruns.append(key)
-        if e["event"] == "finish":
-            finished.add(key)
-    assert reruns == [], reruns
-    starts = Counter(e["rid"] for e in events if e["event"] == "start")
-    assert set(starts) >= {r["rid"] for r in trained}
+    assert (unacked, running) == (0, 0)
+
+
+def _finish(work: Path, gym: GymServerProcess, mode: str) -> tuple[int, int]:
+    """The last incarnation: resumes and runs to the end. Then Gym's un-ACKed and running."""
+    c = Trainer(work, gym, mode)
+    wait_for(
+        lambda: (work / "done").exists() or c.proc.poll() is not None,
+        timeout_s=INCARNATION_S,
+        what="C to finish",
+    )
+    c.proc.wait(timeout=60)
+    assert c.proc.returncode == 0, c.tail()
+    c.log.close()
+    return _unacked(gym)
+
+
+# verl's async modes fetch one prompt at a time (``data.gen_batch_size`` 1): uid e<epoch>-b<k>-p0
+def _prompts(epoch: int, first: int, last: int) -> set[str]:
+    return {f"e{epoch}-b{k}" for k in range(first, last + 1)}
+
+
+FETCHED_AT_STEP2 = _prompts(0, 8, 11)
+HELD = [f"*-{p}-p0-s1" for p in sorted(FETCHED_AT_STEP2)]  # start on Gym, stay running
+# warm-up 0-3, step 1: 4-7, step 2: 8-11 (A); step 3: e1 0-3 (B); step 4: e1 4-7 (C). A failed
+# group (a forgotten_rollout, say) would be dropped and refilled with a prompt beyond these.
+FETCHED = _prompts(0, 0, 11) | _prompts(1, 0, 7)
+
+
+def _resume_async(tmp_path: Path) -> None:
+    """verl's ``colocate_async`` trainer fetches a warm-up batch before step 1 and one batch at
+    the start of every step, and trains any 4 finished groups, the earliest fetched first. On
+    the agent-checkpoint protocol the layer's checkpoint waits for the sessions in flight (a
+    drain barrier), so each checkpoint finishes the batch fetched at its step.
+
+    A: steps 1-2 train the warm-up batch and step 1's; killed in step 2's checkpoint (verl's
+    own save done, the layer's part written, its commit waiting): step 2's batch has every
+    session 0 finished on Gym and every session 1 running (held). Released, those finish on Gym
+    with no trainer. B resumes from step 2 (verl re-issues step 2's batch from its
+    TransferQueue: the layer adopts A's runs), trains step 3 and is killed right after its
+    checkpoint of step 3 (four finished groups untrained there: in verl's TransferQueue
+    checkpoint and kept by the layer). C resumes from step 3, trains step 4 and finishes. Every
+    trained session has the reward its one run on Gym gave it, and Gym ends holding nothing."""
+    mode = "rlga_colocate_async"
+    work = tmp_path / "run"
+    work.mkdir()
+    agent_log = work / "agent.jsonl"
+    hold = work / "hold.json"
+    hold.write_text(json.dumps(HELD))
+    env = {**os.environ, AGENT_LOG_ENV: str(agent_log), AGENT_HOLD_ENV: str(hold)}
+    ckpt = work / "ckpt"
+    with GymServerProcess(
+        agent="rl_gym_actors.testing.verl_cpu:agent", state_dir=tmp_path / "gym", env=env
+    ) as gym:
+        a = Trainer(work, gym, mode)
+        try:
+
+            def in_step2_checkpoint() -> bool:
+                assert a.alive(), (
+                    f"incarnation A ended before its checkpoint of step 2:\n{a.tail()}"
+                )
+                if not (ckpt / "global_step_2" / "rl_gym_actors" / "part.json").exists():
+                    return False
+                events = _lines(agent_log)
+                started = {e["rid"] for e in events if e["event"] == "start"}
+                finished = {e["rid"] for e in events if e["event"] == "finish"}
+                fresh = {r for r in started if _batch_of(r) in FETCHED_AT_STEP2}
+                done = {r for r in fresh if r.endswith("-s0")}
+                return len(fresh) == 2 * len(FETCHED_AT_STEP2) and done <= finished
+
+            wait_for(in_step2_checkpoint, timeout_s=INCARNATION_S, interval_s=0.2, what="A")
+            assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+            assert not (ckpt / "global_step_2" / "rl_gym_actors" / "report.json").exists()
+        finally:
+            a.kill9()
+        assert sorted(_by_step(work)) == [1, 2]
+        hold.unlink()
+
+        b = Trainer(work, gym, mode, env={PAUSE_AFTER_SAVE_ENV: "3"})
+        try:
+
+            def paused_after_step3() -> bool:
+                assert b.alive(), f"B ended before its checkpoint of step 3:\n{b.tail()}"
+                return (work / "paused-3").exists()
+
+            wait_for(paused_after_step3, timeout_s=INCARNATION_S, what="B saved step 3")
+            assert (ckpt / "global_step_3" / "rl_gym_actors" / "part.json").exists()
+        finally:
+            b.kill9()
+        assert sorted(_by_step(work)) == [1, 2, 3]
+
+        unacked, running = _finish(work, gym, mode)
+
+    by_step = _by_step(work)
+    starts = _check_trained(by_step, agent_log)
+    batches = {step: {_batch_of(r["rid"]) for r in records} for step, records in by_step.items()}
+    assert batches[1] | batches[2] == _prompts(0, 0, 7), batches
+    trained = [r["rid"] for records in by_step.values() for r in records]
+    assert len(set(trained)) == STEPS * SESSIONS_PER_STEP  # no session trained twice
+    # every prompt fetched was played (none refilled), every session ran on Gym once
+    assert {_batch_of(r) for r in starts} == FETCHED, sorted({_batch_of(r) for r in starts})
+    assert {rid: n for rid, n in starts.items() if n != 1} == {}
+    # the sessions A left finished or running on Gym and B or C trained: adopted, not rerun
+    resumed = [r for r in by_step[3] + by_step[4] if _batch_of(r["rid"]) in FETCHED_AT_STEP2]
+    assert resumed and any(r["adopted"] for r in resumed), resumed
     assert (unacked, running) == (0, 0)
 
 
@@ -182,11 +307,5 @@ def test_sync_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
 
 
 @pytest.mark.adapters
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 28: the layer's keep= (issue 27) is in, but this case's kill instants are the "
-    "sync mode's: the async trainer has saved global_step_2 by the time A's step-2 sessions "
-    "finish on Gym (seen with verl 0.9.1), so the test must pick its instants anew",
-)
 def test_colocate_async_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
-    _resume_twice(tmp_path, "rlga_colocate_async")
+    _resume_async(tmp_path)

@@ -12,15 +12,20 @@ that "samples" tokens from the rollout id and logs each start and finish.
 
 Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-url U --token T
 --mode sync|colocate_async --steps N`` (one incarnation of a trainer; kill it with SIGKILL).
+Two switches let a test pick its kill instants without racing the trainer: ``AGENT_HOLD_ENV`` (in
+the Gym server's environment) keeps chosen rollouts running on Gym, ``PAUSE_AFTER_SAVE_ENV`` (in
+the trainer's) stops the trainer right after a step's checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fnmatch
 import json
 import os
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -29,6 +34,13 @@ from typing import Any
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
 
 AGENT_LOG_ENV = "RLGA_VERL_AGENT_LOG"
+# a JSON list of fnmatch patterns: while this file exists, a rollout whose id matches one waits
+# (it has started on Gym and stays running until the file is removed)
+AGENT_HOLD_ENV = "RLGA_VERL_AGENT_HOLD"
+# a global step: the trainer stops right after that step's checkpoint (verl's and the layer's),
+# writes ``paused-<step>`` beside its checkpoint dir and waits there to be killed
+PAUSE_AFTER_SAVE_ENV = "RLGA_VERL_PAUSE_AFTER_SAVE"
+HOLD_POLL_S = 0.05
 VOCAB = 64
 PROMPTS = 12
 
@@ -62,6 +74,8 @@ async def agent(row: dict[str, Any]) -> dict[str, Any]:
     _log("start", key)
     try:
         await asyncio.sleep(float(row.get("sleep_s", 0.0)))
+        while _held(rid):
+            await asyncio.sleep(HOLD_POLL_S)
     except asyncio.CancelledError:
         _log("cancelled", key)
         raise
@@ -85,6 +99,17 @@ async def agent(row: dict[str, Any]) -> dict[str, Any]:
     ]
     _log("finish", key)
     return {"id": f"r-{rid}", "response": {"output": output}, "reward": expected_reward(rid)}
+
+
+def _held(rollout_id: str) -> bool:
+    path = os.environ.get(AGENT_HOLD_ENV)
+    if not path:
+        return False
+    try:
+        patterns = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return False
+    return any(fnmatch.fnmatchcase(rollout_id, str(p)) for p in patterns)
 
 
 # ---------------------------------------------------------------- files verl reads
@@ -157,6 +182,7 @@ def trainer_config(
     sleep_s: float = 0.5,
     run_id: str = "vcpu",
     extra: list[str] | None = None,
+    loop_config: str | None = None,
 ) -> Any:
     from omegaconf import OmegaConf, open_dict
 
@@ -180,7 +206,7 @@ def trainer_config(
         "actor_rollout_ref.rollout.prompt_length=64",
         "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.rollout.agent.num_workers=2",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={LOOP_CONFIG}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_config or LOOP_CONFIG}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=rl_gym_actors",
         "trainer.checkpoint_callback_class="
         "rl_gym_actors.integrations.verl.checkpoints.GymCheckpointCallback",
@@ -272,6 +298,16 @@ class CpuTrainerMixin:
 
     def _compute_metrics(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+    def _save_checkpoint(self) -> Any:
+        me: Any = self
+        result = super()._save_checkpoint()  # type: ignore[misc]
+        pause = os.environ.get(PAUSE_AFTER_SAVE_ENV)
+        if pause and int(pause) == me.global_steps:
+            marker = Path(me.config.trainer.default_local_dir).parent / f"paused-{pause}"
+            marker.write_text("paused")
+            threading.Event().wait()  # until SIGKILL
+        return result
 
     def on_step_begin(self) -> None:
         me: Any = self

@@ -14,7 +14,10 @@ layer's checkpoint gate runs then and writes its part into the same ``global_ste
   writes no marker), so the layer's checkpoint is skipped: Gym keeps holding those results
   un-ACKed until a later synchronous save covers them.
 - In the async trainer modes the layer keeps the rollouts verl still holds untrained
-  (``keep=``, from the trainer's TransferQueue): the in-flight API of issue 27.
+  (``keep_if_handed=``, from the trainer's TransferQueue: the finished sessions not trained and
+  every session of a prompt still pending or running, of which the layer keeps those whose
+  result it handed out, so a result on its way into TransferQueue is kept too, and a session
+  not handed out yet is no error): the in-flight API of issue 27.
 """
 
 from __future__ import annotations
@@ -65,11 +68,14 @@ class GymCheckpointCallback(CheckpointCallback):
                 )
             self.skipped.append(int(global_step))
             return
-        keep = None
+        held = None
         if self.settings.is_async and hasattr(trainer, "rlga_untrained_rollout_ids"):
-            keep = trainer.rlga_untrained_rollout_ids()
+            held = trainer.rlga_untrained_rollout_ids()
         deadline_s = self.settings.checkpoint_deadline_s
         call = self.host.checkpoint.remote(
-            checkpoint_id(self.settings.run_id, global_step), str(checkpoint_dir), deadline_s, keep
+            checkpoint_id(self.settings.run_id, global_step),
+            str(checkpoint_dir),
+            deadline_s,
+            keep_if_handed=held,
         )
         self.reports.append(ray.get(call, timeout=deadline_s + CALL_SLACK_S))

@@ -88,11 +88,17 @@ class OrchestratorHost:
         checkpoint_dir: str,
         deadline_s: float = 120.0,
         keep: list[str] | None = None,
+        keep_if_handed: list[str] | None = None,
     ) -> CheckpointReport:
         """The layer's checkpoint into ``checkpoint_dir``. ``keep``: rollout ids the trainer
-        still holds untrained (the in-flight API, issue 27; passed on only when given)."""
+        still holds untrained; ``keep_if_handed``: ids it may hold, kept if handed out (the
+        in-flight API, issue 27; each passed on only when given)."""
         orch = await self._ready()
-        extra: dict[str, Any] = {} if keep is None else {"keep": list(keep)}
+        extra: dict[str, Any] = {}
+        if keep is not None:
+            extra["keep"] = list(keep)
+        if keep_if_handed is not None:
+            extra["keep_if_handed"] = list(keep_if_handed)
         return await orch.acheckpoint(checkpoint_id, checkpoint_dir, deadline_s=deadline_s, **extra)
 
     async def snapshot(self) -> Any:

@@ -101,9 +101,10 @@ class GymUids:
         return batch
 
     def rlga_untrained_rollout_ids(self) -> list[str]:
-        """Rollouts the trainer holds but has not trained (the async modes' TransferQueue:
+        """Rollouts the trainer may hold but has not trained (the async modes' TransferQueue:
         finished sessions not in the batch just trained, and every session of a prompt still
-        pending or running)."""
+        pending or running, whose result may be on its way: the callback passes them as
+        ``keep_if_handed``)."""
         import transfer_queue as tq
 
         me: Any = self
