@@ -1,5 +1,6 @@
 """README.md's code: every ```python and ```bash block carries a marker on the line before it,
-``<!-- readme-test: run -->`` (a test here runs it as pasted) or ``<!-- readme-test: skip (why)
+``<!-- readme-test: run -->`` (a test here runs it as pasted), ``<!-- readme-test: run in
+(tests/test_x.py) -->`` (that file runs it, adding output flags) or ``<!-- readme-test: skip (why)
 -->`` (not runnable here: the reason says why), so that a new block cannot go untested by
 accident. Every Python block parses; a ``run`` Python block runs pasted into a file, a ``run``
 bash block runs in ``bash -e`` from the repository's root, with ``.venv/bin/`` meaning the bin
@@ -12,47 +13,12 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from readme_blocks import MARKER, README, ROOT, blocks, command_of
 
 from rl_gym_actors.testing.polling import scaled
-
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>python|bash)\n(?P<code>.*?)\n```", re.S)
-MARKER = re.compile(r"<!-- readme-test: (?:(?P<run>run)|skip \((?P<why>[^)]+)\)) -->$")
-
-
-@dataclass(frozen=True)
-class Block:
-    line: int  # the block's first line of code in README.md
-    lang: str
-    code: str
-    marker: str  # the line before the block
-
-    @property
-    def runs(self) -> bool:
-        m = MARKER.match(self.marker)
-        return bool(m and m.group("run"))
-
-    @property
-    def where(self) -> str:
-        return f"README.md:{self.line} (```{self.lang})"
-
-
-def blocks(text: str | None = None) -> list[Block]:
-    text = README.read_text() if text is None else text
-    return [
-        Block(
-            text.count("\n", 0, m.start("code")) + 1,
-            m.group("lang"),
-            m.group("code"),
-            m.group("before").strip(),
-        )
-        for m in BLOCK.finditer(text)
-    ]
 
 
 def test_every_python_and_bash_block_is_marked_run_or_skip_with_a_reason():
@@ -71,6 +37,18 @@ def test_the_marker_check_sees_an_unmarked_block_and_a_skip_without_a_reason():
     good = "<!-- readme-test: skip (needs a GPU) -->\n```bash\nnvidia-smi\n```\n"
     assert [b.runs for b in blocks("\n" + good)] == [False]
     assert MARKER.match(blocks("\n" + good)[0].marker)
+
+
+def test_a_block_run_elsewhere_is_run_by_the_file_it_names():
+    owned = [b for b in blocks() if b.owner]
+    for b in owned:
+        assert b.lang == "bash" and "\n" not in b.code.strip(), f"{b.where}: one command"
+        owner = ROOT / b.owner
+        assert owner.is_file(), f"{b.where} names {b.owner}, which does not exist"
+        assert f'"{command_of(b)}"' in owner.read_text(), (
+            f"{b.where}: {b.owner} does not name {command_of(b)!r} (run it with readme_argv)"
+        )
+    assert owned  # the train loops' commands are run by tests/test_train_loop.py
 
 
 def test_every_python_block_parses():
@@ -133,9 +111,6 @@ def test_a_readme_block_runs_as_pasted(line, tmp_path):
         assert len(streamed) == 4 and all(" sealed " in ln for ln in streamed)
         assert "sent again: sealed repeated" in out
         assert "received by the driver: 5 sealed, 0 failed" in out
-    if "examples/train_loop.py" in code:  # both train loops check themselves and say so
-        verdict = next(ln for ln in out.splitlines() if "no rollout counted twice" in ln)
-        assert verdict.startswith("ok: ") and "no rollout counted twice True" in verdict
 
 
 @pytest.mark.slow  # a `gym serve` process
