@@ -384,7 +384,8 @@ class Orchestrator:
         if part is None:
             return None
         _, _, ledger = await self._ready()
-        await self._checkpoints.clear_dead(ledger, checkpoint_dir, part.checkpoint_id)
+        ids = await self._checkpoints.clear_dead_now(checkpoint_dir, part.checkpoint_id)
+        await self._checkpoints.clear_dead(ledger, ids)
         if not part.gym_v2:
             return None
         return await self._checkpoints.restore_v2(ledger, part)
@@ -440,6 +441,10 @@ class Orchestrator:
                 return
             if self.check_endpoints and not probed:
                 await probe_endpoints(self.endpoints)
+            dead_ids: list[str] | None = None
+            if self._dead is not None:  # what a dead trainer of this run left open, first
+                dead_ids = await self._checkpoints.clear_dead_now(*self._dead)
+                self._dead = None
             ensure_ray()
             ledger = await LedgerClient.start(
                 self.id,
@@ -451,10 +456,8 @@ class Orchestrator:
                 timeout_s=START_TIMEOUT_S,
             )
             try:
-                if self._dead is not None:  # what a dead trainer of this run left open, first
-                    where, cid = self._dead
-                    await self._checkpoints.clear_dead(ledger, where, cid)
-                    self._dead = None
+                if dead_ids is not None:  # the ledger takes them as its own
+                    await self._checkpoints.clear_dead(ledger, dead_ids)
                 pool = WarmPool(
                     self.id,
                     self.endpoints,

@@ -76,24 +76,39 @@ async def kill_in_checkpoint(server, client, old_dir: str, *, v2: bool, at: str)
     assert await held(client, v2) == "step-1"  # the bug's state: Gym is held by a dead id
 
 
-async def restart_and_check(server, client, endpoint, tmp_path, *, v2: bool) -> None:
+async def restart_and_check(server, client, endpoint, tmp_path, monkeypatch, *, v2: bool) -> None:
+    from rl_gym_actors import orchestrator as orchestrator_module
     from rl_gym_actors.orchestrator import Orchestrator
 
+    # Gym is free before the first Ray actor starts (an actor's start took 10-20 s at load 30,
+    # and Gym refused all work that long): what holds Gym when the ledger actor is started
+    real_start = orchestrator_module.LedgerClient.start
+    at_ledger_start: list[str | None] = []  # "closed": Gym's admission still closed then
+
+    def closed() -> bool:  # read in the server's own object: the spy runs on the layer's loop
+        if v2:
+            return not server.participant.status()["accepting"]
+        return server.participant.core.report(listed=False).state != "accepting"
+
+    async def spied_start(*args, **kwargs):
+        at_ledger_start.append("closed" if closed() else None)
+        return await real_start(*args, **kwargs)
+
+    monkeypatch.setattr(orchestrator_module.LedgerClient, "start", spied_start)
     old_dir = str(tmp_path / "step-1")
+    started = time.monotonic()  # the new trainer's start, before its orchestrator exists
+    opened = asyncio.ensure_future(
+        until(lambda: reopened(client, v2, started), interval_s=0.05, what="Gym to reopen")
+    )
     async with Orchestrator(
         [endpoint],
         policy=POLICY,
         pool_size=2,
         run_id=RUN,
         progress=False,
-        start=False,
         restore_from=old_dir,
     ) as orch:
-        started = time.monotonic()
-        opened = asyncio.ensure_future(
-            until(lambda: reopened(client, v2, started), interval_s=0.05, what="Gym to reopen")
-        )
-        await orch.astart()
+        assert at_ledger_start == [None]  # resumed by the driver, before any actor
         assert await held(client, v2) is None  # open again once the trainer has started
         assert await opened < scaled(5.0)  # seconds from the start: no lease waited out
         assert [(e.checkpoint_id, e.resumed) for e in orch.cleared] == [("step-1", True)]
@@ -115,7 +130,9 @@ async def restart_and_check(server, client, endpoint, tmp_path, *, v2: bool) -> 
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("at", ["prepare", "commit"])
-async def test_agent_checkpoint_a_trainer_killed_in_its_checkpoint(ray_session, tmp_path, at):
+async def test_agent_checkpoint_a_trainer_killed_in_its_checkpoint(
+    ray_session, tmp_path, monkeypatch, at
+):
     hold = HoldCalls("/commit", armed=at == "commit", limit=1)  # the dead one's, never done
     with GymServerThread(token="test-token", extensions=[hold.extension()]) as server:
         server.hold = hold
@@ -125,7 +142,7 @@ async def test_agent_checkpoint_a_trainer_killed_in_its_checkpoint(ray_session, 
                 await kill_in_checkpoint(server, client, str(tmp_path / "step-1"), v2=False, at=at)
                 if at == "prepare":
                     await another_run_leaves_it(endpoint, tmp_path)
-                await restart_and_check(server, client, endpoint, tmp_path, v2=False)
+                await restart_and_check(server, client, endpoint, tmp_path, monkeypatch, v2=False)
                 status = await client.status("probe-end", deadline_ts=soon())
                 assert status.running == 0 and status.completed_unacknowledged == 0
         finally:
@@ -135,7 +152,7 @@ async def test_agent_checkpoint_a_trainer_killed_in_its_checkpoint(ray_session, 
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("at", ["prepare", "commit"])
-async def test_v2_a_trainer_killed_in_its_checkpoint(ray_session, tmp_path, at):
+async def test_v2_a_trainer_killed_in_its_checkpoint(ray_session, tmp_path, monkeypatch, at):
     hold = HoldCalls("/commit", armed=at == "commit", limit=1)  # the dead one's, never done
     with V2ServerThread(extensions=[hold.extension()]) as server:
         server.hold = hold
@@ -143,7 +160,7 @@ async def test_v2_a_trainer_killed_in_its_checkpoint(ray_session, tmp_path, at):
         try:
             async with GymClient(endpoint) as client:
                 await kill_in_checkpoint(server, client, str(tmp_path / "step-1"), v2=True, at=at)
-                await restart_and_check(server, client, endpoint, tmp_path, v2=True)
+                await restart_and_check(server, client, endpoint, tmp_path, monkeypatch, v2=True)
                 status = await V2Client(client).status(deadline_ts=soon())
                 assert status.report.counts["episodes"] == 0  # the dead slow row was retired
         finally:
