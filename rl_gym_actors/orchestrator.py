@@ -51,6 +51,7 @@ from rl_gym_actors.actors.checkpoint_abort import (
     abort_with_own_clients,
 )
 from rl_gym_actors.actors.chunks import ChunkSender
+from rl_gym_actors.actors.clear_own import clear_own_directly
 from rl_gym_actors.actors.ledger_client import LedgerClient
 from rl_gym_actors.actors.pool import WarmPool, actor_pattern
 
@@ -390,6 +391,15 @@ class Orchestrator:
             ids, CLEAR_S, timeout_s=CLEAR_S + CALL_SLACK_S
         )
 
+    async def _clear_dead_early(self) -> list[EndpointAbort]:
+        """restore_from's dead checkpoints resumed from here, before the ledger is started
+        (actors/clear_own.py); the ledger's clear after it takes the ids as its own."""
+        where, checkpoint_id = self._dead or (None, "")
+        if where is None:
+            return []
+        ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
+        return await clear_own_directly(self.endpoints, ids, self.run_id, time.time() + CLEAR_S)
+
     async def _restore_v2(self, ledger: LedgerClient, part: Any) -> RestoreReport:
         urls, claims = [e.url for e in self.endpoints], sorted(self._claims)
         args = (ledger, self._memory, self._planner.placed, urls, part, claims)
@@ -440,6 +450,7 @@ class Orchestrator:
                 return
             if self.check_endpoints and not probed:
                 await probe_endpoints(self.endpoints)
+            early = await self._clear_dead_early()  # Gym takes work before Ray starts a ledger
             ensure_ray()
             ledger = await LedgerClient.start(
                 self.id,
@@ -454,6 +465,7 @@ class Orchestrator:
                 if self._dead is not None:  # what a dead trainer of this run left open, first
                     where, cid = self._dead
                     await self._clear_dead(ledger, where, cid)
+                    self.cleared = [*early, *self.cleared]
                     self._dead = None
                 pool = WarmPool(
                     self.id,
