@@ -23,7 +23,9 @@ Ray, when it has one of its own) while A runs and starts its orchestrator once A
 restores from ``latest_checkpoint_dir``, sends the same rows and runs on to step K+2 and a
 final checkpoint. The checker reads Gym's agent log (:class:`AgentLog`: each
 key's starts, continuations, finished runs) and B's final state (what was trained), and says per
-instant: rows lost (never trained, or trained from no reply), finished runs rerun, results
+instant: rows lost (never trained, or trained from no reply), finished runs rerun (from their
+input), v2 runs that finished after the commit exported them and were continued from that
+boundary again by the restore (``tail_rerun``: Gym is restored to the checkpoint's cut), results
 trained twice, whether B's first checkpoint committed at its first try, seconds from the kill
 and from B's start to Gym taking work again, and from the kill to B's first commit.
 
@@ -120,7 +122,8 @@ class AgentLog:
         self._lock = threading.Lock()
         self.starts: Counter[str] = Counter()
         self.continued: Counter[str] = Counter()
-        self.finished: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()  # runs that finished, started from the input
+        self.finished_continued: Counter[str] = Counter()  # ... continued from a boundary
 
     def _start(self, row: dict[str, Any], continued: bool = False) -> str:
         rid = str(row.get(ROLLOUT_ID_FIELD))
@@ -130,9 +133,9 @@ class AgentLog:
                 self.continued[rid] += 1
         return rid
 
-    def _finish(self, rid: str) -> None:
+    def _finish(self, rid: str, continued: bool = False) -> None:
         with self._lock:
-            self.finished[rid] += 1
+            (self.finished_continued if continued else self.finished)[rid] += 1
 
     async def agent(self, row: dict[str, Any]) -> dict[str, Any]:
         from rl_gym_actors.gym.agents import simulated_agent
@@ -146,9 +149,10 @@ class AgentLog:
     async def step_agent(self, row: dict[str, Any], steps: Any) -> dict[str, Any]:
         from rl_gym_actors.gym.v2.stepped import stepped_simulated_agent
 
-        rid = self._start(row, continued=steps.continuation is not None)
+        continued = steps.continuation is not None
+        rid = self._start(row, continued=continued)
         reply = await stepped_simulated_agent(row, steps)
-        self._finish(rid)
+        self._finish(rid, continued)
         return reply
 
     def of_run(self, run_id: str) -> dict[str, dict[str, int]]:
@@ -160,6 +164,7 @@ class AgentLog:
                     ("starts", self.starts),
                     ("continued", self.continued),
                     ("finished", self.finished),
+                    ("finished_continued", self.finished_continued),
                 )
             }
 
@@ -230,6 +235,7 @@ class InstantResult:
     rerun: int = 0
     twice: int = 0
     continued: int = 0  # v2: runs that continued from an exported boundary
+    tail_rerun: int = 0  # v2: finished after the commit, continued from its boundary again
     first_commit_first_try: bool = False
     first_tries: int = 0
     gym_held_at_kill: bool = False
@@ -241,6 +247,7 @@ class InstantResult:
     lost_ids: list[str] = field(default_factory=list)
     rerun_ids: list[str] = field(default_factory=list)
     twice_ids: list[str] = field(default_factory=list)
+    tail_rerun_ids: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -380,6 +387,12 @@ def _check(res: InstantResult, log: AgentLog, root: Path, run_id: str, steps: in
     res.twice_ids = sorted(r for r, n in trained.items() if n > 1)
     gym = log.of_run(run_id)
     res.rerun_ids = sorted(r for r, n in gym["finished"].items() if n > 1)
+    # v2: a run that finished after the commit exported it, continued again from that boundary
+    # by the restore (Gym back at the checkpoint's cut): its steps after the boundary ran twice
+    res.tail_rerun_ids = sorted(
+        r for r in gym["finished_continued"] if gym["finished"].get(r, 0) >= 1
+    )
+    res.tail_rerun = len(res.tail_rerun_ids)
     res.lost, res.twice, res.rerun = len(res.lost_ids), len(res.twice_ids), len(res.rerun_ids)
     res.continued = sum(gym["continued"].values())
 
@@ -503,6 +516,7 @@ def totals(results: list[InstantResult]) -> dict[str, Any]:
         "rows": sum(r.rows for r in results),
         "lost": sum(r.lost for r in results),
         "rerun": sum(r.rerun for r in results),
+        "tail_rerun": sum(r.tail_rerun for r in results),
         "twice": sum(r.twice for r in results),
         "first_commit_first_try": sum(r.first_commit_first_try for r in results),
         "gym_held_at_kill": sum(r.gym_held_at_kill for r in results),
