@@ -147,7 +147,7 @@ bench-scale: $(BENCH_STAMP)
 # (how long a checkpoint closes Gym with long episodes in flight, each protocol: ~2 minutes),
 # kept out of `make bench` for the same reason; RESULTS.md regenerated
 bench-chaos: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/run_all.py --quick --only chaos admission
+	$(BIN)/python benchmarks/run_all.py --quick --only chaos admission fault_campaign
 
 # the same, plus the "before" column: the benchmarks run again against commit e581378
 bench-compare: $(BENCH_STAMP)

@@ -52,6 +52,7 @@ BENCHMARKS = [
     "gym_server_limits",
     "chaos",
     "admission",
+    "fault_campaign",
     "scale",
     "store_commit",
     "receipts_real_gym",
@@ -61,7 +62,7 @@ BENCHMARKS = [
 # scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
 # of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
 # get their sections in RESULTS.md
-STANDALONE = {"scale", "chaos", "admission"}
+STANDALONE = {"scale", "chaos", "admission", "fault_campaign"}
 # written by another benchmark's quick run, which measures the same thing (one_per_actor: the
 # 1 per actor pool and trials of throughput's quick run, with the Ray floor joined to them); a
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
@@ -76,7 +77,7 @@ PART_RESULTS = {
 }
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 # chaos quick (16 faults, more with v2's) ran past 600 s at load 30: its own, longer bound
-QUICK_TIMEOUT_S = {"chaos": 2400}
+QUICK_TIMEOUT_S = {"chaos": 2400, "fault_campaign": 1200}
 # `make bench` (every quick benchmark but STANDALONE's) on a quiet machine; run_all warns past it
 BUDGET_S = 8 * 60
 
@@ -820,6 +821,8 @@ def write_report(
         "gym_server_limits": "Gym server limits under hostile clients (issue 30)",
         "chaos": "Chaos: one fault per row",
         "admission": "Admission closed per checkpoint, episodes in flight (`make bench-chaos`)",
+        "fault_campaign": "Fault campaign: a trainer killed at instants of its checkpoints "
+        "(issue 27, `make bench-chaos`)",
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",

@@ -19,14 +19,13 @@ from typing import Any
 
 from rl_gym_actors import checkpoint_part as parts
 from rl_gym_actors.actors.checkpoint_abort import EndpointAbort
-from rl_gym_actors.actors.gate_select import GateSelect
+from rl_gym_actors.actors.clear_own import clear_own_directly
 from rl_gym_actors.actors.ledger_client import LedgerClient
-from rl_gym_actors.config import GymEndpoint, checkpoint_id_arg, deadline_s_arg, restore_prefix
+from rl_gym_actors.config import GymEndpoint, checkpoint_id_arg, deadline_s_arg
 from rl_gym_actors.core.checkpoint_report import CheckpointReport, RestoreReport
 from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.dispatch import CALL_SLACK_S, UnackedCount
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
-from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.v2.wire import EpisodeId
 from rl_gym_actors.rows import RowPlanner
 
@@ -219,8 +218,8 @@ class RunCheckpoints:
         takes seconds on a loaded machine (10-20 s at load 30), and Gym refused all work for
         that long (see actors/checkpoint_abort.py). The ids, for :meth:`clear_dead`."""
         ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
-        self.cleared = await clear_own_with_own_clients(
-            self._endpoints, self.run_id, ids, time.time() + CLEAR_S
+        self.cleared = await clear_own_directly(
+            self._endpoints, ids, self.run_id, time.time() + CLEAR_S
         )
         return ids
 
@@ -236,23 +235,6 @@ class RunCheckpoints:
         args = (ledger, self._memory, self._planner.placed, urls, part, claims)
         self.restore_report = await parts.restore_gym_v2(*args)
         return self.restore_report
-
-
-async def clear_own_with_own_clients(
-    endpoints: Sequence[GymEndpoint], run_id: str, ids: Sequence[str], deadline_ts: float
-) -> list[EndpointAbort]:
-    """Resume, on every server, a checkpoint of ``ids`` or a v2 restore of ``run_id`` that
-    holds it (``GateSelect.clear_own``), with clients made for the call."""
-    clients = [GymClient(ep) for ep in endpoints]
-    own_ids, prefix = frozenset(ids), restore_prefix(run_id)
-    try:
-        select = GateSelect(endpoints, clients)
-        return await select.clear_own(
-            lambda holder: holder in own_ids or holder.startswith(prefix), deadline_ts
-        )
-    finally:
-        for client in clients:
-            await client.close()
 
 
 def checkpoint_args(checkpoint_id: str, checkpoint_dir: Any, deadline_s: float) -> float:

@@ -39,6 +39,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
+from rl_gym_actors.actors.clear_own import own_holder
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
@@ -50,7 +51,6 @@ from rl_gym_actors.config import (
     TryPolicy,
     checkpoint_id_arg,
     deadline_s_arg,
-    restore_prefix,
 )
 from rl_gym_actors.core.attempt_book import AttemptBook, LedgerSnapshot
 from rl_gym_actors.core.attempt_reports import AttemptReport
@@ -266,14 +266,9 @@ class LedgerActor:
         ids = frozenset(checkpoint_id_arg(c) for c in checkpoint_ids)
         for checkpoint_id in sorted(ids):
             self._healer.issue(checkpoint_id)
-        prefix = restore_prefix(self._run_id) if self._run_id is not None else None
         deadline_ts = time.time() + deadline_s_arg(deadline_s)
-
-        def own(holder: str) -> bool:
-            return holder in ids or (prefix is not None and holder.startswith(prefix))
-
         async with self._gate_lock:
-            return await self._select.clear_own(own, deadline_ts)
+            return await self._select.clear_own(own_holder(ids, self._run_id), deadline_ts)
 
     async def current_attempt(self, rollout_id: str) -> int | None:
         """The highest try any owner reported for the rollout (None: none reported)."""
