@@ -15,7 +15,6 @@ import pytest
 from rl_gym_actors.errors import CheckpointConflict
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
-from rl_gym_actors.testing.polling import scaled
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
