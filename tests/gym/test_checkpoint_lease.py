@@ -15,7 +15,6 @@ import pytest
 from rl_gym_actors.errors import CheckpointConflict
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.testing.gym_process import GymServerProcess, GymServerThread
-from rl_gym_actors.testing.polling import scaled
 from rl_gym_actors.testing.real_gym import RealGymStandIn
 
 
@@ -96,8 +95,14 @@ async def test_a_conflict_names_the_checkpoint_in_the_way(wire_for):
 
 @pytest.mark.slow
 async def test_a_server_killed_mid_checkpoint_comes_back_held_and_then_lets_go(tmp_path, wire_for):
-    # the lease outlasts a SIGKILL and restart (15 s quiet; at load 40 a restart took longer)
-    lease_s = f"{scaled(15.0):.1f}"
+    # the lease must outlast a SIGKILL and restart, and is then waited out: it is sized by this
+    # machine's own start of the same server, now (4x, at least 4 s), not a fixed 15 s scaled by
+    # the load (up to 120 s waited out at load 16 and more)
+    srv = GymServerProcess(state_dir=tmp_path / "timing")
+    started = time.monotonic()
+    with srv:
+        start_s = time.monotonic() - started
+    lease_s = f"{max(4.0, 4 * start_s):.1f}"
     with GymServerProcess(state_dir=tmp_path, args=["--checkpoint-lease-s", lease_s]) as srv:
         wire = wire_for(srv)
         assert (await wire.run("done")).status == 200
