@@ -460,6 +460,7 @@ class Orchestrator:
                 owner_pattern=actor_pattern(self.id),
                 run_id=self.run_id,
                 timeout_s=START_TIMEOUT_S,
+                log_level=self.pool_config.log_level,
             )
             try:
                 if self._dead is not None:  # what a dead trainer of this run left open, first
