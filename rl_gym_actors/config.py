@@ -214,8 +214,9 @@ def policy_with_ack(policy: TryPolicy, ack: str | None) -> TryPolicy:
 
 class PoolConfig(_Settings):
     """The warm pool of rollout actors. ``size * rollouts_per_actor`` caps rollouts in flight.
-    ``log_level``: the level of the actors' ``rl_gym_actors`` loggers (``WARNING`` by default;
-    ``INFO`` or ``DEBUG`` to see each try); their lines go to stderr in Ray's worker logs."""
+    ``log_level``: the level of the actors' ``rl_gym_actors`` loggers, the rollout actors' and
+    the ledger's (``WARNING`` by default; ``INFO`` or ``DEBUG`` to see each try, and a
+    checkpoint's drain wait); their lines go to stderr in Ray's worker logs."""
 
     size: Annotated[int, Field(ge=1)] = 16
     rollouts_per_actor: Annotated[int, Field(ge=1)] = 1

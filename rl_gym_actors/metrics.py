@@ -465,6 +465,13 @@ CHECKPOINTS = RayMetric(
     "Checkpoints through the ledger's gate, by result (committed or failed).",
     ("result",),
 )
+CHECKPOINT_DRAIN_SECONDS = RayMetric(
+    "histogram",
+    "rlga_checkpoint_drain_seconds",
+    "Agent-checkpoint protocol: time a checkpoint kept an endpoint's admission closed waiting "
+    "for the runs in flight to end (0: none ran).",
+    boundaries=(0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
 CHECKPOINT_PREPARE_SECONDS = RayMetric(
     "histogram",
     "rlga_checkpoint_prepare_seconds",

@@ -454,6 +454,7 @@ class Orchestrator:
                 owner_pattern=actor_pattern(self.id),
                 run_id=self.run_id,
                 timeout_s=START_TIMEOUT_S,
+                log_level=self.pool_config.log_level,
             )
             try:
                 if dead_ids is not None:  # the ledger takes them as its own

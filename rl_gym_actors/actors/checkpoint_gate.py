@@ -68,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 RESUME_SLACK_S = 0.4  # a failed checkpoint still resumes every endpoint within this slack
 FIRST_SLICE_S = 0.5  # the prepare that closes admission while unknown runs are deferred
+DRAIN_LOG_S = 5.0  # while a checkpoint waits for runs in flight: one progress line this often
 _COMPLETED_STATE = ExecutionState.COMPLETED.value
 _RID, _ATT = operator.attrgetter("rollout_id"), operator.attrgetter("attempt_index")
 
@@ -151,6 +152,8 @@ class CheckpointGate:
                 )
             if all(t.ready for t in self._tallies):
                 metrics.CHECKPOINT_PREPARE_SECONDS.observe(self._clock() - start)
+                for t in self._tallies:
+                    metrics.CHECKPOINT_DRAIN_SECONDS.observe(t.drain_s)
                 await self._until(
                     deadline_ts,
                     [
@@ -198,6 +201,7 @@ class CheckpointGate:
                     sealed_acked=t.sealed_acked,
                     retired=t.retired,
                     prepare_rounds=t.rounds,
+                    drain_s=round(t.drain_s, 3),
                     commit=commit,
                 )
                 for t, commit in zip(self._tallies, commits, strict=True)
@@ -373,6 +377,7 @@ class CheckpointGate:
             held = await performer.perform(steps, deadline_ts, hold_acks=hold)
             tally.rounds += 1
             slice_s = FIRST_SLICE_S if deferred else self._config.prepare_slice_s
+            self._draining(tally, cid, status, self._clock(), deadline_ts)
             try:
                 status = await self._prepare(tally, client, cid, slice_s, deadline_ts)
                 closed = True  # Gym answered a prepare: admission is closed
@@ -384,6 +389,7 @@ class CheckpointGate:
                 status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
                 closed = status.state != "accepting"
             tally.last = status
+            self._drained(tally)
             if status.ready_to_commit:
                 tally.ready = True
                 return
@@ -409,6 +415,35 @@ class CheckpointGate:
                     await asyncio.sleep(min(client.retry.backoff(tally.rounds), left))
                 if status.keys_only:  # the prepare listed keys: the receipts for the next round
                     status = (await client.listing(cid, deadline_ts=deadline_ts)).not_ready()
+
+    def _draining(
+        self, tally: EndpointTally, cid: str, before: GymListing, now: float, deadline_ts: float
+    ) -> None:
+        """Before a prepare: the drain wait, visible. Runs still going on a server this gate
+        prepares (Gym commits only with none, so the prepare holds admission closed until they
+        end): the wait starts now, and an INFO line says so at once and every
+        :data:`DRAIN_LOG_S`. Its length goes to ``tally.drain_s`` (:meth:`_drained`)."""
+        if not before.running:
+            return
+        if tally.drain_since is None:
+            tally.drain_since = now
+        if tally.drain_logged is None or now - tally.drain_logged >= DRAIN_LOG_S:
+            tally.drain_logged = now
+            logger.info(
+                "checkpoint %s: %s waits for %d run(s) in flight to end, admission closed "
+                "(%.1f s so far, %.1f s to its deadline; agents that honour park_requested "
+                "park, Gym v2 parks at a step boundary)",
+                cid,
+                tally.endpoint.label,
+                before.running,
+                now - tally.drain_since,
+                max(deadline_ts - now, 0.0),
+            )
+
+    def _drained(self, tally: EndpointTally) -> None:
+        """After a prepare: how long the drain has lasted (the report's ``drain_s``)."""
+        if tally.drain_since is not None:
+            tally.drain_s = self._clock() - tally.drain_since
 
     def _released(self, tally: EndpointTally) -> Callable[[tuple[str, int]], None]:
         """Count a sealed result Gym has as ACKed, released by an earlier gate of this

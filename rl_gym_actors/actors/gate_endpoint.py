@@ -66,6 +66,9 @@ class EndpointTally:
     held_ready: bool = False  # ready but for ``held``: nothing runs, admission is closed
     lost: list[tuple[str, int]] = field(default_factory=list)  # sealed results Gym lost
     epoch: tuple[str, str] | None = None  # (ext) the store epoch first seen, and now: changed
+    drain_since: float | None = None  # when a prepare first found runs going, admission closed
+    drain_s: float = 0.0  # how long admission stayed closed waiting for them to end
+    drain_logged: float | None = None  # when the last progress line about it was written
 
     def failure(self, foreign: Callable[[str], bool]) -> dict[str, Any]:
         """What :class:`CheckpointFailed` says about this endpoint; attempts of another run on

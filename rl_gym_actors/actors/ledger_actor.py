@@ -167,9 +167,13 @@ class LedgerActor:
         *,
         owner_pattern: str | None = None,
         run_id: str | None = None,
+        log_level: str = "WARNING",
     ) -> None:
         if not endpoints:
             raise ConfigError("a ledger needs at least one Gym endpoint")
+        from rl_gym_actors.actors.rollout_actor import set_actor_log_level
+
+        set_actor_log_level(log_level)  # PoolConfig.log_level: the gate's INFO lines (its drain)
         self._endpoints = list(endpoints)
         self._policy = policy or TryPolicy()
         self._config = config or LedgerConfig()

@@ -44,6 +44,7 @@ class LedgerClient:
         owner_pattern: str,
         run_id: str,
         timeout_s: float,
+        log_level: str = "WARNING",
     ) -> LedgerClient:
         """Create the orchestrator's ledger actor and wait until it answers. Ray restarts a
         ledger that dies and sends the calls in flight again; the restarted ledger rebuilds its
@@ -55,7 +56,14 @@ class LedgerClient:
             num_cpus=0,
             max_restarts=LEDGER_RESTARTS,
             max_task_retries=-1,
-        ).remote(endpoints, policy, config, owner_pattern=owner_pattern, run_id=run_id)
+        ).remote(
+            endpoints,
+            policy,
+            config,
+            owner_pattern=owner_pattern,
+            run_id=run_id,
+            log_level=log_level,
+        )
         try:
             await asyncio.wait_for(handle.ping.remote(), timeout_s)
         except BaseException:

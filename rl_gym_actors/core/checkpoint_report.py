@@ -17,9 +17,11 @@ from rl_gym_actors.protocol import CommitAnswer
 class EndpointCheckpoint(BaseModel):
     """What the gate did on one endpoint: ``adopted`` (owners asked, answered True),
     ``orphans_acked``, ``sealed_acked`` (results rollouts sealed, ACKed with this checkpoint:
-    ``ack="at_checkpoint"``), ``retired``, ``prepare_rounds`` and Gym's commit answer. On a v2
-    server (``protocol="v2"``) ``commit`` holds the manifest's record count and records digest
-    (and the exported ``episode_ids``); ``renewals`` and ``forgotten`` say what the v2 gate did."""
+    ``ack="at_checkpoint"``), ``retired``, ``prepare_rounds``, ``drain_s`` (agent-checkpoint
+    protocol: seconds admission stayed closed while the gate waited for runs in flight to end)
+    and Gym's commit answer. On a v2 server (``protocol="v2"``) ``commit`` holds the manifest's
+    record count and records digest (and the exported ``episode_ids``); ``renewals`` and
+    ``forgotten`` say what the v2 gate did."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,6 +33,7 @@ class EndpointCheckpoint(BaseModel):
     sealed_acked: int = 0
     retired: int = 0
     prepare_rounds: int = 0
+    drain_s: float = 0.0  # agent-checkpoint: admission closed while runs in flight ended
     commit: CommitAnswer
     protocol: str = "agent"  # the server's checkpoint protocol: "agent" or "v2"
     renewals: int = 0  # v2: lease renewals while the checkpoint was open

@@ -195,6 +195,12 @@ async def _checkpoint(orch: Any, args: argparse.Namespace, step: int, keep: list
         )
         return
     _say(event="checkpoint", checkpoint_id=cid, committed=False, tries=MAX_TRIES, errors=errors)
+    # giving up: release what this run holds on Gym under an id of its own first, so that the
+    # next run on the server is not blocked by it (the campaign's instants share a server)
+    try:
+        await orch.acheckpoint(f"{cid}-giveup", str(cdir) + "-giveup", deadline_s=args.deadline_s)
+    except CheckpointFailed:
+        pass
     raise SystemExit(3)
 
 
