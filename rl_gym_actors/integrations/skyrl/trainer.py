@@ -25,6 +25,8 @@ class ResumedEpochNotEmpty(RuntimeError):
 class GymRayPPOTrainer(RayPPOTrainer):
     """SkyRL's ``RayPPOTrainer`` with the epoch-boundary resume fixed (module docstring)."""
 
+    train_dataloader: Any  # SkyRL's StatefulDataLoader
+
     def load_checkpoints(self) -> Any:
         loaded = super().load_checkpoints()
         step = loaded[0] if isinstance(loaded, tuple) else loaded
