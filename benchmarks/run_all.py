@@ -57,12 +57,15 @@ BENCHMARKS = [
     "store_commit",
     "receipts_real_gym",
     "hotpath_profile",
+    "skyrl_generate",
 ]
 # run only when named (`--only scale`, `make bench-scale`; `--only chaos`, `make bench-chaos`):
 # scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
 # of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
 # get their sections in RESULTS.md
-STANDALONE = {"scale", "chaos", "admission", "fault_campaign"}
+STANDALONE = {"scale", "chaos", "admission", "fault_campaign", "skyrl_generate"}
+# run by another interpreter: the SkyRL adapter's venv (`make test-skyrl` builds it)
+INTERPRETER = {"skyrl_generate": REPO / ".venv-skyrl" / "bin" / "python"}
 # written by another benchmark's quick run, which measures the same thing (one_per_actor: the
 # 1 per actor pool and trials of throughput's quick run, with the Ray floor joined to them); a
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
@@ -94,7 +97,11 @@ def run_one(
         common.progress("run_all: hotpath_profile skipped: py-spy is not installed")
         return {"name": name, "rc": 0, "seconds": 0.0, "tail": "", "skipped": True}
     cmd = (
-        [sys.executable, str(tree / "benchmarks" / f"{name}.py"), "--write"]
+        [
+            str(INTERPRETER.get(name, sys.executable)),
+            str(tree / "benchmarks" / f"{name}.py"),
+            "--write",
+        ]
         + (["--quick"] if quick else [])
         + (EXTRA_ARGS.get(name, []) if args is None else args)
     )
@@ -826,6 +833,7 @@ def write_report(
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
+        "skyrl_generate": "SkyRL's generate(): the layer against a SkyRL generator posting /run",
     }
     for name in BENCHMARKS:
         if name not in titles:

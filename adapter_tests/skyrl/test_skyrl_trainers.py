@@ -27,9 +27,9 @@ SLEEP_S = 0.5
 INCARNATION_S = 240.0
 
 
-def workdir(tmp_path: Path) -> Path:
+def workdir(tmp_path: Path, failing: int = FAILING) -> Path:
     write_tokenizer(tmp_path / "tokenizer")
-    write_dataset(tmp_path / "train.jsonl", PROMPTS, sleep_s=SLEEP_S, fail=(FAILING,))
+    write_dataset(tmp_path / "train.jsonl", PROMPTS, sleep_s=SLEEP_S, fail=(failing,))
     return tmp_path
 
 
@@ -108,10 +108,12 @@ def trained_steps(before: list[dict], resumed: list[dict]) -> list[dict]:
     return [s for s in before if s["step"] < first] + resumed
 
 
-def assert_the_layer_kept_everything(gym: Any, policy: Any, run_id: str, steps: list[dict]):
+def assert_the_layer_kept_everything(
+    gym: Any, policy: Any, run_id: str, steps: list[dict], failing: int = FAILING
+):
     starts, finished = policy.snapshot()
     ours = {rid: n for rid, n in starts.items() if rid.startswith(f"{run_id}-")}
-    healthy = {rid: n for rid, n in ours.items() if f"-i{FAILING}-" not in rid}
+    healthy = {rid: n for rid, n in ours.items() if f"-i{failing}-" not in rid}
     reruns = {rid: n for rid, n in healthy.items() if rid in finished and n > 1}
     assert reruns == {}, f"the agent ran finished trajectories again: {reruns}"
     forgotten = sum(s["metrics"].get("rlga/forgotten", 0) for s in steps)
@@ -163,6 +165,30 @@ def test_sync_trainer_killed_between_skyrls_save_and_the_layers_at_an_epoch_boun
     assert resumed[0]["step"] == 4 and resumed[0]["epoch"] == 1  # on into epoch 1
     assert committed(work, STEPS)
     assert_the_layer_kept_everything(gym, policy, run, trained_steps(steps_before, resumed))
+
+
+def test_sync_trainer_killed_in_the_first_step_after_an_epoch_boundary_draws_the_same_epoch(
+    gym, policy, ray_address, tmp_path
+):
+    """SIGKILL while step 4 (epoch 1's first) generates, global_step_3 (epoch 0's end) holding
+    the layer's part: the resumed run draws epoch 1 in the order the dead run drew it, so step
+    4's trajectories running on Gym are adopted there, and none of them comes back in a later
+    step forgotten (SkyRL's restored loader draws another order: the dead step's prompts it moves
+    to a later step were released by the commit after step 4). Prompt 0 fails here: with
+    SkyRL's seed the prompt the restored loader moves out of step 4 is prompt 5."""
+    failing = 0
+    work, run = workdir(tmp_path, failing), "sync-epoch"
+    first = trainer(gym, ray_address, work, run)
+    before = kill_during_step(first, policy, work, after_step=3)
+    steps_before = drained(first)
+    in_flight = set(policy.snapshot()[0]) - before  # step 4's, running on Gym when it died
+    resumed = finish(trainer(gym, ray_address, work, run))
+    assert resumed[0]["step"] == 4 and resumed[0]["epoch"] == 1
+    step4 = resumed[0]["metrics"]
+    healthy = {rid for rid in in_flight if f"-i{failing}-" not in rid}
+    assert step4["rlga/adopted"] + step4["rlga/repeated"] == len(healthy), (step4, in_flight)
+    steps = trained_steps(steps_before, resumed)
+    assert_the_layer_kept_everything(gym, policy, run, steps, failing)
 
 
 def test_fully_async_trainer_killed_during_a_step_resumes_with_every_trajectory_from_the_layer(

@@ -17,7 +17,8 @@ runs per rollout id (in the test's process, given to a ``GymServerThread``).
 
 Run as ``python -m rl_gym_actors.testing.skyrl_cpu --workdir W --url U --token T --run-id R
 [--fully-async] [--ckpt-interval N] [--eval-data F] [--fault on_save:N] [--ray-address A]``: one
-trainer incarnation, in the Ray at ``A`` or a local Ray of its own (loopback).
+trainer incarnation, in the Ray at ``A`` or a local Ray of its own (loopback). It writes the
+tokenizer and 12 training prompts (0.5 s agents) into ``W`` unless they are there.
 It prints JSON lines: ``{"event": "started"}``, ``{"event": "step", "step", "epoch", "metrics",
 "masked"}`` per trained step (``metrics``: the step's ``rlga/*`` rollout metrics), ``{"event":
 "eval", "step", "metrics"}`` per evaluation (``--eval-data``: after every step), ``{"event":
@@ -158,6 +159,16 @@ def write_dataset(
             }
             f.write(json.dumps(row) + "\n")
     return str(path)
+
+
+def write_inputs(workdir: Path, *, prompts: int = 12, sleep_s: float = 0.5) -> None:
+    """The tokenizer and the training prompts in ``workdir``, each unless already there (a test
+    writes its own first)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not (workdir / "tokenizer").is_dir():
+        write_tokenizer(workdir / "tokenizer")
+    if not (workdir / "train.jsonl").is_file():
+        write_dataset(workdir / "train.jsonl", prompts, sleep_s=sleep_s)
 
 
 # ---------------------------------------------------------------- SkyRL's seams (needs SkyRL)
@@ -401,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_gym_actors.actors.runtime import ensure_ray
     from rl_gym_actors.integrations.skyrl.experiment import parse_config
 
+    write_inputs(Path(args.workdir))
     cfg = parse_config(overrides(args))
     ensure_ray(address=args.ray_address)
     exp_cls, _, _ = cpu_classes()

@@ -6,7 +6,9 @@ nothing: no step of that epoch runs and, when it was the last one, the run ends 
 final save writes ``global_step_N`` again with the same N). This subclass spends that empty
 resumed iteration right after the load, so the next epoch's ``for`` starts a fresh pass: what
 an uninterrupted run does at an epoch's end. Only at an epoch boundary, and only if the resumed
-iteration is really empty (else it raises rather than skip data).
+iteration is really empty (else it raises rather than skip data). The loader it goes on with is
+built afresh and run through the epochs done, so the next epoch's order is the one the dead run
+drew (the restored loader's is another).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class ResumedEpochNotEmpty(RuntimeError):
 class GymRayPPOTrainer(RayPPOTrainer):
     """SkyRL's ``RayPPOTrainer`` with the epoch-boundary resume fixed (module docstring)."""
 
+    train_dataloader: Any  # SkyRL's StatefulDataLoader
+
     def load_checkpoints(self) -> Any:
         loaded = super().load_checkpoints()
         step = loaded[0] if isinstance(loaded, tuple) else loaded
@@ -32,4 +36,19 @@ class GymRayPPOTrainer(RayPPOTrainer):
                 raise ResumedEpochNotEmpty(
                     f"the dataloader resumed at global_step_{step} (an epoch's end) has batches"
                 )
+            self.train_dataloader = self._loader_after(step // per_epoch)
         return loaded
+
+    def _loader_after(self, epochs: int) -> Any:
+        """SkyRL's train loader built afresh and run through ``epochs`` whole passes, so its next
+        pass draws the order an uninterrupted run draws for the next epoch. The restored loader
+        draws another order, so a prompt the dead run had started in the epoch's first step comes
+        in a later step; by then the commit after that first step has released its results on
+        Gym (not in any part), and the layer answers it ``forgotten_rollout``."""
+        from skyrl.train.utils.trainer_utils import build_dataloader
+
+        loader = build_dataloader(self.cfg, self.train_dataset, is_train=True)
+        for _ in range(epochs):
+            for _ in loader:
+                pass
+        return loader
