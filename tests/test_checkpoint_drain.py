@@ -26,7 +26,12 @@ async def test_a_checkpoint_says_how_long_it_waited_for_runs_in_flight(ray_sessi
     agent = CountingAgent()
     with GymServerThread(agent=agent, token="test-token") as server:
         async with Orchestrator(
-            [server.endpoint], policy=POLICY, pool_size=1, run_id="drain", progress=False
+            [server.endpoint],
+            policy=POLICY,
+            pool_size=1,
+            rollouts_per_actor=2,  # both rows run at once
+            run_id="drain",
+            progress=False,
         ) as orch:
             rows = [{"_ng_rollout_id": f"drain-{i}", "hold": True} for i in range(2)]
             batch = asyncio.ensure_future(orch.arun_batch(rows))
