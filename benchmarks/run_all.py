@@ -67,6 +67,9 @@ STANDALONE = {"scale", "chaos", "admission"}
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
 QUICK_INSIDE = {"one_per_actor": "throughput"}
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
+# benchmarks of an adapter, which need that adapter's venv (`make test-verl` builds .venv-verl):
+# never run from here, their last results get their sections in RESULTS.md
+OTHER_VENV = ["verl_overhead"]
 # results of a benchmark's part run alone, shown in its section when present
 PART_RESULTS = {
     "scale": [
@@ -822,8 +825,10 @@ def write_report(
         "scale": "At scale: raylets, 16 Gym servers, big checkpoints (`make bench-scale`)",
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
+        "verl_overhead": "verl's agent loop through the layer against a direct /run (issue 28; "
+        "`.venv-verl/bin/python benchmarks/verl_overhead.py`)",
     }
-    for name in BENCHMARKS:
+    for name in [*BENCHMARKS, *OTHER_VENV]:
         if name not in titles:
             continue  # shown in the hot-path section
         lines += [f"## {titles[name]}", ""]
