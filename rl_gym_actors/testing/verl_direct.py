@@ -26,9 +26,8 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from rl_gym_actors.errors import ProtocolViolation
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
-from rl_gym_actors.integrations.verl.agent_loop import LOOP_NAME, GymAgentLoop
+from rl_gym_actors.integrations.verl.agent_loop import LOOP_NAME, GymAgentLoop, loop_settings
 from rl_gym_actors.integrations.verl.outputs import output_fields
-from rl_gym_actors.integrations.verl.settings import settings_from
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 DIRECT_LOOP = "rlga_direct"
@@ -54,7 +53,7 @@ class DirectGymAgentLoop(GymAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         started = time.perf_counter()
-        settings = settings_from(self.config)
+        settings = loop_settings(self.config)
         row = self.make_row(settings.run_id, kwargs)
         rid = str(row.pop(ROLLOUT_ID_FIELD))
         endpoint = settings.endpoints[0]
