@@ -58,14 +58,18 @@ BENCHMARKS = [
     "receipts_real_gym",
     "hotpath_profile",
     "skyrl_generate",
+    "verl_overhead",
 ]
 # run only when named (`--only scale`, `make bench-scale`; `--only chaos`, `make bench-chaos`):
 # scale's quick mode alone takes ~3 of the 8 minutes `make bench` has, chaos's sixteen faults (two
 # of them a killed driver waiting out its lease, one a node lost) 5-10; their last results still
 # get their sections in RESULTS.md
-STANDALONE = {"scale", "chaos", "admission", "fault_campaign", "skyrl_generate"}
-# run by another interpreter: the SkyRL adapter's venv (`make test-skyrl` builds it)
-INTERPRETER = {"skyrl_generate": REPO / ".venv-skyrl" / "bin" / "python"}
+STANDALONE = {"scale", "chaos", "admission", "fault_campaign", "skyrl_generate", "verl_overhead"}
+# run by another interpreter: an adapter's venv (`make test-skyrl`, `make test-verl` build them)
+INTERPRETER = {
+    "skyrl_generate": REPO / ".venv-skyrl" / "bin" / "python",
+    "verl_overhead": REPO / ".venv-verl" / "bin" / "python",
+}
 # written by another benchmark's quick run, which measures the same thing (one_per_actor: the
 # 1 per actor pool and trials of throughput's quick run, with the Ray floor joined to them); a
 # whole quick run does not run it again (`--only one_per_actor` and full mode still do)
@@ -834,6 +838,8 @@ def write_report(
         "store_commit": "The durable server's group commit apart from the web stack",
         "receipts_real_gym": "Receipts from a real Gym without a receipt route: status bytes",
         "skyrl_generate": "SkyRL's generate(): the layer against a SkyRL generator posting /run",
+        "verl_overhead": "verl's agent loop through the layer against a direct /run (issue 28; "
+        "`.venv-verl/bin/python benchmarks/verl_overhead.py`)",
     }
     for name in BENCHMARKS:
         if name not in titles:

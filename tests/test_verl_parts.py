@@ -13,6 +13,7 @@ from rl_gym_actors.failures import FailureKind
 from rl_gym_actors.integrations.verl.ids import prompt_uid, rollout_id
 from rl_gym_actors.integrations.verl.outputs import GymRolloutFailed, UnusableReply, output_fields
 from rl_gym_actors.integrations.verl.settings import (
+    in_flight,
     pool_size_for,
     restore_dir,
     resume_step_dir,
@@ -125,14 +126,23 @@ def _config(**over):
 
 
 def test_the_pool_holds_everything_verl_has_in_flight():
-    assert pool_size_for(_config()) == 64  # 16 prompts x n 4
-    assert pool_size_for(_config(data__gen_batch_size=32)) == 128
+    assert in_flight(_config()) == 64  # 16 prompts x n 4
+    assert in_flight(_config(data__gen_batch_size=32)) == 128
     async_config = _config(trainer__v1={"trainer_mode": "rlga_colocate_async"})
-    assert pool_size_for(async_config) == 128  # one warm-up batch ahead by default
+    assert in_flight(async_config) == 128  # one warm-up batch ahead by default
     async_config["trainer"]["v1"]["colocate_async"] = {"num_warmup_batches": 0.5}
-    assert pool_size_for(async_config) == 96
-    assert settings_from(_config()).pool_size == 64
+    assert in_flight(async_config) == 96
+    # actors of 32 slots each (not one actor, one Ray worker process, per session)
+    assert pool_size_for(_config()) == 2
+    assert pool_size_for(async_config) == 3
+    assert pool_size_for(_config(), rollouts_per_actor=1) == 64
+    settings = settings_from(_config())
+    assert (settings.pool_size, settings.rollouts_per_actor) == (2, 32)
+    settings = settings_from(_config(rl_gym_actors__rollouts_per_actor=8))
+    assert (settings.pool_size, settings.rollouts_per_actor) == (8, 8)
     assert settings_from(_config(rl_gym_actors__pool_size=7)).pool_size == 7
+    with pytest.raises(ConfigError):
+        pool_size_for(_config(), rollouts_per_actor=0)
 
 
 def test_settings_are_read_from_verls_config_and_bad_ones_named():

@@ -32,12 +32,25 @@ from verl.experimental.agent_loop.agent_loop import (
 from rl_gym_actors.integrations.verl.host import HostSpec, aensure_host, find_host
 from rl_gym_actors.integrations.verl.ids import rollout_id
 from rl_gym_actors.integrations.verl.outputs import GymRolloutFailed, output_fields
-from rl_gym_actors.integrations.verl.settings import restore_dir, settings_from
+from rl_gym_actors.integrations.verl.settings import VerlSettings, restore_dir, settings_from
 from rl_gym_actors.protocol import ROLLOUT_ID_FIELD
 
 LOOP_NAME = "rl_gym_actors"
 LOOP_CONFIG = str(Path(__file__).with_name("agent_loops.yaml"))
 _HOSTS: dict[str, Any] = {}  # run id -> the host's handle, per worker process
+_SETTINGS: dict[int, tuple[Any, VerlSettings]] = {}  # id(config) -> (config, its settings)
+
+
+def loop_settings(config: Any) -> VerlSettings:
+    """:func:`settings_from` ``config``, read once per config object in a worker process (verl
+    hands every loop of a worker the same config; reading it through OmegaConf for every
+    session was more than half the loop's own time, measured by benchmarks/verl_overhead.py)."""
+    hit = _SETTINGS.get(id(config))
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    settings = settings_from(config)
+    _SETTINGS[id(config)] = (config, settings)  # holding config: its id is not reused
+    return settings
 
 
 def host_spec(config: Any) -> HostSpec:
@@ -66,7 +79,7 @@ def host_spec(config: Any) -> HostSpec:
 
 
 async def host_for(config: Any) -> tuple[str, Any]:
-    run_id = settings_from(config).run_id
+    run_id = loop_settings(config).run_id
     handle = _HOSTS.get(run_id) or find_host(run_id)
     if handle is None:
         handle = await aensure_host(host_spec(config))

@@ -6,9 +6,11 @@ A verl user adds one section, ``+rl_gym_actors={...}`` (any mapping with ``.get`
 - ``endpoints``: the Gym servers (URLs, or ``{url, token}`` mappings); required.
 - ``run_id``: the run's name in every rollout id (default: ``trainer.experiment_name``); keep it
   stable across restarts.
-- ``pool_size``: warm rollout actors (default: :func:`pool_size_for`, the whole submitted batch).
-- ``rollouts_per_actor``, ``rollout_s``, ``receipt_s``, ``max_tries``: as in
-  :class:`~rl_gym_actors.config.PoolConfig` / :class:`~rl_gym_actors.config.TryPolicy`.
+- ``pool_size``: warm rollout actors (default: :func:`pool_size_for`, enough actors of
+  ``rollouts_per_actor`` slots for every session verl has in flight, :func:`in_flight`).
+- ``rollouts_per_actor`` (default 32, as the SkyRL adapter's), ``rollout_s``, ``receipt_s``,
+  ``max_tries``: as in :class:`~rl_gym_actors.config.PoolConfig` /
+  :class:`~rl_gym_actors.config.TryPolicy`.
 - ``checkpoint_deadline_s``: how long a checkpoint of the layer may take (default 120).
 
 :func:`restore_dir` says which checkpoint directory the layer restores from on resume.
@@ -16,6 +18,7 @@ A verl user adds one section, ``+rl_gym_actors={...}`` (any mapping with ``.get`
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,9 @@ from rl_gym_actors.errors import ConfigError
 from rl_gym_actors.integrations.verl.ids import check_run_id
 
 SECTION = "rl_gym_actors"
+# rollouts one actor plays at once: one actor per session made verl's default pool a Ray worker
+# process per session (32 for a batch of 16 x n 2), each paying Ray's per-call floor
+ROLLOUTS_PER_ACTOR = 32
 STEP_PREFIX = "global_step_"
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # verl writes it once a save is durable
 ASYNC_TRAINER_MODES = frozenset({"colocate_async", "separate_async"})
@@ -46,7 +52,7 @@ class VerlSettings:
     endpoints: tuple[GymEndpoint, ...]
     run_id: str
     pool_size: int
-    rollouts_per_actor: int = 1
+    rollouts_per_actor: int = ROLLOUTS_PER_ACTOR
     rollout_s: float | None = None
     receipt_s: float | None = None
     max_tries: int | None = None
@@ -63,10 +69,18 @@ def base_mode(trainer_mode: str) -> str:
     return trainer_mode.removeprefix("rlga_")
 
 
-def pool_size_for(config: Any) -> int:
-    """Warm rollout actors for everything verl has in flight at once: the submitted batch
-    (``data.train_batch_size``, or ``data.gen_batch_size`` when larger) times ``rollout.n``; the
-    async modes submit ``num_warmup_batches`` batches more ahead of the one being trained."""
+def pool_size_for(config: Any, rollouts_per_actor: int = ROLLOUTS_PER_ACTOR) -> int:
+    """Warm rollout actors of ``rollouts_per_actor`` slots for every session verl has in flight
+    at once (:func:`in_flight`)."""
+    if isinstance(rollouts_per_actor, bool) or rollouts_per_actor < 1:
+        raise ConfigError(f"{SECTION}.rollouts_per_actor must be at least 1")
+    return max(1, math.ceil(in_flight(config) / rollouts_per_actor))
+
+
+def in_flight(config: Any) -> int:
+    """The sessions verl has in flight at once: the submitted batch (``data.train_batch_size``,
+    or ``data.gen_batch_size`` when larger) times ``rollout.n``; the async modes submit
+    ``num_warmup_batches`` batches more ahead of the one being trained."""
     batch = int(_get(config, "data.train_batch_size", 1))
     gen = int(_get(config, "data.gen_batch_size", 0) or 0)
     n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
@@ -118,11 +132,12 @@ def settings_from(config: Any) -> VerlSettings:
         value = section.get(key)
         return None if value is None else kind(value)
 
+    per_actor = number("rollouts_per_actor", int) or ROLLOUTS_PER_ACTOR
     return VerlSettings(
         endpoints=endpoints,
         run_id=check_run_id(str(run_id)),
-        pool_size=number("pool_size", int) or pool_size_for(config),
-        rollouts_per_actor=number("rollouts_per_actor", int) or 1,
+        pool_size=number("pool_size", int) or pool_size_for(config, per_actor),
+        rollouts_per_actor=per_actor,
         rollout_s=number("rollout_s", float),
         receipt_s=number("receipt_s", float),
         max_tries=number("max_tries", int),
