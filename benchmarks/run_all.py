@@ -113,6 +113,7 @@ def run_one(
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     load_start = os.getloadavg()[0]
     cpu0 = _children_cpu_s()
+    before = _descendants()
     t0 = time.perf_counter()
     common.progress(f"run_all: {name} ({tree.name}) ...")
     with open(log, "w") as out:
@@ -129,7 +130,7 @@ def run_one(
             proc.wait()
             rc = -1
     took = time.perf_counter() - t0
-    lingering = _reap_descendants()
+    lingering = _reap_descendants(before)
     cpu = _children_cpu_s() - cpu0
     load_end = os.getloadavg()[0]
     common.progress(
@@ -170,22 +171,27 @@ def _adopt_orphans() -> None:
         pass  # the CPU figure then misses what was re-parented; the wall time stands
 
 
-def _reap_descendants(wait_s: float = 15.0) -> int:
-    """Wait (up to ``wait_s``) for what the last benchmark left running to exit, reap every
-    exited descendant so that its CPU time is counted; kill what still runs after that and
-    return how many were left."""
+def _descendants() -> set[int]:
+    with contextlib.suppress(psutil.Error):
+        return {c.pid for c in psutil.Process().children(recursive=True)}
+    return set()
+
+
+def _reap_descendants(before: set[int], wait_s: float = 15.0) -> int:
+    """Wait (up to ``wait_s``) for what the last benchmark left running to exit, reap each of
+    those that is our child so that its CPU time is counted; kill what still runs after that and
+    return how many were left. Only processes that were not there before it started (``before``)
+    count: a caller's own (a test's Ray session, when a test calls run_one) are never touched."""
     deadline = time.monotonic() + wait_s
+    me = os.getpid()
     while True:
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                pid = 0
-            if pid == 0:
-                break
         alive = []
         for c in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):
+            if c.pid in before:
+                continue
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                if c.ppid() == me:
+                    os.waitpid(c.pid, os.WNOHANG)
                 if c.status() != psutil.STATUS_ZOMBIE:
                     alive.append(c)
         if not alive:
@@ -196,9 +202,10 @@ def _reap_descendants(wait_s: float = 15.0) -> int:
                 with contextlib.suppress(psutil.Error):
                     c.kill()
             psutil.wait_procs(alive, timeout=5)
-            with contextlib.suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
+            for c in alive:
+                with contextlib.suppress(ChildProcessError, psutil.Error):
+                    if c.ppid() == me:
+                        os.waitpid(c.pid, os.WNOHANG)
             return len(alive)
         time.sleep(0.2)
 

@@ -76,7 +76,15 @@ def test_write_and_run_all_write_the_tracked_results(tmp_path):
     written = tree / "benchmarks" / "results" / "probe.json"
     assert written.exists()
     written.unlink()
-    run = _run_all().run_one("probe", True, tree=tree)
+    # a process of the caller's own (here: as a test's Ray session is) outlives run_one, which
+    # kills only what the benchmark left running
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        run = _run_all().run_one("probe", True, tree=tree)
+        assert mine.poll() is None, "run_one killed a process the benchmark did not start"
+    finally:
+        mine.kill()
+        mine.wait()
     assert run["rc"] == 0, run["tail"]
     assert written.exists() and (tree / "benchmarks" / "results" / "probe.md").exists()
     assert not (tree / "build").exists()
