@@ -205,16 +205,20 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
 
 def _finish(work: Path, gym: GymServerProcess, mode: str) -> tuple[int, int]:
     """The last incarnation: resumes and runs to the end. Then Gym's un-ACKed and running."""
-    c = Trainer(work, gym, mode)
-    wait_for(
-        lambda: (work / "done").exists() or c.proc.poll() is not None,
-        timeout_s=INCARNATION_S,
-        what="C to finish",
-    )
-    c.proc.wait(timeout=60)
-    assert c.proc.returncode == 0, c.tail()
-    c.log.close()
+    _run_to_end(work, Trainer(work, gym, mode), "C to finish")
     return _unacked(gym)
+
+
+def _run_to_end(work: Path, trainer: Trainer, what: str) -> None:
+    """Wait for ``trainer`` to finish its run (its ``done`` file, or its exit): exit 0."""
+    wait_for(
+        lambda: (work / "done").exists() or trainer.proc.poll() is not None,
+        timeout_s=INCARNATION_S,
+        what=what,
+    )
+    trainer.proc.wait(timeout=60)
+    assert trainer.proc.returncode == 0, trainer.tail()
+    trainer.log.close()
 
 
 # verl's async modes fetch one prompt at a time (``data.gen_batch_size`` 1): uid e<epoch>-b<k>-p0
@@ -336,15 +340,7 @@ def test_sync_mode_on_gym_v2_trains_every_session_from_the_layer(tmp_path):
         env=env,
         args=["--protocol", "v2"],
     ) as gym:
-        trainer = Trainer(work, gym, "rlga_sync", steps=2)
-        wait_for(
-            lambda: (work / "done").exists() or trainer.proc.poll() is not None,
-            timeout_s=INCARNATION_S,
-            what="the trainer to finish",
-        )
-        trainer.proc.wait(timeout=60)
-        assert trainer.proc.returncode == 0, trainer.tail()
-        trainer.log.close()
+        _run_to_end(work, Trainer(work, gym, "rlga_sync", steps=2), "the trainer to finish")
 
         async def v2_status():
             async with GymClient(gym.endpoint) as client:

@@ -233,7 +233,7 @@ class _Guard:
         try:
             if self.transport.can_write_eof():
                 self.transport.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):
+        except (OSError, RuntimeError, NotImplementedError):  # it cannot half-close: close
             self.transport.close()
             return
         self._timer = self._loop.call_later(LINGER_S, self.transport.close)
