@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the orchestrator's client of its ledger actor (Ray's)
 PART_DIR = "rl_gym_actors"
 PART_FILE = "part.json"
 SEALED_FILE = "sealed.u64"
+SEALED_ALT = "sealed-b.u64"  # a rewrite of a part alternates between the two names
 REPORT_FILE = "report.json"  # the committed report, written once the checkpoint committed
 SCHEMA = 1
 
@@ -81,6 +82,13 @@ class CheckpointPart(BaseModel):
     undelivered: list[Outcome] = []
     sealed: SealedFile
     gym_v2: list[V2EndpointScope] = []  # added once the checkpoint committed on v2 servers
+    # the id Gym knows this checkpoint by, when not ``checkpoint_id``: the id asked again by a
+    # restored trainer after its dead predecessor had spent it on Gym (run_checkpoints.py)
+    gym_id: str | None = None
+
+    @property
+    def gym_checkpoint_id(self) -> str:
+        return self.gym_id or self.checkpoint_id
 
     def holds(self) -> set[tuple[str, int | None]]:
         """The (rollout id, try) of every result the part holds."""
@@ -100,13 +108,26 @@ def write_part(
     undelivered: list[Outcome],
     sealed: SealedIds,
     keep_results: bool = True,
+    gym_id: str | None = None,
 ) -> CheckpointPart:
-    """Write the part durably (see the module docstring); return what ``part.json`` holds."""
+    """Write the part durably (see the module docstring); return what ``part.json`` holds.
+
+    Over a part of the same run already there (``gym_id``: the same id checkpointed again under
+    another id on Gym, since a dead trainer spent it), every result the old part holds that the
+    new one lacks is carried over as it was: nothing a part stored is lost by its rewrite. The
+    sealed-id record goes to a file the old ``part.json`` does not name, so a kill inside the
+    rewrite leaves the old part whole."""
     directory = part_dir(checkpoint_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        old = _old_part(directory)
+        if gym_id is not None and old is not None and old.run_id == run_id:
+            held = {o.rollout_id for o in (*handed, *undelivered)}
+            handed = [*handed, *(o for o in old.handed if o.rollout_id not in held)]
+            undelivered = [*undelivered, *(o for o in old.undelivered if o.rollout_id not in held)]
+        name = SEALED_ALT if old is not None and old.sealed.name == SEALED_FILE else SEALED_FILE
         data = sealed.to_bytes()
-        write_file_atomically(directory / SEALED_FILE, data)
+        write_file_atomically(directory / name, data)
         part = CheckpointPart(
             run_id=run_id,
             checkpoint_id=checkpoint_id,
@@ -114,15 +135,24 @@ def write_part(
             keep_results=keep_results,
             handed=[o if keep_results else o.model_copy(update={"reply": None}) for o in handed],
             undelivered=list(undelivered),
-            sealed=SealedFile(
-                name=SEALED_FILE, ids=len(sealed), sha256=hashlib.sha256(data).hexdigest()
-            ),
+            sealed=SealedFile(name=name, ids=len(sealed), sha256=hashlib.sha256(data).hexdigest()),
+            gym_id=gym_id,
         )
         write_file_atomically(directory / PART_FILE, part.model_dump_json().encode())
         fsync_dir(directory)
+        if old is not None and old.sealed.name != name:  # the old record, named by nothing now
+            (directory / old.sealed.name).unlink(missing_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot write the checkpoint part under {directory}: {exc}") from exc
     return part
+
+
+def _old_part(directory: Path) -> CheckpointPart | None:
+    """The part already under ``directory`` (None: none, or not readable)."""
+    try:
+        return CheckpointPart.model_validate_json((directory / PART_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
 
 
 def _read_to_add(directory: Path) -> CheckpointPart:
@@ -326,11 +356,13 @@ async def write_memory_part(
     run_id: str,
     keep_results: bool,
     kept: Set[str] = frozenset(),
+    gym_id: str | None = None,
 ) -> CheckpointPart:
     """Check the id and dir, then write ``memory``'s part (the files in a thread). ``kept``:
     handed rollouts the trainer keeps untrained (``checkpoint(keep=...)``): into
     ``undelivered``, in full, since the trainer's state at this checkpoint has not seen them
-    (restored, the row gets the result as new, not ``repeated``)."""
+    (restored, the row gets the result as new, not ``repeated``). ``gym_id``: see
+    :func:`write_part`."""
     checkpoint_id_arg(checkpoint_id)
     if not isinstance(checkpoint_dir, (str, os.PathLike)) or not str(checkpoint_dir):
         raise ConfigError("checkpoint_dir must be a non-empty path")
@@ -349,6 +381,7 @@ async def write_memory_part(
         undelivered=undelivered,
         sealed=sealed,
         keep_results=keep_results,
+        gym_id=gym_id,
     )
 
 
@@ -369,7 +402,7 @@ async def restore_gym_v2(
     (``placed``: rollout id -> index in ``endpoints``, the endpoints' URLs)."""
     report = await ledger.restore_v2(
         f"{restore_prefix(part.run_id)}{uuid.uuid4().hex[:16]}",
-        part.checkpoint_id,
+        part.gym_checkpoint_id,
         part.gym_v2,
         RESTORE_S,
         claims,
@@ -412,7 +445,8 @@ def own_open_ids(
             continue
         if not isinstance(part, dict) or part.get("run_id") != run_id:
             continue
-        cid = part.get("checkpoint_id")
-        if isinstance(cid, str) and cid not in ids:
-            ids.append(cid)
+        for key in ("checkpoint_id", "gym_id"):  # gym_id: the id Gym knows it by
+            cid = part.get(key)
+            if isinstance(cid, str) and cid not in ids:
+                ids.append(cid)
     return ids

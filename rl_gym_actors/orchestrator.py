@@ -152,9 +152,7 @@ class Orchestrator:
         self._pool: WarmPool | None = None
         self._runner: RowRunner | None = None
         self._memory = RolloutMemory(MEMORY, max_tries=self.policy.max_tries)  # every id's
-        parts.load_part(self._memory, part, sealed)
         self._received = Received()  # the outcomes handed to the trainer (snapshot())
-        self._v2_part = part if part is not None and part.gym_v2 else None  # restored at start
         self._dead = None if part is None else (restore_from, part.checkpoint_id)
         self._planner = RowPlanner(self.endpoints, self.run_id, self._memory, self._claims)
         self._checkpoints = RunCheckpoints(
@@ -167,7 +165,8 @@ class Orchestrator:
             bool(keep_results),  # restore_from: run id, results, sealed ids
             sealed_retention,
         )
-        self._checkpoints.note_committed(part, restore_from)
+        # the part and the run's newer ones beside it; their v2 episodes restored at start
+        self._v2_part = self._checkpoints.load_restored(restore_from, part, sealed)
         self._chunks = ChunkSender()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
@@ -380,15 +379,15 @@ class Orchestrator:
         return await self._async(self._restore(checkpoint_dir))
 
     async def _restore(self, checkpoint_dir: str | os.PathLike[str]) -> RestoreReport | None:
-        part = await self._checkpoints.load(checkpoint_dir)
+        part, v2_part = await self._checkpoints.load(checkpoint_dir)
         if part is None:
             return None
         _, _, ledger = await self._ready()
         ids = await self._checkpoints.clear_dead_now(checkpoint_dir, part.checkpoint_id)
         await self._checkpoints.clear_dead(ledger, ids)
-        if not part.gym_v2:
+        if v2_part is None:
             return None
-        return await self._checkpoints.restore_v2(ledger, part)
+        return await self._checkpoints.restore_v2(ledger, v2_part)
 
     @property
     def keep_results(self) -> bool:

@@ -12,12 +12,15 @@ the memory forget the handed results the trainer consumed (``keep``: the ones it
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from rl_gym_actors import checkpoint_part as parts
+from rl_gym_actors import newer_parts
 from rl_gym_actors.actors.checkpoint_abort import EndpointAbort
 from rl_gym_actors.actors.clear_own import clear_own_directly
 from rl_gym_actors.actors.ledger_client import LedgerClient
@@ -27,6 +30,7 @@ from rl_gym_actors.core.rollout_memory import RolloutMemory
 from rl_gym_actors.dispatch import CALL_SLACK_S, UnackedCount
 from rl_gym_actors.errors import CheckpointFailed, ConfigError
 from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.protocol import CHECKPOINT_ID_MAX
 from rl_gym_actors.rows import RowPlanner
 
 DRAIN_S = 10.0  # v2: how long a checkpoint waits for rows that finished before its cut
@@ -62,6 +66,9 @@ class RunCheckpoints:
         self._done: dict[str, tuple[str, CheckpointReport]] = {}  # committed: id -> dir, report
         self.restore_report: RestoreReport | None = None  # what the last v2 restore did
         self.cleared: list[EndpointAbort] = []  # what a dead trainer of the run left open
+        # ids a dead trainer of the run may have spent on Gym (own_open_ids): asked again and
+        # not committed, they go to Gym under a fresh id (:meth:`_gym_id`)
+        self._spent: set[str] = set()
 
     # ------------------------------------------------------------ checkpoint
 
@@ -85,29 +92,44 @@ class RunCheckpoints:
         consumed = self._consumed(keep, keep_if_handed)
         ledger = await ready()
         started = time.monotonic()
+        gym_id = self._gym_id(checkpoint_id)
         # the layer's part first: nothing is released before it is durable
         kept = set() if consumed is None else self._memory.handed() - consumed
         part = await parts.write_memory_part(
-            self._memory, checkpoint_id, checkpoint_dir, self.run_id, self.keep_results, kept
+            self._memory,
+            checkpoint_id,
+            checkpoint_dir,
+            self.run_id,
+            self.keep_results,
+            kept,
+            None if gym_id == checkpoint_id else gym_id,
         )
         recorded = sorted((r, a) for r, a in part.holds() if a is not None)
         claims = sorted(self._claims)
+        # a fresh id's Gym files go to a sub-folder: the dead trainer's commit stays as it is
+        gym_dir = (
+            checkpoint_dir if gym_id == checkpoint_id else os.path.join(checkpoint_dir, gym_id)
+        )
         try:
             report = await ledger.checkpoint(
-                checkpoint_id,
-                checkpoint_dir,
+                gym_id,
+                gym_dir,
                 deadline_s,
                 bool(sweep_foreign),
                 claims,
                 timeout_s=deadline_s + CALL_SLACK_S,
                 # the results the gate releases that the part lacks (handed-over tries it
                 # adopts, runs that finished while it waited): into the part first
-                keep_handed=parts.add_undelivered,
+                keep_handed=functools.partial(_add_undelivered, checkpoint_dir),
                 recorded=recorded,
             )
         except CheckpointFailed as exc:
             exc.restore_from = checkpoint_dir  # the part holds all it released
             raise
+        if gym_id != checkpoint_id:  # the trainer's id and dir in what it is answered
+            update = {"checkpoint_id": checkpoint_id, "checkpoint_dir": checkpoint_dir}
+            report = report.model_copy(update=update)
+        self._spent.discard(checkpoint_id)
         for outcome in report.kept:  # ... and to their rollouts' next rows (no agent run)
             self._memory.adopt_handed(outcome)
         if scopes := parts.v2_scopes(report):  # what a restore continues: into the part, durably
@@ -165,6 +187,18 @@ class RunCheckpoints:
         stored = await asyncio.to_thread(parts.committed_report, first_dir, checkpoint_id)
         return stored or report
 
+    def _gym_id(self, checkpoint_id: str) -> str:
+        """The id Gym is asked to checkpoint under: ``checkpoint_id``, unless a dead trainer of
+        this run may have spent it there (its part is the restored one or a newer one beside
+        it) and it did not commit (a committed one is answered by :meth:`_committed_before`):
+        a trainer that writes its state after ``checkpoint()`` returns and died before that
+        write asks for that id again, which Gym refuses once resumed (``StaleCheckpoint``).
+        Then a fresh id of its own: ``<id>-again-<hex>``, recorded in the part (``gym_id``)."""
+        if checkpoint_id not in self._spent:
+            return checkpoint_id
+        suffix = f"-again-{uuid.uuid4().hex[:8]}"
+        return checkpoint_id[: CHECKPOINT_ID_MAX - len(suffix)] + suffix
+
     def _consumed(
         self, keep: Iterable[str] | None, keep_if_handed: Iterable[str] | None = None
     ) -> set[str] | None:
@@ -203,13 +237,34 @@ class RunCheckpoints:
         if report is not None:
             self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
 
-    async def load(self, checkpoint_dir: PathArg) -> Any:
-        """Read ``checkpoint_dir``'s part of this run into the memory (None: no part)."""
+    def load_restored(
+        self, restore_from: PathArg | None, part: Any, sealed: Any, newer: Any = None
+    ) -> Any:
+        """Load the restored ``part`` (read from ``restore_from``) and the run's newer parts
+        beside it (:mod:`rl_gym_actors.newer_parts`; ``newer``: read already) into the memory;
+        note those that committed. The part whose Gym v2 episodes the restore continues (None:
+        none)."""
+        parts.load_part(self._memory, part, sealed)
+        if part is None or restore_from is None:
+            return None
+        if newer is None:
+            newer = newer_parts.newer_parts(restore_from, part)
+        newer_parts.load_newer(self._memory, newer, sealed)
+        self.note_committed(part, restore_from)
+        for where, other in newer:
+            self.note_committed(other, where)
+        return newer_parts.v2_source(part, newer)
+
+    async def load(self, checkpoint_dir: PathArg) -> tuple[Any, Any]:
+        """Read ``checkpoint_dir``'s part of this run (and the newer ones beside it) into the
+        memory (the files in a thread, the memory on the orchestrator's loop): the part (None:
+        no part) and the one whose v2 episodes the restore continues."""
         args = (checkpoint_dir, self.run_id, self.sealed_retention)
         _, part, sealed = await asyncio.to_thread(parts.restore_run, *args)
-        parts.load_part(self._memory, part, sealed)  # on the orchestrator's loop (the memory's)
-        self.note_committed(part, checkpoint_dir)
-        return part
+        newer = []
+        if part is not None:
+            newer = await asyncio.to_thread(newer_parts.newer_parts, checkpoint_dir, part)
+        return part, self.load_restored(checkpoint_dir, part, sealed, newer)
 
     async def clear_dead_now(self, where: Any, checkpoint_id: str) -> list[str]:
         """Resume what a dead trainer of this run left open on Gym (its checkpoint, named by
@@ -218,6 +273,7 @@ class RunCheckpoints:
         takes seconds on a loaded machine (10-20 s at load 30), and Gym refused all work for
         that long (see actors/checkpoint_abort.py). The ids, for :meth:`clear_dead`."""
         ids = await asyncio.to_thread(parts.own_open_ids, where, self.run_id, checkpoint_id)
+        self._spent.update(i for i in ids if i not in self._done)
         self.cleared = await clear_own_directly(
             self._endpoints, ids, self.run_id, time.time() + CLEAR_S
         )
@@ -235,6 +291,12 @@ class RunCheckpoints:
         args = (ledger, self._memory, self._planner.placed, urls, part, claims)
         self.restore_report = await parts.restore_gym_v2(*args)
         return self.restore_report
+
+
+def _add_undelivered(part_dir: str, _gym_dir: str, outcomes: list[Any]) -> int:
+    """The gate's ``keep_handed`` (called with the dir Gym commits into): into the part under
+    ``part_dir``."""
+    return parts.add_undelivered(part_dir, outcomes)
 
 
 def checkpoint_args(checkpoint_id: str, checkpoint_dir: Any, deadline_s: float) -> float:

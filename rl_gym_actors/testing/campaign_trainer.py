@@ -4,12 +4,13 @@
         --protocol agent|v2 --steps 6 --rows 6 [--keep] [--order first|after] \\
         [--arm-step K] [--pause part|report:K] [--go-file F] [--ray-address ADDR]
 
-It restores the documented way: ``latest_checkpoint_dir(root, run_id=R)`` as ``restore_from=``
-(None: a fresh start), its own state from the state file beside that part (``--order first``:
-written before ``checkpoint()``) or from its newest state file (``--order after``: written
-once ``checkpoint()`` returned, the examples' old order). Step ``s``'s rows are
-``R-s<s>-<i>`` (the same ids and fields in every process). It checkpoints ``<R>-step-<s>`` into
-``root/step-<s>`` after every step.
+It restores the documented way (:func:`restore_point`): ``restore_from=`` the checkpoint dir
+whose state it loads (None: a fresh start). ``--order first`` (state written before
+``checkpoint()``): ``latest_checkpoint_dir(root, run_id=R)`` and the state file beside its part;
+``--order after`` (state written once ``checkpoint()`` returned, the examples' old order): its
+newest state file and that file's dir, the last checkpoint it counted as taken. Step ``s``'s
+rows are ``R-s<s>-<i>`` (the same ids and fields in every process). It checkpoints
+``<R>-step-<s>`` into ``root/step-<s>`` after every step.
 
 ``--keep``: an async trainer with a buffer across 2 checkpoints: step s+1's rows are in flight
 while checkpoint s runs, a step's results are trained two steps later, and the buffered ones are
@@ -80,19 +81,27 @@ def fresh_state() -> dict[str, Any]:
     return {"next_step": 1, "buffered": [], "trained": [], "bad": []}
 
 
-def read_state(root: Path, restore_dir: Path | None, order: str) -> dict[str, Any]:
-    """``first``: the state beside the restored part; ``after``: the newest state file."""
+def restore_point(root: Path, run_id: str, order: str) -> tuple[Path | None, dict[str, Any]]:
+    """The dir to restore from and the trainer's state, by the README's one rule: the
+    checkpoint dir whose state the trainer loads. ``first``: ``latest_checkpoint_dir`` and the
+    state beside it; ``after``: the trainer's newest state file and its dir (the newest
+    checkpoint it counted as taken; the layer reads the newer parts beside it)."""
+    from rl_gym_actors.checkpoint_part import latest_checkpoint_dir
+
     if order == "first":
+        restore_dir = latest_checkpoint_dir(root, run_id=run_id)
         if restore_dir is None:
-            return fresh_state()
-        return json.loads((restore_dir / STATE_FILE).read_text())
+            return None, fresh_state()
+        return restore_dir, json.loads((restore_dir / STATE_FILE).read_text())
     newest: tuple[int, Path] | None = None
     for d in root.glob("step-*"):
         f = d / STATE_FILE
         n = int(d.name[5:]) if d.name[5:].isdigit() else -1
         if f.is_file() and n >= 0 and (newest is None or n > newest[0]):
             newest = (n, f)
-    return fresh_state() if newest is None else json.loads(newest[1].read_text())
+    if newest is None:
+        return None, fresh_state()
+    return newest[1].parent, json.loads(newest[1].read_text())
 
 
 def write_state(directory: Path, state: dict[str, Any], name: str = STATE_FILE) -> None:
@@ -205,7 +214,6 @@ async def _checkpoint(orch: Any, args: argparse.Namespace, step: int, keep: list
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from rl_gym_actors.checkpoint_part import latest_checkpoint_dir
     from rl_gym_actors.config import GymEndpoint, TryPolicy
     from rl_gym_actors.orchestrator import Orchestrator
 
@@ -214,8 +222,7 @@ async def _main(args: argparse.Namespace) -> int:
         _say(event="ready")
         while not os.path.exists(args.go_file):
             await asyncio.sleep(0.01)
-    restore_dir = latest_checkpoint_dir(root, run_id=args.run_id)
-    state = read_state(root, restore_dir, args.order)
+    restore_dir, state = restore_point(root, args.run_id, args.order)
     _say(
         event="started",
         pid=os.getpid(),
