@@ -104,6 +104,8 @@ class RunCheckpoints:
                 # adopts, runs that finished while it waited): into the part first
                 keep_handed=parts.add_undelivered,
                 recorded=recorded,
+                # asked again after a restart (Ray resends the call), the gate answers this
+                reports=parts.GATE_REPORTS,
             )
         except CheckpointFailed as exc:
             exc.restore_from = checkpoint_dir  # the part holds all it released
