@@ -474,10 +474,14 @@ def supervise(args: argparse.Namespace) -> dict[str, Any]:
             )
         proc = _child(args, gym.url, 0)
         lines = _lines(proc, args.verbose)
-        _wait_line(lines, "checkpoint step-" + str(args.steps), timeout_s=args.timeout_s)
-        proc.wait(timeout=60)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the trainer failed with exit status {proc.returncode}")
+        try:
+            _wait_line(lines, "checkpoint step-" + str(args.steps), timeout_s=args.timeout_s)
+            proc.wait(timeout=60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the trainer failed with exit status {proc.returncode}")
+        except (RuntimeError, TimeoutError) as exc:  # say whether Gym was still there
+            state = "serving" if gym.running else "NOT running any more"
+            raise RuntimeError(f"{exc} (the Gym server on {gym.url} is {state})") from exc
         gym_counts = gym.participant.snapshot()
         replayed_hint = gym.faults.dropped if gym.faults is not None else 0
     _, meta = load_latest(workdir, (args.prompts, args.actions))

@@ -57,6 +57,7 @@ PART_FILE = "part.json"
 SEALED_FILE = "sealed.u64"
 SEALED_ALT = "sealed-b.u64"  # a rewrite of a part alternates between the two names
 REPORT_FILE = "report.json"  # the committed report, written once the checkpoint committed
+GATE_FILE = "gate.json"  # the agent-checkpoint gate's report, kept before its resumes
 SCHEMA = 1
 
 
@@ -208,6 +209,34 @@ def committed_report(
     except (OSError, ValidationError, json.JSONDecodeError):
         return None
     return report if report.checkpoint_id == checkpoint_id else None
+
+
+class GateReportFile:
+    """The agent-checkpoint gate's report between its commits and its resumes (``gate.json``
+    beside the part; see actors/gate_done.py), written durably by the ledger as it writes the
+    part's ``undelivered``; raises ConfigError when it cannot be written."""
+
+    def write(self, checkpoint_dir: str, report: CheckpointReport) -> None:
+        directory = part_dir(checkpoint_dir)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_file_atomically(directory / GATE_FILE, report.model_dump_json().encode())
+            fsync_dir(directory)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the gate report under {directory}: {exc}") from exc
+
+    def read(self, checkpoint_dir: str, checkpoint_id: str) -> CheckpointReport | None:
+        try:
+            raw = (part_dir(checkpoint_dir) / GATE_FILE).read_bytes()
+            report = CheckpointReport.model_validate_json(raw)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValidationError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"unreadable gate report under {checkpoint_dir}: {exc}") from exc
+        return report if report.checkpoint_id == checkpoint_id else None
+
+
+GATE_REPORTS = GateReportFile()
 
 
 def same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

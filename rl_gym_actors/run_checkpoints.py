@@ -122,6 +122,8 @@ class RunCheckpoints:
                 # adopts, runs that finished while it waited): into the part first
                 keep_handed=functools.partial(_add_undelivered, checkpoint_dir),
                 recorded=recorded,
+                # asked again after a restart (Ray resends the call), the gate answers this
+                reports=parts.GATE_REPORTS,
             )
         except CheckpointFailed as exc:
             exc.restore_from = checkpoint_dir  # the part holds all it released

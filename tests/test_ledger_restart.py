@@ -21,6 +21,7 @@ from rl_gym_actors.errors import LedgerLost
 from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.orchestrator import Orchestrator
 from rl_gym_actors.testing.gym_process import GymServerThread
+from rl_gym_actors.testing.phase_hold import PhaseHold
 from rl_gym_actors.testing.polling import scaled, until
 from rl_gym_actors.testing.ray_kill import kill_for_good
 
@@ -37,10 +38,10 @@ def soon(seconds: float = 10.0) -> float:
 
 @contextlib.asynccontextmanager
 async def served(
-    policy: TryPolicy, pool_size: int = 2, rollouts_per_actor: int = 1
+    policy: TryPolicy, pool_size: int = 2, rollouts_per_actor: int = 1, extensions=()
 ) -> AsyncIterator[tuple[GymServerThread, GymClient, Orchestrator]]:
     """A Gym server on loopback, a client of it, and an orchestrator on it (its ledger to kill)."""
-    with GymServerThread(token="test-token") as server:
+    with GymServerThread(token="test-token", extensions=list(extensions)) as server:
         endpoint = GymEndpoint(url=server.url, token=server.token)
         async with (
             GymClient(endpoint) as client,
@@ -188,3 +189,48 @@ async def test_a_ledger_killed_while_the_gate_releases_counts_what_it_released(
         status = await client.status("probe-end", deadline_ts=soon())
         assert status.completed_unacknowledged == 0
         assert server.participant.snapshot()["agent_starts"] == RELEASE_ROWS
+
+
+SPENT_ROWS = 200
+
+
+async def test_a_ledger_killed_after_gym_resumed_answers_the_committed_report(
+    ray_session, tmp_path
+):
+    """Killed after Gym performed the resume (the id is spent there) and before its answer came
+    back: Ray sends the checkpoint again and the restarted ledger answers the committed report,
+    and the next checkpoint commits with nothing counted lost (before: CheckpointFailed with
+    Gym's stale_checkpoint, the book rebuilt holding as sealed the 200 results that commit
+    released, so the next checkpoint counted them lost)."""
+    hold = PhaseHold()
+    async with served(REBUILD_POLICY, rollouts_per_actor=64, extensions=[hold.extension()]) as (
+        server,
+        client,
+        orch,
+    ):
+        outcomes = await orch.arun_batch([{"reward": 0.5} for _ in range(SPENT_ROWS)])
+        assert [o.status for o in outcomes] == ["sealed"] * SPENT_ROWS
+        hold.arm("/resume", "spent", "after")  # Gym resumes; its answer is never sent
+        ckpt = asyncio.ensure_future(
+            orch.acheckpoint("spent", str(tmp_path / "ck"), deadline_s=60.0)
+        )
+        await until(hold.reached.is_set, timeout_s=60, what="the gate's resume to reach Gym")
+        ray_session.kill(orch.ledger, no_restart=False)
+        hold.release()
+        report = await asyncio.wait_for(ckpt, scaled(120))  # Ray sent the call again
+        assert await orch.ledger.restarted.remote()
+        assert (report.checkpoint_id, report.sealed_acked, report.orphans_acked) == (
+            "spent",
+            SPENT_ROWS,
+            0,
+        )
+        assert report.endpoints[0].commit.records == SPENT_ROWS
+        status = await client.status("probe-spent", deadline_ts=soon())
+        assert (status.state, status.completed_unacknowledged) == ("accepting", 0)
+        book = (await orch.asnapshot()).ledger.endpoints[server.url]
+        assert book.completed_unacked == 0  # the book follows: what the commit released
+        more = await orch.arun_batch([{"reward": 0.25} for _ in range(5)])
+        assert [o.status for o in more] == ["sealed"] * 5
+        after = await orch.acheckpoint("after-spent", str(tmp_path / "ck2"), deadline_s=60.0)
+        assert (after.sealed_acked, after.orphans_acked) == (5, 0)
+        assert server.participant.snapshot()["agent_starts"] == SPENT_ROWS + 5

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from rl_gym_actors import metrics
+from rl_gym_actors.actors.gate_done import GateReports, finish_again, stored_for
 from rl_gym_actors.actors.gate_endpoint import (
     EndpointTally,
     Owners,
@@ -61,7 +62,7 @@ from rl_gym_actors.gym.agent_checkpoint.client import GymClient
 from rl_gym_actors.gym.retry import RetryOn, call_with_retry
 from rl_gym_actors.listing import GymListing
 from rl_gym_actors.outcome import Outcome
-from rl_gym_actors.protocol import ExecutionState
+from rl_gym_actors.protocol import CommitAnswer, ExecutionState
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,10 @@ class CheckpointGate:
         keep: Callable[[list[Outcome]], int] | None = None,
         carried: Sequence[Outcome] = (),
         recorded: frozenset[tuple[str, int]] | None = None,
+        reports: GateReports | None = None,
     ) -> None:
         self._book = book
+        self._reports = reports  # the report kept between commits and resumes (gate_done.py)
         self._keep_write = keep  # kept handed-over tries into the part (None: orphans ACKed)
         # the results the part holds (actors/gate_record.py); None: the caller keeps no part
         self._recorded = recorded
@@ -131,6 +134,21 @@ class CheckpointGate:
         flushed = await self._owners.flush(
             min(prepare_deadline, start + _flush_budget(prepare_deadline - start)), checkpoint_id
         )
+        urls = [t.endpoint.url for t in self._tallies]
+        stored = await asyncio.to_thread(
+            stored_for, self._reports, checkpoint_dir, checkpoint_id, urls
+        )
+        if stored is not None:  # committed by a gate before this one (a restarted ledger)
+            failed = await finish_again(self._book, self._clients, checkpoint_id, deadline_ts)
+            if failed:
+                raise CheckpointFailed(
+                    f"checkpoint {checkpoint_id} committed, then failed to resume on "
+                    f"{len(failed)} of {len(urls)} endpoint(s): " + "; ".join(failed),
+                    checkpoint_id=checkpoint_id,
+                    blockers={},
+                    released=stored.sealed_acked + stored.orphans_acked,
+                )
+            return stored
         try:
             await self._until(  # phase 1: everything but the release
                 deadline_ts,
@@ -161,6 +179,7 @@ class CheckpointGate:
                         for t, c in zip(self._tallies, self._clients, strict=True)
                     ],
                 )
+                await self._keep_report(checkpoint_id, checkpoint_dir, flushed, start)
         finally:
             self._follow_gym()
             resume_by = max(deadline_ts, self._clock()) + RESUME_SLACK_S
@@ -185,6 +204,16 @@ class CheckpointGate:
                 blockers={t.endpoint.label: t.failure(self._foreign) for t in bad},
                 released=sum(t.sealed_acked + t.orphans_acked for t in self._tallies),
             )
+        return self._report(checkpoint_id, checkpoint_dir, flushed, start, commits)
+
+    def _report(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        flushed: int,
+        start: float,
+        commits: Sequence[CommitAnswer],
+    ) -> CheckpointReport:
         return CheckpointReport(
             checkpoint_id=checkpoint_id,
             checkpoint_dir=checkpoint_dir,
@@ -207,6 +236,21 @@ class CheckpointGate:
                 for t, commit in zip(self._tallies, commits, strict=True)
             ],
         )
+
+    async def _keep_report(
+        self, checkpoint_id: str, checkpoint_dir: str, flushed: int, start: float
+    ) -> None:
+        """Every commit answered: keep the report before the first resume spends the id, for
+        a gate of the same checkpoint after a restart (actors/gate_done.py). A report that
+        cannot be written fails nothing: that gate then fails as before, on the spent id."""
+        commits = [t.commit for t in self._tallies if t.commit is not None]
+        if self._reports is None or len(commits) != len(self._tallies):
+            return
+        report = self._report(checkpoint_id, checkpoint_dir, flushed, start, commits)
+        try:
+            await asyncio.to_thread(self._reports.write, checkpoint_dir, report)
+        except RlGymError as exc:
+            logger.warning("checkpoint %s: its gate report was not kept: %r", checkpoint_id, exc)
 
     async def _keep(self, deadline_ts: float) -> bool:
         """Before the release: keep the handed-over tries phase 1 held (actors/handover.py);

@@ -40,6 +40,7 @@ from rl_gym_actors import metrics
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
 from rl_gym_actors.actors.checkpoint_gate import CheckpointGate
 from rl_gym_actors.actors.clear_own import own_holder
+from rl_gym_actors.actors.gate_done import GateReports
 from rl_gym_actors.actors.gate_endpoint import OwnerAnswer
 from rl_gym_actors.actors.gate_select import GateSelect, own_rollouts
 from rl_gym_actors.actors.gate_steps import CONCURRENCY
@@ -288,6 +289,7 @@ class LedgerActor:
         claims: Sequence[str] = (),
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
         recorded: Sequence[tuple[str, int]] | None = None,
+        reports: GateReports | None = None,
     ) -> CheckpointReport:
         """Gate a checkpoint on every Gym endpoint: adopt, ACK orphans, retire forgotten runs,
         prepare, commit, resume. Raises :class:`CheckpointFailed` (every endpoint resumed) when
@@ -299,7 +301,9 @@ class LedgerActor:
         actors/handover.py); without it they are ACKed as orphans. ``recorded``: the results
         (rollout id, try) that part holds; the gate adds the others of this run it releases
         (actors/gate_record.py), and the v2 gate forgets no finished rollout whose result it
-        lacks (None: no part to keep, as before)."""
+        lacks (None: no part to keep, as before). ``reports`` keeps the agent-checkpoint gate's
+        report between its commits and its resumes, so that the call sent again after a restart
+        answers it (actors/gate_done.py)."""
         checkpoint_id_arg(checkpoint_id)
         if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
             raise ConfigError("checkpoint_dir must be a non-empty path")
@@ -340,6 +344,7 @@ class LedgerActor:
                 else functools.partial(keep_handed, checkpoint_dir),
                 carried=self._kept_unanswered,
                 recorded=held,
+                reports=reports,
             )
             gates.append(gate)
             return gate

@@ -15,6 +15,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 
 from rl_gym_actors.actors.checkpoint_abort import AbortReport, EndpointAbort
+from rl_gym_actors.actors.gate_done import GateReports
 from rl_gym_actors.actors.ledger_actor import LedgerActor, ledger_name
 from rl_gym_actors.actors.runtime import RAY_NAMESPACE
 from rl_gym_actors.config import GymEndpoint, LedgerConfig, TryPolicy
@@ -90,6 +91,7 @@ class LedgerClient:
         timeout_s: float,
         keep_handed: Callable[[str, list[Outcome]], int] | None = None,
         recorded: Sequence[tuple[str, int]] | None = None,
+        reports: GateReports | None = None,
     ) -> CheckpointReport:
         return await self._call(
             "checkpoint",
@@ -101,6 +103,7 @@ class LedgerClient:
                 claims,
                 keep_handed,
                 recorded,
+                reports,
             ),
             timeout_s,
         )

@@ -290,6 +290,7 @@ class GymServer:
         self._handle_signals = handle_signals
         self._config = config
         self._uvicorn: _Uvicorn | None = None
+        self._asked_to_stop = False  # stop() or kill(): a thread that ends then is no failure
 
     async def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         self._uvicorn = _Uvicorn(
@@ -316,6 +317,11 @@ class GymServer:
                 asyncio.run(self.serve(on_ready=ready.set))
             except BaseException as exc:  # surfaced below, or by the caller's join
                 failed.append(exc)
+                if ready.is_set():  # it served, then failed: nobody joins a daemon thread
+                    _log.error("the Gym server on %s failed", self.url, exc_info=exc)
+            else:
+                if ready.is_set() and not self._asked_to_stop:
+                    _log.error("the Gym server on %s stopped serving unasked", self.url)
             finally:
                 ready.set()
 
@@ -331,12 +337,14 @@ class GymServer:
 
     def stop(self) -> None:
         """Ask the server to shut down (safe from any thread)."""
+        self._asked_to_stop = True
         if self._uvicorn is not None:
             self._uvicorn.request_exit()
 
     def kill(self) -> None:
         """Stop as a crash would: the store stops writing at once, nothing is shut down
         gracefully. For in-process tests of a restart (safe from any thread)."""
+        self._asked_to_stop = True
         self.participant.crash()
         if self._uvicorn is not None:
             self._uvicorn.request_exit(force=True)
