@@ -239,6 +239,40 @@ class GateReportFile:
 GATE_REPORTS = GateReportFile()
 
 
+class GateReportBeside(GateReportFile):
+    """:class:`GateReportFile` beside the part under ``part_at``, whatever dir Gym commits into
+    (a checkpoint gated under a fresh id commits its Gym files into a sub-folder)."""
+
+    def __init__(self, part_at: str) -> None:
+        self.part_at = part_at
+
+    def write(self, checkpoint_dir: str, report: CheckpointReport) -> None:
+        super().write(self.part_at, report)
+
+    def read(self, checkpoint_dir: str, checkpoint_id: str) -> CheckpointReport | None:
+        return super().read(self.part_at, checkpoint_id)
+
+
+def gate_committed(
+    checkpoint_dir: str | os.PathLike[str], part: CheckpointPart
+) -> CheckpointReport | None:
+    """The report of ``part``'s checkpoint when it committed on every endpoint: its
+    ``report.json``, else the gate's report kept before its resumes (``gate.json``; the
+    checkpoint's id on Gym); None when neither is there (or readable)."""
+    report = committed_report(checkpoint_dir, part.checkpoint_id)
+    if report is not None:
+        return report
+    try:
+        kept = GATE_REPORTS.read(str(checkpoint_dir), part.gym_checkpoint_id)
+    except ConfigError:
+        return None
+    if kept is None:
+        return None
+    return kept.model_copy(
+        update={"checkpoint_id": part.checkpoint_id, "checkpoint_dir": str(checkpoint_dir)}
+    )
+
+
 def same_dir(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     """Whether two checkpoint dirs name the same directory (symlinks and ``..`` resolved)."""
     return os.path.realpath(a) == os.path.realpath(b)

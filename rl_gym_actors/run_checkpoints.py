@@ -123,7 +123,7 @@ class RunCheckpoints:
                 keep_handed=functools.partial(_add_undelivered, checkpoint_dir),
                 recorded=recorded,
                 # asked again after a restart (Ray resends the call), the gate answers this
-                reports=parts.GATE_REPORTS,
+                reports=parts.GateReportBeside(checkpoint_dir),
             )
         except CheckpointFailed as exc:
             exc.restore_from = checkpoint_dir  # the part holds all it released
@@ -232,10 +232,11 @@ class RunCheckpoints:
     # ------------------------------------------------------------ restore
 
     def note_committed(self, part: Any, checkpoint_dir: PathArg | None) -> None:
-        """A restored part whose checkpoint committed: its id asked again answers its report."""
+        """A restored part whose checkpoint committed (on every endpoint: its report, or the
+        gate's kept before its resumes): its id asked again answers that report."""
         if part is None or checkpoint_dir is None:
             return
-        report = parts.committed_report(checkpoint_dir, part.checkpoint_id)
+        report = parts.gate_committed(checkpoint_dir, part)
         if report is not None:
             self._done[part.checkpoint_id] = (str(checkpoint_dir), report)
 
