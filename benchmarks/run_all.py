@@ -77,10 +77,17 @@ QUICK_INSIDE = {"one_per_actor": "throughput"}
 EXTRA_ARGS = {"hotpath_profile": ["--label", "after"]}
 # results of a benchmark's part run alone, shown in its section when present
 PART_RESULTS = {
+    "fault_campaign": [
+        (
+            "fault_campaign_after",
+            "State written after checkpoint() returns (`fault_campaign.py --variants "
+            "keep-after,sync-after --instants 6`)",
+        ),
+    ],
     "scale": [
         ("scale_throughput", "Rollouts/s by raylets alone (`scale.py --quick --phases`)"),
         ("profile_scale", "Where the CPU goes with 4 raylets (`profile_scale.py --quick`)"),
-    ]
+    ],
 }
 TIMEOUT_S = {"quick": 600, "full": 4 * 3600}
 # chaos quick (16 faults, more with v2's) ran past 600 s at load 30: its own, longer bound

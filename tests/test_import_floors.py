@@ -71,6 +71,7 @@ FLOORS = {
     "received": 5,
     "checkpoint_part": 5,
     "run_checkpoints": 5,
+    "newer_parts": 5,
     "observe": 5,
     "progress": 5,
     "ray_attach": 5,
