@@ -1,6 +1,6 @@
-"""A restore also reads the run's newer parts beside the restored one (rl_gym_actors/newer_parts.py),
-and a part rewritten keeps what the old one held. Files and the orchestrator's memory only (no Ray,
-no Gym: the real processes are tests/test_state_after.py's)."""
+"""A restore also reads the run's newer parts beside the restored one (newer_parts.py), and a
+part rewritten keeps what the old one held. Files and the orchestrator's memory only (no Ray, no
+Gym: the real processes are tests/test_state_after.py's)."""
 
 from __future__ import annotations
 
