@@ -209,24 +209,23 @@ def report(result: Result, results: list[InstantResult]) -> None:
     first = totals([r for r in landed if r.instant.order == "first"])
     after = totals([r for r in landed if r.instant.order == "after"])
     result.extra["totals_state_first"], result.extra["totals_state_after"] = first, after
-    result.extra["headline"] = (
-        f"State written before checkpoint() (the README's order), {first['instants']} kill "
-        f"instants: {first['lost']} rows lost, {first['rerun']} finished runs rerun from their "
-        f"input ({first['tail_rerun']} v2 runs that finished after the commit continued from its "
-        f"boundary again), {first['twice']} trained twice; the restored trainer's first "
-        f"checkpoint committed at its first try {first['first_commit_first_try']}/"
-        f"{first['instants']}; Gym took work at most {common.fmt(first['max_start_to_open_s'])} "
-        f"s after its start. State written after checkpoint() returned (restored from its "
-        f"newest state's dir), {after['instants']} instants: {after['lost']} rows lost, "
-        f"{after['rerun']} rerun from their input ({after['tail_rerun']} v2 tail reruns), "
-        f"{after['twice']} trained twice, first checkpoint at its first try "
-        f"{after['first_commit_first_try']}/{after['instants']}."
-        + (
-            f" {unlanded} instants did not land (the trainer to kill failed first: see the notes)."
-            if unlanded
-            else ""
-        )
-    )
+    said = []
+    for t, order in (
+        (first, "State written before checkpoint() (restored from latest_checkpoint_dir)"),
+        (after, "State written after checkpoint() returned (restored from its newest state's dir)"),
+    ):
+        if t["instants"]:
+            said.append(
+                f"{order}, {t['instants']} kill instants: {t['lost']} rows lost, {t['rerun']} "
+                f"finished runs rerun from their input ({t['tail_rerun']} v2 runs that finished "
+                f"after the commit continued from its boundary again), {t['twice']} trained "
+                f"twice; the restored trainer's first checkpoint committed at its first try "
+                f"{t['first_commit_first_try']}/{t['instants']}; Gym took work at most "
+                f"{common.fmt(t['max_start_to_open_s'])} s after its start."
+            )
+    if unlanded:
+        said.append(f"{unlanded} instants did not land (the trainer to kill failed first: notes).")
+    result.extra["headline"] = " ".join(said)
     result.notes.append(
         "'B start' is the restored trainer's orchestrator start (its Ray was started while A "
         "ran); 'Gym open' is the server's own phase, read in its process every 20 ms. A "

@@ -42,11 +42,15 @@ def newer_parts(
     here = Path(restore_from).resolve()
     found: list[tuple[float, str, Path, CheckpointPart]] = []
     try:
-        children = [c for c in here.parent.iterdir() if c.is_dir()]
+        since = (parts.part_dir(here) / parts.PART_FILE).stat().st_mtime
+        children = [c for c in here.parent.iterdir() if c.is_dir() and c.resolve() != here]
     except OSError:
         return []
     for child in children:
-        if child.resolve() == here or not (parts.part_dir(child) / parts.PART_FILE).is_file():
+        try:  # a part written since the restored one was last: only those are read
+            if (parts.part_dir(child) / parts.PART_FILE).stat().st_mtime < since:
+                continue
+        except OSError:
             continue
         try:  # part.json is written last: present and valid, the part is complete
             other = CheckpointPart.model_validate_json(
