@@ -482,12 +482,32 @@ async def restore_gym_v2(
 NEWER_PARTS = 16  # parts beside the restored one read at most (newest first)
 
 
+def run_dirs(restore_from: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint dirs beside ``restore_from`` where the same run's other parts are: its
+    parent's sub-folders (``root/step-N``), and, for a dir one level below its step's
+    (``root/global_step_N/gym``), the same name in its parent's siblings
+    (``root/global_step_M/gym``). ``restore_from`` itself included; a dir that cannot be read
+    is skipped."""
+    here = Path(restore_from).resolve()
+    out: dict[Path, None] = {}
+    try:
+        out.update((c, None) for c in here.parent.iterdir() if c.is_dir())
+    except OSError:
+        pass
+    try:
+        cousins = [s / here.name for s in here.parent.parent.iterdir() if s.is_dir()]
+        out.update((c, None) for c in cousins if c.is_dir())
+    except OSError:
+        pass
+    return list(out)
+
+
 def own_open_ids(
     restore_from: str | os.PathLike[str], run_id: str, checkpoint_id: str
 ) -> list[str]:
     """The checkpoint ids of run ``run_id`` that a dead trainer may have left open: the restored
     part's (``checkpoint_id``, under ``restore_from``), and those of the parts of the same run
-    beside it (its parent's sub-folders) written since (a trainer that restores from its last
+    beside it (:func:`run_dirs`) written since (a trainer that restores from its last
     committed checkpoint, not from the one it was killed in). Unreadable parts are skipped."""
     ids = [checkpoint_id]
     here = part_dir(restore_from) / PART_FILE
@@ -495,7 +515,7 @@ def own_open_ids(
         since = here.stat().st_mtime
         siblings = [
             p
-            for child in Path(restore_from).resolve().parent.iterdir()
+            for child in run_dirs(restore_from)
             if (p := part_dir(child) / PART_FILE).is_file() and p.stat().st_mtime >= since
         ]
         siblings.sort(key=lambda p: p.stat().st_mtime, reverse=True)

@@ -5,7 +5,8 @@ use) and dies between the gate's release and that write restarts from its state 
 checkpoint before, and passes that checkpoint's dir as ``restore_from=``. The checkpoint it died
 in already let Gym go of that step's results: its part (written before anything was released,
 :mod:`rl_gym_actors.checkpoint_part`) holds them, in a sibling dir. So a restore reads, beside
-the part it restores (its parent's sub-folders, at most :data:`NEWER_PARTS`), the complete
+the part it restores (its parent's sub-folders, or ``root/*/gym`` for ``root/step-N/gym``;
+at most :data:`NEWER_PARTS`), the complete
 parts of the same run first written after it (:func:`newer_parts`), and:
 
 - every result one of them holds that the restored part does not is the rollout's next row's
@@ -36,14 +37,16 @@ NEWER_PARTS = parts.NEWER_PARTS  # sibling parts read at most
 def newer_parts(
     restore_from: str | os.PathLike[str], part: CheckpointPart
 ) -> list[tuple[Path, CheckpointPart]]:
-    """The complete parts of ``part``'s run beside ``restore_from`` (its parent's sub-folders)
-    first written after it, oldest first (at most :data:`NEWER_PARTS`, the newest ones). A torn
-    or unreadable part, another run's, or the restored dir itself is skipped."""
+    """The complete parts of ``part``'s run beside ``restore_from`` (:func:`run_dirs
+    <rl_gym_actors.checkpoint_part.run_dirs>`: its parent's sub-folders, or for
+    ``root/step-N/gym`` the ``gym`` of its parent's siblings) first written after it, oldest
+    first (at most :data:`NEWER_PARTS`, the newest ones). A torn or unreadable part, another
+    run's, or the restored dir itself is skipped."""
     here = Path(restore_from).resolve()
     found: list[tuple[float, str, Path, CheckpointPart]] = []
     try:
         since = (parts.part_dir(here) / parts.PART_FILE).stat().st_mtime
-        children = [c for c in here.parent.iterdir() if c.is_dir() and c.resolve() != here]
+        children = [c for c in parts.run_dirs(here) if c.resolve() != here]
     except OSError:
         return []
     for child in children:

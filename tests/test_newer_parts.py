@@ -11,6 +11,7 @@ from rl_gym_actors.checkpoint_part import (
     SEALED_FILE,
     add_gym_v2,
     add_report,
+    own_open_ids,
     part_dir,
     read_part,
     write_part,
@@ -78,6 +79,29 @@ def test_a_restore_from_an_older_dir_gets_the_newer_parts_results(tmp_path):
         assert again is not None and again.repeated  # handed before step-1: repeated
         assert plan("s0-0").ready is not None and plan("s0-0").ready.failure is not None
         assert plan("x-0").ready is None  # another run's: unknown here, dispatched
+    finally:
+        orch.close()
+
+
+def test_the_readme_layout_finds_the_newer_part_one_level_down(tmp_path):
+    """``checkpoint(id, root/step-N/gym)``, the trainer's state in ``root/step-N``: the newer
+    part is ``root/step-2/gym``, the same name in a sibling of the restored dir's parent."""
+
+    def nested(step: str, name: str, handed: list[str]) -> object:
+        d = tmp_path / step / name
+        args = dict(undelivered=[], sealed=SealedIds())
+        write_part(d, run_id=RUN, checkpoint_id=step, handed=[sealed(r) for r in handed], **args)
+        return d
+
+    one = nested("step-1", "gym", [])
+    nested("step-2", "gym", ["s2-0"])
+    nested("step-3", "other", ["s3-0"])  # not where this run's parts are: not read
+    assert own_open_ids(one, RUN, "step-1") == ["step-1", "step-2"]
+    orch = restored(one)
+    try:
+        ready = orch._memory.plan("s2-0").ready
+        assert ready is not None and (ready.reply, ready.repeated) == ({"r": "s2-0"}, False)
+        assert orch._memory.plan("s3-0").ready is None
     finally:
         orch.close()
 

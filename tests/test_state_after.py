@@ -48,7 +48,7 @@ def test_killed_after_the_release_before_its_state_loses_nothing(ray_session, tm
     ]
     started = next(e for e in events if e["event"] == "started")
     assert started["next_step"] == 2  # restored from its own older state
-    assert started["restore_dir"].endswith("step-1")
+    assert started["restore_dir"].endswith("step-1/gym")  # root/step-N/gym: the README's layout
     again = next(e for e in events if e["event"] == "received" and e["step"] == 2)
     assert [(o["status"], o["reply"], o["repeated"]) for o in again["outcomes"]] == [
         ("sealed", True, False)

@@ -8,9 +8,10 @@ It restores the documented way (:func:`restore_point`): ``restore_from=`` the ch
 whose state it loads (None: a fresh start). ``--order first`` (state written before
 ``checkpoint()``): ``latest_checkpoint_dir(root, run_id=R)`` and the state file beside its part;
 ``--order after`` (state written once ``checkpoint()`` returned, the examples' old order): its
-newest state file and that file's dir, the last checkpoint it counted as taken. Step ``s``'s
+newest state file's checkpoint dir, the last checkpoint it counted as taken. Step ``s``'s
 rows are ``R-s<s>-<i>`` (the same ids and fields in every process). It checkpoints
-``<R>-step-<s>`` into ``root/step-<s>`` after every step.
+``<R>-step-<s>`` into ``root/step-<s>`` after every step (``--order after``: into
+``root/step-<s>/gym``, its state in ``root/step-<s>``, the README's example layout).
 
 ``--keep``: an async trainer with a buffer across 2 checkpoints: step s+1's rows are in flight
 while checkpoint s runs, a step's results are trained two steps later, and the buffered ones are
@@ -67,6 +68,15 @@ def rows_of(run_id: str, step: int, n: int, protocol: str) -> list[dict[str, Any
     return rows
 
 
+GYM_SUBDIR = "gym"  # --order after: the part in step-<s>/gym, the state in step-<s>
+
+
+def gym_dir(root: Path, step: int, order: str) -> Path:
+    """Step ``step``'s checkpoint dir: ``root/step-<s>`` (``first``), ``root/step-<s>/gym``
+    (``after``, the README's example layout, the state one level up)."""
+    return step_dir(root, step) / GYM_SUBDIR if order == "after" else step_dir(root, step)
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step}"
 
@@ -101,7 +111,7 @@ def restore_point(root: Path, run_id: str, order: str) -> tuple[Path | None, dic
             newest = (n, f)
     if newest is None:
         return None, fresh_state()
-    return newest[1].parent, json.loads(newest[1].read_text())
+    return newest[1].parent / GYM_SUBDIR, json.loads(newest[1].read_text())
 
 
 def write_state(directory: Path, state: dict[str, Any], name: str = STATE_FILE) -> None:
@@ -135,7 +145,9 @@ def install_pause(spec: str | None) -> None:
         def write(path: Any, data: bytes, *args: Any, **kwargs: Any) -> Any:
             p = Path(path)
             first = not (p.parent / checkpoint_part.PART_FILE).exists()
-            if p.name == checkpoint_part.PART_FILE and p.parent.parent.name == target and first:
+            ckpt = p.parent.parent  # <checkpoint dir>/rl_gym_actors/part.json
+            named = target in (ckpt.name, ckpt.parent.name)
+            if p.name == checkpoint_part.PART_FILE and named and first:
                 pause("part")  # the sealed-id file is written, part.json is not
             return original_write(path, data, *args, **kwargs)
 
@@ -144,7 +156,7 @@ def install_pause(spec: str | None) -> None:
         original_report = checkpoint_part.add_report
 
         def report(checkpoint_dir: str | os.PathLike[str], rep: Any) -> None:
-            if Path(checkpoint_dir).name == target:
+            if target in (Path(checkpoint_dir).name, Path(checkpoint_dir).parent.name):
                 pause("report")
             original_report(checkpoint_dir, rep)
 
@@ -179,7 +191,7 @@ async def _checkpoint(orch: Any, args: argparse.Namespace, step: int, keep: list
     from rl_gym_actors.errors import CheckpointFailed
 
     root = Path(args.root)
-    cid, cdir = checkpoint_id(args.run_id, step), step_dir(root, step)
+    cid, cdir = checkpoint_id(args.run_id, step), gym_dir(root, step, args.order)
     if args.arm_step == step:
         _say(event="checkpointing", checkpoint_id=cid)
         while not (root / f"armed-{step}").exists():
