@@ -81,7 +81,7 @@ PART_RESULTS = {
         (
             "fault_campaign_after",
             "State written after checkpoint() returns (`fault_campaign.py --variants "
-            "keep-after,sync-after --instants 6`)",
+            "keep-after,sync-after --instants 8`)",
         ),
     ],
     "scale": [
