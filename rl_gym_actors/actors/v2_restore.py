@@ -275,8 +275,9 @@ async def _clear_replacements(
 ) -> None:
     """Retire ``replacements`` on ``part`` (freeing whatever a dead restorer of this run
     installed for them, if anything), then forget their rollouts, so the restore installs them
-    afresh and their ``/run`` is admitted. Not recorded in the book: nothing of them ran. A
-    failure is logged; the restore then finds them installed, fails, and they start over."""
+    afresh and their ``/run`` is admitted. Not recorded in the book: the restore installs these
+    same attempts again. A failure is logged; the restore then finds them installed, fails, and
+    they start over."""
     try:
         await coordinate.retire([part], restore_id, replacements, deadline_ts=deadline_ts)
         await coordinate.forget(
