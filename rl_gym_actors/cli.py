@@ -132,6 +132,12 @@ def add_gym(subparsers: argparse._SubParsersAction) -> None:
         "server, each run's commit answer names the other runs' episodes too",
     )
     serve.add_argument(
+        "--hide-restored-pending",
+        action="store_true",
+        help="(v2) the status does not list the restored episodes whose replacement has not "
+        "started (restored_pending), as NeMo Gym's agent participant's status does not",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_BODY_BYTES,

@@ -3,6 +3,13 @@
 The book says what this run still has on each server; :mod:`rl_gym_actors.gym.v2.coordinate`
 performs the protocol. One :class:`V2Gate` runs one checkpoint:
 
+0. while another checkpoint id holds a server (another run's checkpoint or restore, read from
+   its status: ``phase`` and ``checkpoint_id``), the gate waits for it to resume, polling, so two
+   runs that checkpoint at once take turns; still held at the deadline, the checkpoint fails
+   before it sends anything, ``CheckpointFailed`` naming the holder per server
+   (``blockers[name]["active_checkpoint_id"]``). A v2 participant answers a prepare under another
+   id with a bare ``checkpoint_conflict`` (NeMo Gym's says the id only in its text), and the
+   resume that follows a failed prepare fences the id, so the gate does not prepare and retry;
 1. every owner flushes its reports (as on the agent-checkpoint gate);
 2. attempts the book has as running that no live owner holds (its owner died, or let go) are
    retired, each on its own server, before prepare (a v2 participant takes a retire only while
@@ -52,15 +59,16 @@ from rl_gym_actors.config import GymEndpoint
 from rl_gym_actors.core.attempt_book import AttemptBook, AttemptView
 from rl_gym_actors.core.attempt_reports import AttemptState
 from rl_gym_actors.core.checkpoint_report import EndpointCheckpoint
-from rl_gym_actors.errors import RlGymError
+from rl_gym_actors.errors import CheckpointFailed, RlGymError
 from rl_gym_actors.gym.v2 import coordinate
 from rl_gym_actors.gym.v2.coordinate import Participant
-from rl_gym_actors.gym.v2.wire import EpisodeId
+from rl_gym_actors.gym.v2.wire import EpisodeId, Phase
 from rl_gym_actors.protocol import CommitAnswer
 
 logger = logging.getLogger(__name__)
 
 FORGET_BATCH = 500  # rollout ids per forget call
+HELD_POLL_S = (0.05, 1.0)  # status reads while another checkpoint holds a server: first, most
 
 
 class RestoredPending:
@@ -128,6 +136,7 @@ class V2Gate:
     async def run(
         self, checkpoint_id: str, checkpoint_dir: str, deadline_ts: float
     ) -> list[EndpointCheckpoint]:
+        await self._wait_unheld(checkpoint_id, deadline_ts)
         seen = [await self._running_on_server(part, deadline_ts) for part in self._parts]
         kept = [await self._kept_unsettled(part, deadline_ts) for part in self._parts]
         if any(seen) or any(kept):  # every run a live owner started before is reported now
@@ -204,6 +213,44 @@ class V2Gate:
                 )
             )
         return out
+
+    async def _holders(self, checkpoint_id: str, deadline_ts: float) -> dict[str, str]:
+        """Participant name -> the other checkpoint id that holds it now (from its status; a
+        server that cannot be asked is left to the checkpoint, which fails on it by name)."""
+        out: dict[str, str] = {}
+        for part in self._parts:
+            try:
+                status = await part.client.status(
+                    deadline_ts=min(deadline_ts, self._clock() + self._control_s)
+                )
+            except RlGymError:
+                continue
+            held_by = status.checkpoint_id
+            if status.phase is not Phase.IDLE and held_by and held_by != checkpoint_id:
+                out[part.name] = held_by
+        return out
+
+    async def _wait_unheld(self, checkpoint_id: str, deadline_ts: float) -> None:
+        """Step 0 of the module docstring: wait while another checkpoint id holds a server."""
+        every, most = HELD_POLL_S
+        holders = await self._holders(checkpoint_id, deadline_ts)
+        if not holders:
+            return
+        logger.info("checkpoint %s waits: %s hold the servers", checkpoint_id, holders)
+        room = min(1.0, 0.1 * self._control_s)  # left at least to prepare and commit
+        while holders:
+            left = deadline_ts - self._clock()
+            if left <= room:
+                raise CheckpointFailed(
+                    f"checkpoint {checkpoint_id}: another checkpoint holds "
+                    + ", ".join(f"{name} ({held})" for name, held in holders.items())
+                    + " until the deadline",
+                    checkpoint_id=checkpoint_id,
+                    blockers={n: {"active_checkpoint_id": h} for n, h in holders.items()},
+                )
+            await asyncio.sleep(min(every, max(left - room, 0.01)))
+            every = min(every * 2, most)
+            holders = await self._holders(checkpoint_id, deadline_ts)
 
     async def _retire_unheld(
         self,

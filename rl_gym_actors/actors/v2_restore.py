@@ -25,7 +25,12 @@ restore (and its resume, which the next trainer's start does for it otherwise: s
 (``restored_pending`` in the status). On a server where this run has such episodes, nothing is
 installed again (Gym restores only into a participant without them): those the checkpoint
 exported are taken over as they are (their replacement ``/run`` continues from the boundary),
-and any other is retired (it starts over).
+and any other is retired (it starts over). A server whose status does not list
+``restored_pending`` at all (NeMo Gym's agent participant: its status has ``accepting`` only)
+cannot say whether a dead restorer installed anything, so before its restore the replacement
+attempts of the episodes it is about to restore are cleared there: retired (which frees any such
+install) and then forgotten (so the replacement the restore installs again is not refused). A
+restore then finds the participant without them and installs them afresh from the checkpoint.
 
 Every retire is recorded in the book, so the rollouts are forgotten once finished for good.
 """
@@ -84,7 +89,13 @@ async def restore(
     )
     taken: dict[str, list[EpisodeId]] = {}  # url -> replacements taken over as they are
     drop: dict[str, list[EpisodeId]] = {}  # url -> this run's other pending ones: retired
+    unlisted: dict[str, list[EpisodeId]] = {}  # url -> replacements to clear (status lists none)
     for (ep, _), pending_there in zip(targets, left, strict=True):
+        if pending_there is None:
+            found = by_url.get(ep.url)
+            if found is not None and found.exported:
+                unlisted[ep.url] = sorted({_next(k) for k in found.exported}, key=_key)
+            continue
         if not pending_there:
             continue
         found = by_url.get(ep.url)
@@ -102,6 +113,13 @@ async def restore(
     for done in retired:
         for rid, att in done:
             start_over(rid, att + 1)
+    await asyncio.gather(
+        *(
+            _clear_replacements(part, restore_id, unlisted[ep.url], deadline_ts)
+            for ep, part in targets
+            if ep.url in unlisted
+        )
+    )
     asked = [(ep, part, by_url[ep.url]) for ep, part in targets if by_url.get(ep.url)]
     asked = [(ep, part, scope) for ep, part, scope in asked if scope.exported]
     asked = [(ep, part, scope) for ep, part, scope in asked if ep.url not in taken]
@@ -235,18 +253,44 @@ def _next(capture_key: str) -> EpisodeId:
 
 async def _left_pending(
     part: Participant, restore_id: str, deadline_ts: float, own: Callable[[str], bool] | None
-) -> list[EpisodeId]:
+) -> list[EpisodeId] | None:
     """This run's replacement attempts an earlier restore installed on ``part`` that no
-    replacement claimed (its status's ``restored_pending``; none where the status does not
-    list them, or cannot be read)."""
+    replacement claimed (its status's ``restored_pending``); None where the status has no such
+    field (NeMo Gym's agent participant), none where it cannot be read."""
     try:
         status = await part.client.status(deadline_ts=deadline_ts)
     except RlGymError as exc:
         logger.warning("restore %s: status of %s failed: %s", restore_id, part.name, exc)
         return []
-    keys = (status.model_extra or {}).get("restored_pending") or []
+    extra = status.model_extra or {}
+    if "restored_pending" not in extra:
+        return None
+    keys = extra.get("restored_pending") or []
     found = [EpisodeId.from_capture_key(k) for k in keys if isinstance(k, str)]
     return [e for e in found if own is None or own(e.rollout_id)]
+
+
+async def _clear_replacements(
+    part: Participant, restore_id: str, replacements: list[EpisodeId], deadline_ts: float
+) -> None:
+    """Retire ``replacements`` on ``part`` (freeing whatever a dead restorer of this run
+    installed for them, if anything), then forget their rollouts, so the restore installs them
+    afresh and their ``/run`` is admitted. Not recorded in the book: the restore installs these
+    same attempts again. A failure is logged; the restore then finds them installed, fails, and
+    they start over."""
+    try:
+        await coordinate.retire([part], restore_id, replacements, deadline_ts=deadline_ts)
+        await coordinate.forget(
+            [part], restore_id, {e.rollout_id for e in replacements}, deadline_ts=deadline_ts
+        )
+    except RlGymError as exc:
+        logger.warning(
+            "restore %s: clearing %d replacements on %s failed: %s",
+            restore_id,
+            len(replacements),
+            part.name,
+            exc,
+        )
 
 
 async def _retire_own(

@@ -60,6 +60,7 @@ class V2ServerThread(InProcessServer):
             lease_grace_s=self.lease_grace_s or cli.checkpoint_lease_s or 600.0,
             restart_only=cli.restart_only,
             export_every_session=cli.export_every_session,
+            hide_restored_pending=cli.hide_restored_pending,
         )
         extensions = list(self.extensions)
         if self.allow_faults:

@@ -96,12 +96,14 @@ class V2Participant:
         restart_only: bool = False,
         keep_replies: bool = True,
         export_every_session: bool = False,
+        hide_restored_pending: bool = False,
         state: V2State | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.agent = agent
         self.instance = instance
         self.restart_only = restart_only
+        self.hide_restored_pending = hide_restored_pending  # as NeMo Gym's agent's status
         self.machine = Machine(lease_grace_s=lease_grace_s)
         self.table = EpisodeTable(
             restart_only=restart_only,
@@ -252,7 +254,7 @@ class V2Participant:
 
     def status(self) -> dict[str, Any]:
         m = self.machine
-        return {
+        answer: dict[str, Any] = {
             "kind": self.kind,
             "instance": self.instance,
             "phase": m.phase.value,
@@ -267,6 +269,9 @@ class V2Participant:
             "steps_run": self.steps_run,  # (ext)
             "durable": self.state is not None,  # (ext)
         }
+        if self.hide_restored_pending:
+            del answer["restored_pending"]
+        return answer
 
     async def prepare(self, req: CheckpointRequest) -> dict[str, Any]:
         cid = req.checkpoint_id

@@ -213,6 +213,7 @@ def v2_server_from_args(args: Any, token: str) -> GymServer:
         lease_grace_s=args.checkpoint_lease_s or DEFAULT_LEASE_GRACE_S,
         restart_only=args.restart_only,
         export_every_session=bool(getattr(args, "export_every_session", False)),
+        hide_restored_pending=bool(getattr(args, "hide_restored_pending", False)),
         state=None if args.state_dir is None else V2State(args.state_dir),
         clock=clock,
     )
