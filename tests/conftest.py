@@ -94,15 +94,55 @@ def load_example():
     return load
 
 
+# seconds each test file took (setup, calls and teardown), measured: make test's workers take
+# the files in this order, the longest first, so that the run does not end on one worker still
+# in a long file the others could have shared. Refresh it with RLGA_FILE_SECONDS_OUT (below).
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def _estimated_seconds(tests: int, slow: int) -> float:
+    """What a file missing from FILE_SECONDS (a new one) counts: a slow test ~10 s, others 0.2 s."""
+    return 10.0 * slow + 0.2 * (tests - slow)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with the most tests marked ``slow`` first, the rest in their usual order: with
-    ``make test``'s workers (one file at a time each, ``--no-loadscope-reorder``) the longest
-    files start first instead of being the last ones left. A serial run keeps each file whole,
-    in the same order; a new file needs nothing to be placed."""
-    slow: dict[str, int] = {}
+    """The files in the order of their measured seconds (FILE_SECONDS), the longest first, the
+    tests of each in their usual order: with ``make test``'s workers (one file at a time each,
+    ``--no-loadscope-reorder``) the longest files start first instead of being the last ones
+    left. A serial run keeps each file whole; a new file needs nothing to be placed."""
+    import json
+
+    measured = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
+    counts: dict[str, list[int]] = {}
     for item in items:
-        slow.setdefault(item.nodeid.split("::", 1)[0], 0)
-        if item.get_closest_marker("slow") is not None:
-            slow[item.nodeid.split("::", 1)[0]] += 1
-    order = {f: i for i, f in enumerate(sorted(slow, key=lambda f: -slow[f]))}
+        tests_slow = counts.setdefault(item.nodeid.split("::", 1)[0], [0, 0])
+        tests_slow[0] += 1
+        tests_slow[1] += item.get_closest_marker("slow") is not None
+    cost = {f: measured.get(f, _estimated_seconds(*n)) for f, n in counts.items()}
+    order = {f: i for i, f in enumerate(sorted(cost, key=lambda f: -cost[f]))}
     items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each file's seconds, summed over its tests' phases (in a pytest-xdist run the controller
+    sees every worker's reports)."""
+    if os.environ.get("RLGA_FILE_SECONDS_OUT"):
+        f = report.nodeid.split("::", 1)[0]
+        _file_seconds[f] = _file_seconds.get(f, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """``RLGA_FILE_SECONDS_OUT=tests/file_seconds.json make test`` writes the measured seconds
+    of the files this run ran (merged into what the file held): FILE_SECONDS, refreshed."""
+    import json
+
+    out = os.environ.get("RLGA_FILE_SECONDS_OUT")
+    if not out or hasattr(session.config, "workerinput") or not _file_seconds:
+        return
+    path = Path(out)
+    merged = json.loads(path.read_text()) if path.is_file() else {}
+    merged.update({f: round(s, 1) for f, s in _file_seconds.items()})
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")

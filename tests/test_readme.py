@@ -48,7 +48,7 @@ def test_a_block_run_elsewhere_is_run_by_the_file_it_names():
         assert f'"{command_of(b)}"' in owner.read_text(), (
             f"{b.where}: {b.owner} does not name {command_of(b)!r} (run it with readme_argv)"
         )
-    assert owned  # the train loops' commands are run by tests/test_train_loop.py
+    assert owned  # the train loops' commands: tests/test_train_loop.py, test_train_loop_nemo_rl.py
 
 
 def test_every_python_block_parses():

@@ -3,10 +3,11 @@
 A trainer (a driver subprocess with its own local Ray) runs 12 rows, then checkpoints: the gate
 ACKs every result (Gym releases them), then Gym refuses the commit (its dir is outside the
 server's --checkpoint-root): the window between the ACKs and a commit. The trainer is SIGKILLed
-there. Restarted with ``restore_from=`` that dir (its part was written before any ACK) and sent
-the same 12 rows: 0 failed or missing, all 12 ``repeated`` with their rewards, 0 agent reruns,
-and the next checkpoint commits. Before: 12 of 12 ``forgotten_rollout``. With ``ack="on_seal"``
-(Gym released each result at its seal) the same."""
+there, with its Ray. Restarted (a new driver, on the suite's Ray) with ``restore_from=`` that dir
+(its part was written before any ACK) and sent the same 12 rows: 0 failed or missing, all 12
+``repeated`` with their rewards, 0 agent reruns, and the next checkpoint commits. Before: 12 of
+12 ``forgotten_rollout``. With ``ack="on_seal"`` (Gym released each result at its seal) the
+same."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from rl_gym_actors.testing.counting_agent import CountingAgent
 from rl_gym_actors.testing.driver import DriverProcess, alive
 from rl_gym_actors.testing.gym_process import GymServerThread
 from rl_gym_actors.testing.inspect_gym import key_state_sync
-from rl_gym_actors.testing.polling import wait_for
+from rl_gym_actors.testing.polling import scaled, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROWS = 12
 
 
-def _driver(gym, run_id: str, checkpoint_id: str, checkpoint_dir, *extra: str) -> DriverProcess:
+def _driver(
+    gym, run_id: str, checkpoint_id: str, checkpoint_dir, *extra: str, ray_address=None
+) -> DriverProcess:
     return DriverProcess(
         [
             "--url",
@@ -41,12 +44,15 @@ def _driver(gym, run_id: str, checkpoint_id: str, checkpoint_dir, *extra: str) -
             "--deadline-s",
             "30",
             *extra,
-        ]
+        ],
+        ray_address=ray_address,
     )
 
 
 @pytest.mark.parametrize("ack", ["at_checkpoint", "on_seal"])
-def test_a_trainer_killed_between_the_acks_and_the_commit_restores_every_row(tmp_path, ack):
+def test_a_trainer_killed_between_the_acks_and_the_commit_restores_every_row(
+    ray_session, tmp_path, ack
+):
     root = tmp_path / "gym-root"
     root.mkdir()
     agent = CountingAgent()
@@ -68,12 +74,23 @@ def test_a_trainer_killed_between_the_acks_and_the_commit_restores_every_row(tmp
         wait_for(lambda: not any(alive(p) for p in pids), timeout_s=30, what="trainer gone")
         assert (outside / "rl_gym_actors" / "part.json").is_file()
 
+        # the new trainer joins the suite's Ray (one Ray start fewer: ~10-20 s at load); the
+        # killed one had a Ray of its own, killed with it
         second = _driver(
-            gym, run, "ck-2", root / "step-2", "--ack", ack, "--restore-from", str(outside)
+            gym,
+            run,
+            "ck-2",
+            root / "step-2",
+            "--ack",
+            ack,
+            "--restore-from",
+            str(outside),
+            ray_address=ray_session.get_runtime_context().gcs_address,
         )
         try:
             again = second.wait_for("batch", 180)
             done = second.wait_for("checkpoint", 120)
+            second.wait(scaled(60))  # its orchestrator closed: nothing of it left in the Ray
         finally:
             second.kill()
         assert (again["sealed"], again["failed"]) == (ROWS, 0), again
