@@ -11,7 +11,10 @@ policy is :func:`agent`, a Gym agent (``gym serve --agent rl_gym_actors.testing.
 that "samples" tokens from the rollout id and logs each start and finish.
 
 Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-url U --token T
---mode sync|colocate_async --steps N`` (one incarnation of a trainer; kill it with SIGKILL).
+[--mode rlga_sync|rlga_colocate_async] [--steps N] [--run-id R]`` (one incarnation of a
+trainer; kill it with SIGKILL, run it again to resume). A new run against the same Gym server
+needs a ``--run-id`` of its own (default ``vcpu``): the same id is a resume, and the rollouts Gym
+already ACKed under it come back ``forgotten_rollout``.
 Two switches let a test pick its kill instants without racing the trainer: ``AGENT_HOLD_ENV`` (in
 the Gym server's environment) keeps chosen rollouts running on Gym, ``PAUSE_AFTER_SAVE_ENV`` (in
 the trainer's) stops the trainer right after a step's checkpoint.
@@ -346,13 +349,17 @@ def _append(path: Path, step: int) -> None:
         f.write(json.dumps({"step": step, "t": time.time()}) + "\n")
 
 
+# the adapter's trainer classes by mode (names in rl_gym_actors.integrations.verl.trainer)
+TRAINER_MODES = {
+    "rlga_sync": "GymPPOTrainerSync",
+    "rlga_colocate_async": "GymPPOTrainerColocateAsync",
+}
+
+
 def trainer_class(mode: str) -> type:
     from rl_gym_actors.integrations.verl import trainer as gym_trainers
 
-    base = {
-        "rlga_sync": gym_trainers.GymPPOTrainerSync,
-        "rlga_colocate_async": gym_trainers.GymPPOTrainerColocateAsync,
-    }[mode]
+    base = getattr(gym_trainers, TRAINER_MODES[mode])
     return type(f"Cpu{base.__name__}", (CpuTrainerMixin, base), {})
 
 
@@ -378,15 +385,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--gym-url", required=True)
     parser.add_argument("--token", default=None)
-    parser.add_argument("--mode", default="rlga_sync")
+    parser.add_argument("--mode", default="rlga_sync", choices=sorted(TRAINER_MODES))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-s", type=float, default=0.5)
+    parser.add_argument("--run-id", default="vcpu", help="the run's id (a new run: a new one)")
     args = parser.parse_args(argv)
     from rl_gym_actors.actors.runtime import start_local_ray
 
     workdir = Path(args.workdir)
     endpoint = {"url": args.gym_url, **({"token": args.token} if args.token else {})}
-    config = trainer_config(workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s)
+    config = trainer_config(
+        workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s, run_id=args.run_id
+    )
     start_local_ray(num_cpus=16, include_dashboard=False, log_to_driver=False)
     run(config)
     (workdir / "done").write_text("ok")
