@@ -18,7 +18,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # more CPU an import here), and pytest rewrites every test module's asserts again per worker
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo test test-fast test-lowest test-skyrl test-verl lint docs bench bench-scale bench-chaos bench-compare clean
+.PHONY: setup demo test test-fast test-lowest setup-skyrl test-skyrl setup-verl test-verl lint docs bench bench-scale bench-chaos bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "no Python 3.11-3.13 found: pass PY=..." >&2; exit 1; }
@@ -108,23 +108,34 @@ $(SKYRL_STAMP): pyproject.toml
 	$(SKYRL_VENV)/bin/pip install -q -e '.[dev,skyrl]'
 	touch $(SKYRL_STAMP)
 
+# the venv alone (for the README's CPU run of SkyRL's trainers, or the benchmark)
+setup-skyrl: $(SKYRL_STAMP)
+
 test-skyrl: $(SKYRL_STAMP)
 	$(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/skyrl
 
 # the verl adapter against the real verl (pinned by the [verl] extra) on CPU, in a venv of its own
 # (verl needs Python < 3.13): torch's CPU build first (pip here finds torch 2.13.0+cpu), so that
 # nothing pulls a CUDA build, then the project with its dev and verl extras; then the adapter
-# tests, which live outside tests/ so the main suites never collect them (~4-10 min install)
+# tests, which live outside tests/ so the main suites never collect them (~2-10 min install).
+# VERL_TORCH: pip's words for torch (a requirement, then options). `torch==2.13.0` is the CPU
+# build only where pip also finds `2.13.0+cpu` (here: it sorts above the plain 2.13.0); from PyPI
+# alone, on Linux, it is the CUDA build (GBs more). PyTorch's CPU index:
+# make test-verl VERL_TORCH='torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu'
 VERL_PY ?= $(shell .ci/find-python 3.11 3.12)
 VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
+VERL_TORCH ?= torch==2.13.0
 $(VERL_STAMP): pyproject.toml
 	@test -n "$(VERL_PY)" || { echo "no Python 3.11-3.12 found: pass VERL_PY=..." >&2; exit 1; }
 	$(call resolve,$(VERL_PY)) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
-	$(VERL_VENV)/bin/pip install -q 'torch==2.13.0'
+	$(VERL_VENV)/bin/pip install -q $(VERL_TORCH)
 	$(VERL_VENV)/bin/pip install -q -e '.[dev,verl]'
 	touch $(VERL_STAMP)
+
+# the venv alone (for the README's CPU run of verl's trainer, or the benchmark)
+setup-verl: $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider adapter_tests/verl

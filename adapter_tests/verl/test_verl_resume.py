@@ -1,6 +1,6 @@
 """verl's real v1 trainer (verl 0.9.1, ``fit()``, TransferQueue, ``AgentLoopManagerTQ``) on the
-layer, killed with SIGKILL twice and resumed with ``resume_mode=auto``, in sync mode and in
-``colocate_async`` mode.
+layer, killed with SIGKILL twice and resumed with ``resume_mode=auto``, in sync mode and in both
+async modes (``colocate_async``, ``separate_async``).
 
 One durable ``gym serve`` (the CPU stand-in policy of ``rl_gym_actors.testing.verl_cpu`` as its
 agent, logging every start and finish); the trainer is a subprocess in a session of its own (its
@@ -12,7 +12,7 @@ policy gave that rollout (none made up), each step trained its 8 sessions (no
 ``forgotten_rollout``, no failed group), no finished run of the agent was run again, the
 resumed step 2 took A's finished runs from Gym (adopted), and Gym holds nothing un-ACKed.
 
-The async case picks its instants for verl's async trainer, which runs a batch ahead (see
+The async cases pick their instants for verl's async trainers, which run a batch ahead (see
 :func:`_resume_async`).
 """
 
@@ -235,9 +235,11 @@ PLAYED = _prompts(0, 0, 11) | _prompts(1, 0, 3)
 FETCHED = PLAYED | _prompts(1, 4, 7)
 
 
-def _resume_async(tmp_path: Path) -> None:
-    """verl's ``colocate_async`` trainer fetches a warm-up batch before step 1 and one batch at
-    the start of every step, and trains any 4 finished groups, the earliest fetched first. On
+def _resume_async(tmp_path: Path, mode: str) -> None:
+    """verl's async trainers fetch a warm-up batch before step 1 and one batch in every step, and
+    train any 4 finished groups, the earliest fetched first (``separate_async`` samples them a
+    group at a time, its ``parameter_sync_step`` 4 mini-batches of 1 prompt: the same 8 sessions
+    a step; its standalone rollout pool and hybrid switch are GPU parts, stood in). On
     the agent-checkpoint protocol the layer's checkpoint waits for the sessions in flight (a
     drain barrier), so each checkpoint finishes the batch fetched at its step.
 
@@ -249,7 +251,6 @@ def _resume_async(tmp_path: Path) -> None:
     checkpoint of step 3 (four finished groups untrained there: in verl's TransferQueue
     checkpoint and kept by the layer). C resumes from step 3, trains step 4 and finishes. Every
     trained session has the reward its one run on Gym gave it, and Gym ends holding nothing."""
-    mode = "rlga_colocate_async"
     work = tmp_path / "run"
     work.mkdir()
     agent_log = work / "agent.jsonl"
@@ -322,7 +323,12 @@ def test_sync_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
 
 @pytest.mark.adapters
 def test_colocate_async_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
-    _resume_async(tmp_path)
+    _resume_async(tmp_path, "rlga_colocate_async")
+
+
+@pytest.mark.adapters
+def test_separate_async_mode_resumes_twice_with_every_sample_from_the_layer(tmp_path):
+    _resume_async(tmp_path, "rlga_separate_async")
 
 
 @pytest.mark.adapters

@@ -11,7 +11,10 @@ policy is :func:`agent`, a Gym agent (``gym serve --agent rl_gym_actors.testing.
 that "samples" tokens from the rollout id and logs each start and finish.
 
 Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-url U --token T
---mode sync|colocate_async --steps N`` (one incarnation of a trainer; kill it with SIGKILL).
+[--mode rlga_sync|rlga_colocate_async|rlga_separate_async] [--steps N] [--run-id R]`` (one
+incarnation of a trainer; kill it with SIGKILL, run it again to resume). A new run against the
+same Gym server needs a ``--run-id`` of its own (default ``vcpu``): the same id is a resume, and
+the rollouts Gym already ACKed under it come back ``forgotten_rollout``.
 Two switches let a test pick its kill instants without racing the trainer: ``AGENT_HOLD_ENV`` (in
 the Gym server's environment) keeps chosen rollouts running on Gym, ``PAUSE_AFTER_SAVE_ENV`` (in
 the trainer's) stops the trainer right after a step's checkpoint.
@@ -171,6 +174,19 @@ def compose(overrides: list[str]) -> Any:
         return hydra_compose(config_name="ppo_trainer", overrides=overrides)
 
 
+# what verl's trainer of a mode asserts in its constructor, on CPU. separate_async: a batch is
+# parameter_sync_step (4, verl's default) mini-batches, and a standalone rollout pool with GPUs
+# and a checkpoint engine other than naive is configured (none is started: init() is stood in)
+MODE_OVERRIDES = {
+    "rlga_separate_async": [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # batch 4 = 4 x 1
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+    ],
+}
+
+
 def trainer_config(
     workdir: Path,
     endpoints: list[dict[str, str]],
@@ -221,6 +237,7 @@ def trainer_config(
         "trainer.n_gpus_per_node=0",
         "algorithm.adv_estimator=grpo",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+        *MODE_OVERRIDES.get(mode, []),
         *(extra or []),
     ]
     config = compose(overrides)
@@ -276,10 +293,14 @@ class CpuTrainerMixin:
         me.actor_rollout_wg = _StandInWorkerGroup()
         me.checkpoint_manager = _StandInWeights()
         me.reward_loop_manager = _NoRewardWorkers()
+        self._stand_in_mode_parts()
         me.use_critic = False
         me.curr_step_profile = False
         me._load_checkpoint()
         me.on_init_end()
+
+    def _stand_in_mode_parts(self) -> None:
+        """What a mode's own ``_setup`` adds (none for sync and colocate_async)."""
 
     def get_llm_client(self) -> Any:
         return None
@@ -310,6 +331,7 @@ class CpuTrainerMixin:
         return result
 
     def on_step_begin(self) -> None:
+        super().on_step_begin()  # type: ignore[misc]
         me: Any = self
         _append(Path(me.config.trainer.default_local_dir).parent / "steps.jsonl", me.global_steps)
 
@@ -346,14 +368,34 @@ def _append(path: Path, step: int) -> None:
         f.write(json.dumps({"step": step, "t": time.time()}) + "\n")
 
 
+# the adapter's trainer classes by mode (names in rl_gym_actors.integrations.verl.trainer)
+TRAINER_MODES = {
+    "rlga_sync": "GymPPOTrainerSync",
+    "rlga_colocate_async": "GymPPOTrainerColocateAsync",
+    "rlga_separate_async": "GymPPOTrainerSeparateAsync",
+}
+
+
+class _CpuSeparateAsync:
+    """separate_async's ``_setup`` parts: the standalone pool's weight sync, stood in, and the
+    hybrid engine in trainer mode (where its first step would switch it: nothing to lend)."""
+
+    def _stand_in_mode_parts(self) -> None:
+        from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
+
+        me: Any = self
+        me.standalone_checkpoint_manager = _StandInWeights()
+        me.current_mode = HybridEngineMode.TRAINER
+
+
+_MODE_MIXINS: dict[str, tuple[type, ...]] = {"rlga_separate_async": (_CpuSeparateAsync,)}
+
+
 def trainer_class(mode: str) -> type:
     from rl_gym_actors.integrations.verl import trainer as gym_trainers
 
-    base = {
-        "rlga_sync": gym_trainers.GymPPOTrainerSync,
-        "rlga_colocate_async": gym_trainers.GymPPOTrainerColocateAsync,
-    }[mode]
-    return type(f"Cpu{base.__name__}", (CpuTrainerMixin, base), {})
+    base = getattr(gym_trainers, TRAINER_MODES[mode])
+    return type(f"Cpu{base.__name__}", (*_MODE_MIXINS.get(mode, ()), CpuTrainerMixin, base), {})
 
 
 def run(config: Any) -> None:
@@ -378,15 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--gym-url", required=True)
     parser.add_argument("--token", default=None)
-    parser.add_argument("--mode", default="rlga_sync")
+    parser.add_argument("--mode", default="rlga_sync", choices=sorted(TRAINER_MODES))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-s", type=float, default=0.5)
+    parser.add_argument("--run-id", default="vcpu", help="the run's id (a new run: a new one)")
     args = parser.parse_args(argv)
     from rl_gym_actors.actors.runtime import start_local_ray
 
     workdir = Path(args.workdir)
     endpoint = {"url": args.gym_url, **({"token": args.token} if args.token else {})}
-    config = trainer_config(workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s)
+    config = trainer_config(
+        workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s, run_id=args.run_id
+    )
     start_local_ray(num_cpus=16, include_dashboard=False, log_to_driver=False)
     run(config)
     (workdir / "done").write_text("ok")

@@ -15,7 +15,8 @@ def lines() -> list[str]:
         "rl_gym_actors.integrations.verl.checkpoints.GymCheckpointCallback",
         "trainer.v1.trainer_mode=rlga_sync",
         "trainer.resume_mode=auto",
-        "+rl_gym_actors.endpoints=[http://127.0.0.1:8000]",
+        # quoted: a shell may read the brackets as a glob (zsh's fails when nothing matches)
+        "'+rl_gym_actors.endpoints=[http://127.0.0.1:8000]'",
     ]
 
 
