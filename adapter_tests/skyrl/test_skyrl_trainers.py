@@ -207,6 +207,26 @@ def test_fully_async_trainer_killed_during_a_step_resumes_with_every_trajectory_
     assert_the_layer_kept_everything(gym, policy, run, trained_steps(steps_before, resumed))
 
 
+def test_fully_async_trainer_killed_between_skyrls_save_and_the_layers_resumes_from_the_layer(
+    gym, policy, ray_address, tmp_path
+):
+    """SIGKILL right after the fully async trainer made global_step_2 durable, before the layer's
+    checkpoint started: SkyRL resumes from step 2 with the layer's newest part global_step_1's;
+    the groups the dead run generated ahead come back from the layer, none rerun or forgotten."""
+    work, run = workdir(tmp_path), "async-save"
+    first = trainer(gym, ray_address, work, run, "--fully-async", "--fault", "on_save:2")
+    first.wait_for("started", scaled(INCARNATION_S))
+    assert first.wait(scaled(INCARNATION_S)) != 0  # SIGKILLed by its fault
+    steps_before = drained(first)
+    assert committed(work, 1) and not committed(work, 2)
+    resumed = finish(trainer(gym, ray_address, work, run, "--fully-async"))
+    assert resumed[0]["step"] == 3
+    assert committed(work, STEPS)
+    from_layer = sum(s["metrics"]["rlga/adopted"] + s["metrics"]["rlga/repeated"] for s in resumed)
+    assert from_layer > 0, [s["metrics"] for s in resumed]
+    assert_the_layer_kept_everything(gym, policy, run, trained_steps(steps_before, resumed))
+
+
 EVAL_PROMPTS, EVAL_FAILING = 3, 1  # the evaluation set; prompt 1's agent always fails
 
 

@@ -314,7 +314,14 @@ def cpu_classes() -> tuple[type, type, type]:
             return folder
 
     class CpuFullyAsyncGymTrainer(CpuTrainerMixin, FullyAsyncGymTrainer):
-        pass
+        def save_checkpoints(self) -> str:
+            if _fault_at(self.global_step):  # killed once SkyRL's state is durable: the
+                # layer's checkpoint call is where this trainer's commit would start
+                def killed(*args: Any, **kwargs: Any) -> None:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+                self.generator.orchestrator.checkpoint = killed
+            return super().save_checkpoints()
 
     class CpuGymPPOExp(GymPPOExp):
         sync_trainer_cls = CpuRayPPOTrainer
