@@ -190,12 +190,20 @@ def add_report(checkpoint_dir: str | os.PathLike[str], report: CheckpointReport)
     """Write the committed ``report`` beside the part under ``checkpoint_dir`` (``report.json``,
     durably; ``part.json`` is not rewritten): asked for the same checkpoint id and dir again,
     the orchestrator answers it."""
+    _write_report(checkpoint_dir, REPORT_FILE, report, "checkpoint report")
+
+
+def _write_report(
+    checkpoint_dir: str | os.PathLike[str], name: str, report: CheckpointReport, what: str
+) -> None:
+    """``report`` as ``name`` beside the part, durably; ConfigError when it cannot be."""
     directory = part_dir(checkpoint_dir)
     try:
-        write_file_atomically(directory / REPORT_FILE, report.model_dump_json().encode())
+        directory.mkdir(parents=True, exist_ok=True)
+        write_file_atomically(directory / name, report.model_dump_json().encode())
         fsync_dir(directory)
     except OSError as exc:
-        raise ConfigError(f"cannot write the checkpoint report under {directory}: {exc}") from exc
+        raise ConfigError(f"cannot write the {what} under {directory}: {exc}") from exc
 
 
 def committed_report(
@@ -217,13 +225,7 @@ class GateReportFile:
     part's ``undelivered``; raises ConfigError when it cannot be written."""
 
     def write(self, checkpoint_dir: str, report: CheckpointReport) -> None:
-        directory = part_dir(checkpoint_dir)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            write_file_atomically(directory / GATE_FILE, report.model_dump_json().encode())
-            fsync_dir(directory)
-        except OSError as exc:
-            raise ConfigError(f"cannot write the gate report under {directory}: {exc}") from exc
+        _write_report(checkpoint_dir, GATE_FILE, report, "gate report")
 
     def read(self, checkpoint_dir: str, checkpoint_id: str) -> CheckpointReport | None:
         try:
