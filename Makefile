@@ -75,7 +75,10 @@ API_MODULES := rl_gym_actors rl_gym_actors.orchestrator rl_gym_actors.config rl_
   rl_gym_actors.failures rl_gym_actors.outcome rl_gym_actors.protocol rl_gym_actors.checkpoint_part \
   rl_gym_actors.core.checkpoint_report rl_gym_actors.local_gym rl_gym_actors.metrics \
   rl_gym_actors.snapshot rl_gym_actors.gym.agent_checkpoint.client rl_gym_actors.gym.v2.client \
-  rl_gym_actors.integrations.nemo_rl rl_gym_actors.testing
+  rl_gym_actors.integrations.nemo_rl rl_gym_actors.testing \
+  '!rl_gym_actors.testing.verl_direct'
+# (verl_direct is verl's agent loop registered at import: it needs the [verl] extra, which the
+# main venv does not have; pdoc's `!module` leaves it out)
 docs: $(STAMP)
 	rm -rf build/api
 	$(BIN)/python -m pdoc --no-search -o build/api $(API_MODULES)
