@@ -47,6 +47,12 @@ from rl_gym_actors.testing.verl_cpu import (
 STEPS = 4
 SESSIONS_PER_STEP = 8  # batch 4 x rollout.n 2
 INCARNATION_S = 600.0  # scaled by the load: Ray, TransferQueue and verl start in each
+# one try's deadline in the layer (the adapter's rollout_s): past any incarnation, so that a
+# session the test holds running on Gym stays one try until the test lets it go. At the default
+# 60 s, a held session whose trainer took a minute at load to reach its checkpoint was retired by
+# its rollout actor, nothing ran on Gym any more, and the layer's checkpoint of step 2 committed
+# before the test looked (the colocate case's "report.json exists" at load 27-47)
+ROLLOUT_S = 3600.0
 
 
 def _lines(path: Path) -> list[dict]:
@@ -78,6 +84,8 @@ class Trainer:
             mode,
             "--steps",
             str(steps),
+            "--rollout-s",
+            str(ROLLOUT_S),
         ]
         self.log_path = workdir / f"trainer-{time.time():.0f}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115
@@ -279,7 +287,11 @@ def _resume_async(tmp_path: Path, mode: str) -> None:
 
             wait_for(in_step2_checkpoint, timeout_s=INCARNATION_S, interval_s=0.2, what="A")
             assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-            assert not (ckpt / "global_step_2" / "rl_gym_actors" / "report.json").exists()
+            held_events = [e for e in _lines(agent_log) if e["rid"].endswith("-s1")]
+            assert not (ckpt / "global_step_2" / "rl_gym_actors" / "report.json").exists(), (
+                f"step 2's checkpoint committed with sessions held; their events: {held_events}"
+                f"\n{a.tail()}"
+            )
         finally:
             a.kill9()
         assert sorted(_by_step(work)) == [1, 2]

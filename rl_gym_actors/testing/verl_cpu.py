@@ -11,8 +11,9 @@ policy is :func:`agent`, a Gym agent (``gym serve --agent rl_gym_actors.testing.
 that "samples" tokens from the rollout id and logs each start and finish.
 
 Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-url U --token T
-[--mode rlga_sync|rlga_colocate_async|rlga_separate_async] [--steps N] [--run-id R]`` (one
-incarnation of a trainer; kill it with SIGKILL, run it again to resume). A new run against the
+[--mode rlga_sync|rlga_colocate_async|rlga_separate_async] [--steps N] [--run-id R]
+[--rollout-s S]`` (one incarnation of a trainer; kill it with SIGKILL, run it again to resume;
+``--rollout-s`` is the layer's deadline of one try, 60 s by default). A new run against the
 same Gym server needs a ``--run-id`` of its own (default ``vcpu``): the same id is a resume, and
 the rollouts Gym already ACKed under it come back ``forgotten_rollout``.
 Two switches let a test pick its kill instants without racing the trainer: ``AGENT_HOLD_ENV`` (in
@@ -199,6 +200,7 @@ def trainer_config(
     run_id: str = "vcpu",
     extra: list[str] | None = None,
     loop_config: str | None = None,
+    rollout_s: float | None = None,
 ) -> Any:
     from omegaconf import OmegaConf, open_dict
 
@@ -242,7 +244,11 @@ def trainer_config(
     ]
     config = compose(overrides)
     with open_dict(config):
-        config.rl_gym_actors = {"endpoints": endpoints, "run_id": run_id}
+        config.rl_gym_actors = {
+            "endpoints": endpoints,
+            "run_id": run_id,
+            **({"rollout_s": rollout_s} if rollout_s else {}),
+        }
         config.transfer_queue.enable = True
     OmegaConf.resolve(config)
     return config
@@ -424,13 +430,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-s", type=float, default=0.5)
     parser.add_argument("--run-id", default="vcpu", help="the run's id (a new run: a new one)")
+    parser.add_argument(
+        "--rollout-s",
+        type=float,
+        default=None,
+        help="one try's deadline (the adapter's rollout_s; default: the layer's, 60 s)",
+    )
     args = parser.parse_args(argv)
     from rl_gym_actors.actors.runtime import start_local_ray
 
     workdir = Path(args.workdir)
     endpoint = {"url": args.gym_url, **({"token": args.token} if args.token else {})}
     config = trainer_config(
-        workdir, [endpoint], args.mode, args.steps, sleep_s=args.sleep_s, run_id=args.run_id
+        workdir,
+        [endpoint],
+        args.mode,
+        args.steps,
+        sleep_s=args.sleep_s,
+        run_id=args.run_id,
+        rollout_s=args.rollout_s,
     )
     start_local_ray(num_cpus=16, include_dashboard=False, log_to_driver=False)
     run(config)
