@@ -41,6 +41,7 @@ from rl_gym_actors.testing.verl_cpu import (
     AGENT_HOLD_ENV,
     AGENT_LOG_ENV,
     PAUSE_AFTER_SAVE_ENV,
+    SAVE_WHEN_ENV,
     expected_reward,
 )
 
@@ -48,10 +49,8 @@ STEPS = 4
 SESSIONS_PER_STEP = 8  # batch 4 x rollout.n 2
 INCARNATION_S = 600.0  # scaled by the load: Ray, TransferQueue and verl start in each
 # one try's deadline in the layer (the adapter's rollout_s): past any incarnation, so that a
-# session the test holds running on Gym stays one try until the test lets it go. At the default
-# 60 s, a held session whose trainer took a minute at load to reach its checkpoint was retired by
-# its rollout actor, nothing ran on Gym any more, and the layer's checkpoint of step 2 committed
-# before the test looked (the colocate case's "report.json exists" at load 27-47)
+# session the test holds running on Gym stays one try until the test lets it go, however long
+# the trainer takes at load to reach the instant the test kills it in (the default is 60 s)
 ROLLOUT_S = 3600.0
 
 
@@ -214,7 +213,16 @@ def _resume_twice(tmp_path: Path, mode: str) -> None:
 def _finish(work: Path, gym: GymServerProcess, mode: str) -> tuple[int, int]:
     """The last incarnation: resumes and runs to the end. Then Gym's un-ACKed and running."""
     _run_to_end(work, Trainer(work, gym, mode), "C to finish")
+    _check_end_part(work)
     return _unacked(gym)
+
+
+def _check_end_part(work: Path) -> None:
+    """fit() returned: the layer's part of the run's end (the last batch's sessions, which no
+    step trains) was written and committed, once."""
+    ends = sorted((work / "ckpt").glob("rl_gym_actors_end_gs*"))
+    assert len(ends) == 1, ends
+    assert (ends[0] / "rl_gym_actors" / "report.json").exists(), sorted(ends[0].rglob("*"))
 
 
 def _run_to_end(work: Path, trainer: Trainer, what: str) -> None:
@@ -266,24 +274,34 @@ def _resume_async(tmp_path: Path, mode: str) -> None:
     hold.write_text(json.dumps(HELD))
     env = {**os.environ, AGENT_LOG_ENV: str(agent_log), AGENT_HOLD_ENV: str(hold)}
     ckpt = work / "ckpt"
+    # A's checkpoint of step 2 starts once step 2's batch is on Gym: verl fetches it ~0.1 s before
+    # that save, and at load the layer's gate could close admission first (step 2's sessions then
+    # started after its commit, and the checkpoint had not waited for any: the flake of issue 28)
+    save_2 = work / "save-2"
     with GymServerProcess(
         agent="rl_gym_actors.testing.verl_cpu:agent", state_dir=tmp_path / "gym", env=env
     ) as gym:
-        a = Trainer(work, gym, mode)
+        a = Trainer(work, gym, mode, env={SAVE_WHEN_ENV: f"2:{save_2}"})
         try:
 
-            def in_step2_checkpoint() -> bool:
-                assert a.alive(), (
-                    f"incarnation A ended before its checkpoint of step 2:\n{a.tail()}"
-                )
-                if not (ckpt / "global_step_2" / "rl_gym_actors" / "part.json").exists():
-                    return False
+            def step2_batch_on_gym() -> bool:
+                assert a.alive(), f"incarnation A ended before step 2's batch:\n{a.tail()}"
                 events = _lines(agent_log)
                 started = {e["rid"] for e in events if e["event"] == "start"}
                 finished = {e["rid"] for e in events if e["event"] == "finish"}
                 fresh = {r for r in started if _batch_of(r) in FETCHED_AT_STEP2}
                 done = {r for r in fresh if r.endswith("-s0")}
                 return len(fresh) == 2 * len(FETCHED_AT_STEP2) and done <= finished
+
+            wait_for(step2_batch_on_gym, timeout_s=INCARNATION_S, interval_s=0.2, what="A")
+            assert not (ckpt / "global_step_2").exists()
+            save_2.write_text("go")
+
+            def in_step2_checkpoint() -> bool:
+                assert a.alive(), (
+                    f"incarnation A ended before its checkpoint of step 2:\n{a.tail()}"
+                )
+                return (ckpt / "global_step_2" / "rl_gym_actors" / "part.json").exists()
 
             wait_for(in_step2_checkpoint, timeout_s=INCARNATION_S, interval_s=0.2, what="A")
             assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
@@ -359,6 +377,7 @@ def test_sync_mode_on_gym_v2_trains_every_session_from_the_layer(tmp_path):
         args=["--protocol", "v2"],
     ) as gym:
         _run_to_end(work, Trainer(work, gym, "rlga_sync", steps=2), "the trainer to finish")
+        _check_end_part(work)
 
         async def v2_status():
             async with GymClient(gym.endpoint) as client:

@@ -17,8 +17,9 @@ Run as a script: ``python -m rl_gym_actors.testing.verl_cpu --workdir W --gym-ur
 same Gym server needs a ``--run-id`` of its own (default ``vcpu``): the same id is a resume, and
 the rollouts Gym already ACKed under it come back ``forgotten_rollout``.
 Two switches let a test pick its kill instants without racing the trainer: ``AGENT_HOLD_ENV`` (in
-the Gym server's environment) keeps chosen rollouts running on Gym, ``PAUSE_AFTER_SAVE_ENV`` (in
-the trainer's) stops the trainer right after a step's checkpoint.
+the Gym server's environment) keeps chosen rollouts running on Gym; in the trainer's,
+``SAVE_WHEN_ENV`` holds a step's checkpoint until the test lets it start and
+``PAUSE_AFTER_SAVE_ENV`` stops the trainer right after a step's checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ AGENT_HOLD_ENV = "RLGA_VERL_AGENT_HOLD"
 # a global step: the trainer stops right after that step's checkpoint (verl's and the layer's),
 # writes ``paused-<step>`` beside its checkpoint dir and waits there to be killed
 PAUSE_AFTER_SAVE_ENV = "RLGA_VERL_PAUSE_AFTER_SAVE"
+# ``<step>:<path>``: the trainer starts that step's checkpoint (verl's save, then the layer's) only
+# once ``path`` exists, so a test can have chosen sessions running on Gym before the layer's gate
+# closes admission (the async modes fetch a step's batch at most ~0.1 s before its save)
+SAVE_WHEN_ENV = "RLGA_VERL_SAVE_WHEN"
+SAVE_WHEN_LIMIT_S = 3600.0
 HOLD_POLL_S = 0.05
 VOCAB = 64
 PROMPTS = 12
@@ -328,6 +334,7 @@ class CpuTrainerMixin:
 
     def _save_checkpoint(self) -> Any:
         me: Any = self
+        _wait_to_save(me.global_steps)
         result = super()._save_checkpoint()  # type: ignore[misc]
         pause = os.environ.get(PAUSE_AFTER_SAVE_ENV)
         if pause and int(pause) == me.global_steps:
@@ -367,6 +374,21 @@ class CpuTrainerMixin:
             with open(log, "a") as f:
                 f.write(json.dumps(record) + "\n")
         return batch
+
+
+def _wait_to_save(step: int) -> None:
+    """With ``SAVE_WHEN_ENV`` naming ``step``: wait for its file (see the constant)."""
+    spec = os.environ.get(SAVE_WHEN_ENV)
+    if not spec:
+        return
+    at, _, path = spec.partition(":")
+    if int(at) != step:
+        return
+    deadline = time.monotonic() + SAVE_WHEN_LIMIT_S
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{SAVE_WHEN_ENV}: {path} did not appear in {SAVE_WHEN_LIMIT_S} s")
+        time.sleep(HOLD_POLL_S)
 
 
 def _append(path: Path, step: int) -> None:

@@ -13,6 +13,7 @@ whose rollouts run in several processes can use it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +23,14 @@ import ray
 
 from rl_gym_actors.config import GymEndpoint, TryPolicy
 from rl_gym_actors.core.checkpoint_report import CheckpointReport
+from rl_gym_actors.errors import PoolClosed
 from rl_gym_actors.orchestrator import Orchestrator
 from rl_gym_actors.outcome import Outcome
 
 NAMESPACE = "rl_gym_actors"
 MAX_CONCURRENCY = 10_000  # rows in flight through the host at once (one call each)
 START_TIMEOUT_S = 180.0
+FINISH_SLACK_S = 30.0
 
 
 def host_name(run_id: str) -> str:
@@ -64,6 +67,10 @@ class OrchestratorHost:
             keep_results=True,  # a restored handed result is the trainer's only copy
         )
         self._started: asyncio.Task[Any] | None = None
+        self._calls = 0  # run / run_batch calls under way
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._finishing = False
 
     async def _ready(self) -> Orchestrator:
         if self._started is None:
@@ -77,10 +84,38 @@ class OrchestratorHost:
         return {"run_id": orch.run_id, "restored_from": self.spec.restore_from}
 
     async def run(self, row: Mapping[str, Any]) -> Outcome:
-        return (await (await self._ready()).arun_batch([row]))[0]
+        return (await self.run_batch([row]))[0]
 
     async def run_batch(self, rows: Sequence[Mapping[str, Any]]) -> list[Outcome]:
-        return await (await self._ready()).arun_batch(rows)
+        if self._finishing:
+            raise PoolClosed(f"run {self.spec.run_id!r} has finished: its host takes no rows")
+        self._calls += 1
+        self._idle.clear()
+        try:
+            return await (await self._ready()).arun_batch(rows)
+        finally:
+            self._calls -= 1
+            if self._calls == 0:
+                self._idle.set()
+
+    async def finish(
+        self,
+        checkpoint_id: str,
+        checkpoint_dir: str,
+        deadline_s: float = 120.0,
+        keep_if_handed: list[str] | None = None,
+    ) -> CheckpointReport:
+        """The run's training ended: take no more rows, let the ones under way end (within
+        ``deadline_s``; the sessions of the last batch the trainer fetched, which it never
+        trains), then one more checkpoint into ``checkpoint_dir`` that records and releases
+        their results, so the run leaves nothing held on Gym (a run extended later restores
+        them from this part, as from any newer part)."""
+        self._finishing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), deadline_s)
+        return await self.checkpoint(
+            checkpoint_id, checkpoint_dir, deadline_s, keep_if_handed=keep_if_handed
+        )
 
     async def checkpoint(
         self,
@@ -142,6 +177,22 @@ def find_host(run_id: str) -> Any | None:
         return ray.get_actor(host_name(run_id), namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def finish_host(
+    run_id: str,
+    checkpoint_id: str,
+    checkpoint_dir: str,
+    deadline_s: float = 120.0,
+    keep_if_handed: list[str] | None = None,
+) -> CheckpointReport | None:
+    """:meth:`OrchestratorHost.finish` on the run's host; None when there is none."""
+    actor = find_host(run_id)
+    if actor is None:
+        return None
+    call = actor.finish.remote(checkpoint_id, checkpoint_dir, deadline_s, keep_if_handed)
+    report: CheckpointReport = ray.get(call, timeout=2 * deadline_s + FINISH_SLACK_S)
+    return report
 
 
 def close_host(run_id: str, timeout_s: float = 60.0) -> bool:

@@ -33,11 +33,16 @@ from verl.trainer.ppo.v1 import (
 )
 from verl.utils import tensordict_utils as tu
 
-from rl_gym_actors.integrations.verl.host import close_host
+from rl_gym_actors.integrations.verl.checkpoints import checkpoint_id
+from rl_gym_actors.integrations.verl.host import close_host, finish_host
 from rl_gym_actors.integrations.verl.ids import prompt_uid, rollout_id
 from rl_gym_actors.integrations.verl.settings import base_mode, resume_step_dir, settings_from
 
 UIDS_FILE = "rl_gym_actors_uids.json"
+# the layer's part written when fit() returns (beside verl's global_step_N folders, named so that
+# neither verl nor the layer's restore_dir takes it for a step; a later restore of the run reads it
+# as one of the run's newer parts)
+END_DIR_PREFIX = "rl_gym_actors_end_gs"
 
 
 class GymUids:
@@ -124,7 +129,19 @@ class GymUids:
     def fit(self, agent_loop_manager: Any) -> Any:
         result = super().fit(agent_loop_manager)  # type: ignore[misc]
         me: Any = self
-        close_host(settings_from(me.config).run_id)  # the run ended: its host goes with it
+        settings = settings_from(me.config)
+        # the run ended: the sessions of the batch fetched last (the async modes run a batch
+        # ahead) end, their results go into one more part and are released, then the host goes
+        held = self.rlga_untrained_rollout_ids() if settings.is_async else None
+        root = Path(me.config.trainer.default_local_dir)
+        finish_host(
+            settings.run_id,
+            f"{checkpoint_id(settings.run_id, me.global_steps)}-end",
+            str(root / f"{END_DIR_PREFIX}{int(me.global_steps)}"),
+            settings.checkpoint_deadline_s,
+            held,
+        )
+        close_host(settings.run_id)
         return result
 
 
