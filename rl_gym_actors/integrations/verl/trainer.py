@@ -132,16 +132,18 @@ class GymUids:
         settings = settings_from(me.config)
         # the run ended: the sessions of the batch fetched last (the async modes run a batch
         # ahead) end, their results go into one more part and are released, then the host goes
-        held = self.rlga_untrained_rollout_ids() if settings.is_async else None
         root = Path(me.config.trainer.default_local_dir)
-        finish_host(
-            settings.run_id,
-            f"{checkpoint_id(settings.run_id, me.global_steps)}-end",
-            str(root / f"{END_DIR_PREFIX}{int(me.global_steps)}"),
-            settings.checkpoint_deadline_s,
-            held,
-        )
-        close_host(settings.run_id)
+        try:
+            held = self.rlga_untrained_rollout_ids() if settings.is_async else None
+            finish_host(
+                settings.run_id,
+                f"{checkpoint_id(settings.run_id, me.global_steps)}-end",
+                str(root / f"{END_DIR_PREFIX}{int(me.global_steps)}"),
+                settings.checkpoint_deadline_s,
+                held,
+            )
+        finally:  # a failed end checkpoint (raised to the caller) leaves its results held
+            close_host(settings.run_id)
         return result
 
 
