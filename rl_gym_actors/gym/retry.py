@@ -189,8 +189,12 @@ async def _retry_after_first(
         # tenacity counts from this function's first try, which is the call's second
         return policy.backoff(retry_state.attempt_number + 1, rand())
 
+    last = [first_error]  # the latest retried failure: the cause if the deadline runs out
+
     def log_retry(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, Exception):
+            last[0] = exc
         logger.debug(
             "retrying %s after try %d failed (%r); sleeping %.3fs",
             what,
@@ -219,6 +223,10 @@ async def _retry_after_first(
     )
 
     async def one_try() -> T:
+        if clock() >= deadline_ts:
+            # the backoff ended past the deadline (a loaded machine's sleep overran): the call
+            # fails with its real cause, not with a DeadlineExceeded of a try never sent
+            raise last[0]
         return await attempt(policy.try_deadline(deadline_ts, clock()))
 
     return await retrying(one_try)

@@ -375,6 +375,32 @@ async def test_never_sleeps_past_the_deadline():
 
 
 @aio
+async def test_a_backoff_that_overruns_the_deadline_raises_the_real_cause():
+    """On a loaded machine a backoff's sleep can end past the deadline (seen in CI: a status to
+    a killed server raised DeadlineExceeded 'before the call' instead of the lost connection):
+    the call fails with the failure it retried, and no try is sent past the deadline."""
+
+    class Overrun(FakeTime):
+        async def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)
+            self.now += seconds + 5.0  # the loop woke up long after the deadline
+
+    fake = Overrun()
+    attempt, seen = scripted([ConnectionLost("refused"), "ok"], fake)
+    policy = RetryPolicy(attempts=5, backoff_initial_s=0.05, jitter=0, min_try_s=0.01)
+    with pytest.raises(ConnectionLost, match="refused"):
+        await call_with_retry(
+            attempt,
+            kind=RetryOn.IDEMPOTENT,
+            policy=policy,
+            deadline_ts=T0 + 1.0,
+            clock=fake,
+            sleep=fake.sleep,
+        )
+    assert len(seen) == 1 and fake.sleeps == [0.05]
+
+
+@aio
 async def test_one_try_timeout_is_retried_but_the_calls_deadline_is_final():
     fake = FakeTime()
     policy = RetryPolicy(attempts=10, try_timeout_s=0.3, backoff_initial_s=0.0)
