@@ -384,11 +384,14 @@ def _wait_to_save(step: int) -> None:
     at, _, path = spec.partition(":")
     if int(at) != step:
         return
-    deadline = time.monotonic() + SAVE_WHEN_LIMIT_S
-    while not Path(path).exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{SAVE_WHEN_ENV}: {path} did not appear in {SAVE_WHEN_LIMIT_S} s")
-        time.sleep(HOLD_POLL_S)
+    from rl_gym_actors.testing.polling import wait_for
+
+    wait_for(
+        Path(path).exists,
+        timeout_s=SAVE_WHEN_LIMIT_S,
+        interval_s=HOLD_POLL_S,
+        what=f"{SAVE_WHEN_ENV}'s {path}",
+    )
 
 
 def _append(path: Path, step: int) -> None:
