@@ -63,14 +63,15 @@ test-fast: $(STAMP)
 
 # ruff over the code and its tests, benchmarks and examples; mypy over the package (settings and
 # the files mypy checks: pyproject.toml)
-LINTED := rl_gym_actors tests benchmarks examples adapter_tests
+LINTED := rl_gym_actors tests benchmarks examples adapter_tests docs
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
 # the API reference, generated from the docstrings with pdoc into build/api (open
-# build/api/index.html); CI builds it, so a docstring or an import that breaks it fails there
+# build/api/index.html; docs/build_api.py resolves the package's lazily loaded names for it); CI
+# builds it, so a docstring or an import that breaks it fails there
 API_MODULES := rl_gym_actors rl_gym_actors.orchestrator rl_gym_actors.config rl_gym_actors.errors \
   rl_gym_actors.failures rl_gym_actors.outcome rl_gym_actors.protocol rl_gym_actors.checkpoint_part \
   rl_gym_actors.core.checkpoint_report rl_gym_actors.local_gym rl_gym_actors.metrics \
@@ -81,8 +82,9 @@ API_MODULES := rl_gym_actors rl_gym_actors.orchestrator rl_gym_actors.config rl_
 # main venv does not have; pdoc's `!module` leaves it out)
 docs: $(STAMP)
 	rm -rf build/api
-	$(BIN)/python -m pdoc --no-search -o build/api $(API_MODULES)
+	$(BIN)/python docs/build_api.py --no-search -o build/api $(API_MODULES)
 	@test -f build/api/rl_gym_actors/orchestrator.html || { echo "docs: no page for the orchestrator" >&2; exit 1; }
+	@grep -q 'id="Orchestrator-view-source"' build/api/rl_gym_actors.html || { echo "docs: the package page lacks its lazily loaded names (docs/build_api.py)" >&2; exit 1; }
 	@echo "API reference: build/api/index.html"
 
 # every dependency at the floor pyproject.toml allows (uv's lowest-direct resolution, in a venv
