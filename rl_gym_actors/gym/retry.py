@@ -189,12 +189,8 @@ async def _retry_after_first(
         # tenacity counts from this function's first try, which is the call's second
         return policy.backoff(retry_state.attempt_number + 1, rand())
 
-    last = [first_error]  # the latest retried failure: the cause if the deadline runs out
-
     def log_retry(retry_state: RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
-        if isinstance(exc, Exception):
-            last[0] = exc
         logger.debug(
             "retrying %s after try %d failed (%r); sleeping %.3fs",
             what,
@@ -222,11 +218,18 @@ async def _retry_after_first(
         before_sleep=log_retry,
     )
 
+    last_error = first_error  # the latest failure: the cause if the deadline runs out
+
     async def one_try() -> T:
+        nonlocal last_error
         if clock() >= deadline_ts:
             # the backoff ended past the deadline (a loaded machine's sleep overran): the call
             # fails with its real cause, not with a DeadlineExceeded of a try never sent
-            raise last[0]
-        return await attempt(policy.try_deadline(deadline_ts, clock()))
+            raise last_error
+        try:
+            return await attempt(policy.try_deadline(deadline_ts, clock()))
+        except Exception as exc:
+            last_error = exc
+            raise
 
     return await retrying(one_try)

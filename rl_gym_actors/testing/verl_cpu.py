@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_gym_actors.protocol import ATTEMPT_INDEX_FIELD, ROLLOUT_ID_FIELD
+from rl_gym_actors.testing.polling import wait_for
 
 AGENT_LOG_ENV = "RLGA_VERL_AGENT_LOG"
 # a JSON list of fnmatch patterns: while this file exists, a rollout whose id matches one waits
@@ -384,8 +385,6 @@ def _wait_to_save(step: int) -> None:
     at, _, path = spec.partition(":")
     if int(at) != step:
         return
-    from rl_gym_actors.testing.polling import wait_for
-
     wait_for(
         Path(path).exists,
         timeout_s=SAVE_WHEN_LIMIT_S,
