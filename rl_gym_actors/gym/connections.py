@@ -233,7 +233,9 @@ class _Guard:
         try:
             if self.transport.can_write_eof():
                 self.transport.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):  # it cannot half-close: close
+        except (OSError, RuntimeError, NotImplementedError):
+            # the transport refused the half-close (already closing, or a socket error): there
+            # is nothing to linger for, so it is closed now (the answer was written before)
             self.transport.close()
             return
         self._timer = self._loop.call_later(LINGER_S, self.transport.close)
